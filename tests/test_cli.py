@@ -1,0 +1,113 @@
+"""The command line, with expected output written out by hand from spec §2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from attempt_kernel._cli import main
+
+MARKDOWN = """\
+| From \\ Cause | Admit | Succeed | Fail | Cancel(intent_dispatched=False) | Cancel(intent_dispatched=True) | QueueDeadlinePassed | StepDeadlinePassed |
+|---|---|---|---|---|---|---|---|
+| Pending | Running | rejected | rejected | Cancelled | rejected | TimedOut | rejected |
+| Running | rejected | Succeeded | Failed | Cancelled | Indeterminate | rejected | TimedOut |
+| Succeeded | rejected | rejected | rejected | rejected | rejected | rejected | rejected |
+| Failed | rejected | rejected | rejected | rejected | rejected | rejected | rejected |
+| Indeterminate | rejected | rejected | rejected | rejected | rejected | rejected | rejected |
+| Cancelled | rejected | rejected | rejected | rejected | rejected | rejected | rejected |
+| TimedOut | rejected | rejected | rejected | rejected | rejected | rejected | rejected |
+"""
+
+MERMAID = """\
+stateDiagram-v2
+    [*] --> Pending
+    Pending --> Running: Admit
+    Pending --> Cancelled: Cancel(intent_dispatched=False)
+    Pending --> TimedOut: QueueDeadlinePassed
+    Running --> Succeeded: Succeed
+    Running --> Failed: Fail
+    Running --> Cancelled: Cancel(intent_dispatched=False)
+    Running --> Indeterminate: Cancel(intent_dispatched=True)
+    Running --> TimedOut: StepDeadlinePassed
+    Succeeded --> [*]
+    Failed --> [*]
+    Indeterminate --> [*]
+    Cancelled --> [*]
+    TimedOut --> [*]
+"""
+
+DOT_EDGES = [
+    'Pending -> Running [label="Admit"];',
+    'Pending -> Cancelled [label="Cancel(intent_dispatched=False)"];',
+    'Pending -> TimedOut [label="QueueDeadlinePassed"];',
+    'Running -> Succeeded [label="Succeed"];',
+    'Running -> Failed [label="Fail"];',
+    'Running -> Cancelled [label="Cancel(intent_dispatched=False)"];',
+    'Running -> Indeterminate [label="Cancel(intent_dispatched=True)"];',
+    'Running -> TimedOut [label="StepDeadlinePassed"];',
+]
+
+
+def test_table_markdown_is_the_spec_grid(capsys: pytest.CaptureFixture[str]) -> None:
+    """`table` prints the full 7x7 grid, rejections included."""
+    assert main(["table"]) == 0
+    assert capsys.readouterr().out == MARKDOWN
+
+
+def test_table_mermaid(capsys: pytest.CaptureFixture[str]) -> None:
+    """`table --format mermaid` prints the 8 legal edges and the 5 terminal exits."""
+    assert main(["table", "--format", "mermaid"]) == 0
+    assert capsys.readouterr().out == MERMAID
+
+
+def test_table_dot(capsys: pytest.CaptureFixture[str]) -> None:
+    """`table --format dot` is a digraph with exactly the 8 legal edges."""
+    assert main(["table", "--format", "dot"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("digraph attempt {\n") and out.endswith("}\n")
+    edges = [line.strip() for line in out.splitlines() if "->" in line]
+    assert edges == DOT_EDGES
+
+
+def test_readme_embeds_the_current_mermaid_diagram() -> None:
+    """The README's diagram is the one the CLI prints today."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "```mermaid\n" + MERMAID + "```" in readme
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: COMMAND"),
+        (["tabel"], "invalid choice: 'tabel'"),
+        (["table", "--format", "svg"], "invalid choice: 'svg'"),
+        (["table", "--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_wrong_argument_exits_2_with_usage(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wrong argument exits 2 and prints the usage and what was wrong."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: attempt-kernel" in err and message in err
+
+
+@pytest.mark.slow
+def test_python_dash_m_runs_the_same_cli() -> None:
+    """`python -m attempt_kernel table` prints the same grid and exits 0."""
+    result = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "table"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == MARKDOWN
