@@ -23,25 +23,105 @@ from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
 from ._errors import AttemptKernelError as AttemptKernelError
+from ._intent import Abandon as Abandon
+from ._intent import Abandoned as Abandoned
+from ._intent import Confirm as Confirm
+from ._intent import Confirmed as Confirmed
+from ._intent import Dispatch as Dispatch
+from ._intent import Dispatched as Dispatched
+from ._intent import IllegalIntentTransition as IllegalIntentTransition
+from ._intent import IntentCause as IntentCause
+from ._intent import IntentState as IntentState
+from ._intent import Planned as Planned
+from ._intent import Reject as Reject
+from ._intent import Rejected as Rejected
+from ._intent import idempotency_key as idempotency_key
+from ._intent import intent_dispatched as intent_dispatched
+from ._intent import intent_transition as intent_transition
+from ._intent import is_outstanding as is_outstanding
+from ._replay import OpenAttempt as OpenAttempt
+from ._replay import ReplayReport as ReplayReport
+from ._replay import Violation as Violation
+from ._replay import replay as replay
+from ._runlog import AttemptCreated as AttemptCreated
+from ._runlog import AttemptTransitioned as AttemptTransitioned
+from ._runlog import Change as Change
+from ._runlog import CorruptLine as CorruptLine
+from ._runlog import IntentChanged as IntentChanged
+from ._runlog import IntentPlanned as IntentPlanned
+from ._runlog import LogItem as LogItem
+from ._runlog import LogLocked as LogLocked
+from ._runlog import LogNeedsRecovery as LogNeedsRecovery
+from ._runlog import LogOpenError as LogOpenError
+from ._runlog import LogWriteFailed as LogWriteFailed
+from ._runlog import Record as Record
+from ._runlog import RunFinished as RunFinished
+from ._runlog import RunLogError as RunLogError
+from ._runlog import RunLogWriter as RunLogWriter
+from ._runlog import SCHEMA_VERSION as SCHEMA_VERSION
+from ._runlog import StepResult as StepResult
+from ._runlog import TornTail as TornTail
+from ._runlog import UnencodableRecord as UnencodableRecord
+from ._runlog import read_log as read_log
 
 __all__ = [
+    "Abandon",
+    "Abandoned",
     "Admit",
+    "AttemptCreated",
     "AttemptKernelError",
     "AttemptState",
+    "AttemptTransitioned",
     "Cancel",
     "Cancelled",
+    "Change",
+    "Confirm",
+    "Confirmed",
+    "CorruptLine",
+    "Dispatch",
+    "Dispatched",
     "Fail",
     "Failed",
+    "IllegalIntentTransition",
     "IllegalTransition",
     "Indeterminate",
+    "IntentCause",
+    "IntentChanged",
+    "IntentPlanned",
+    "IntentState",
+    "LogItem",
+    "LogLocked",
+    "LogNeedsRecovery",
+    "LogOpenError",
+    "LogWriteFailed",
+    "OpenAttempt",
     "Pending",
+    "Planned",
     "QueueDeadlinePassed",
+    "Record",
+    "Reject",
+    "Rejected",
+    "ReplayReport",
+    "RunFinished",
+    "RunLogError",
+    "RunLogWriter",
     "Running",
+    "SCHEMA_VERSION",
     "StepDeadlinePassed",
+    "StepResult",
     "Succeed",
     "Succeeded",
     "TimedOut",
+    "TornTail",
     "TransitionCause",
+    "UnencodableRecord",
+    "Violation",
+    "idempotency_key",
+    "intent_dispatched",
+    "intent_transition",
+    "is_outstanding",
     "is_terminal",
+    "read_log",
+    "replay",
     "transition",
 ]

@@ -1,0 +1,109 @@
+"""Renderings of a `ReplayReport`: for people, for machines (JSON), for scrapers.
+
+Pure functions from a report to text; the CLI prints what they return.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from ._replay import OpenAttempt, ReplayReport
+
+SHOWN_VIOLATIONS: Final = 50
+"""The text report lists this many violations and counts the rest."""
+
+
+def _attempt_line(entry: OpenAttempt) -> str:
+    keys = ", ".join(entry.outstanding) if entry.outstanding else "none recorded"
+    return (
+        f"  run {entry.run} / step {entry.step} / attempt {entry.attempt}"
+        f" ({entry.state} at line {entry.line}): outstanding intent keys: {keys}"
+    )
+
+
+def as_text(report: ReplayReport, source: str) -> str:
+    """The report for people."""
+    out = [f"run log: {source}", f"records: {report.records}"]
+    counts = ", ".join(f"{name} {n}" for name, n in report.final_states.items())
+    out.append(f"attempts by final state: {counts}")
+    out.append(f"unresolved intents (Dispatched, no outcome): {report.unresolved_intents}")
+    out.append(f"Indeterminate attempts: {len(report.indeterminate)}")
+    out += [_attempt_line(e) for e in report.indeterminate]
+    out.append(f"Failed/TimedOut attempts with outstanding intents: {len(report.to_reconcile)}")
+    out += [_attempt_line(e) for e in report.to_reconcile]
+    if report.torn_tail is not None:
+        tail = report.torn_tail
+        out.append(
+            f"torn tail: line {tail.line} ({tail.length} bytes from byte {tail.offset}) is an"
+            " unterminated write cut short by a crash; every record before it was checked"
+        )
+    out.append(f"violations: {report.violation_count}")
+    for v in report.violations[:SHOWN_VIOLATIONS]:
+        out.append(f"  line {v.line}: {v.reason}")
+    hidden = report.violation_count - min(len(report.violations), SHOWN_VIOLATIONS)
+    if hidden > 0:
+        out.append(f"  ... and {hidden} more (use --json for the kept ones)")
+    out.append("verdict: " + ("valid" if report.valid else "INVALID"))
+    return "\n".join(out) + "\n"
+
+
+def _attempt_json(entry: OpenAttempt) -> dict[str, object]:
+    return {
+        "run": entry.run,
+        "step": entry.step,
+        "attempt": entry.attempt,
+        "state": entry.state,
+        "line": entry.line,
+        "outstanding_keys": list(entry.outstanding),
+    }
+
+
+def as_json(report: ReplayReport, source: str) -> str:
+    """The report for machines: one JSON object."""
+    tail = report.torn_tail
+    doc = {
+        "log": source,
+        "valid": report.valid,
+        "records": report.records,
+        "final_states": report.final_states,
+        "unresolved_intents": report.unresolved_intents,
+        "indeterminate": [_attempt_json(e) for e in report.indeterminate],
+        "to_reconcile": [_attempt_json(e) for e in report.to_reconcile],
+        "torn_tail": None
+        if tail is None
+        else {"line": tail.line, "offset": tail.offset, "length": tail.length},
+        "violation_count": report.violation_count,
+        "violations": [{"line": v.line, "reason": v.reason} for v in report.violations],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def as_metrics(report: ReplayReport) -> str:
+    """OpenMetrics text exposition, for a scraper reading a file."""
+    out = [
+        "# TYPE attempt_kernel_attempts gauge",
+        "# HELP attempt_kernel_attempts Attempts in the run log, by final state.",
+    ]
+    for name, n in report.final_states.items():
+        out.append(f'attempt_kernel_attempts{{state="{name}"}} {n}')
+    gauges = [
+        ("indeterminate", "Attempts that ended Indeterminate (alert when above zero).",
+         len(report.indeterminate)),
+        ("unresolved_intents", "Intents Dispatched with no recorded outcome.",
+         report.unresolved_intents),
+        ("to_reconcile", "Failed or TimedOut attempts with outstanding intents.",
+         len(report.to_reconcile)),
+        ("log_violations", "Records that break the kernel's rules.", report.violation_count),
+        ("log_torn_tail", "1 if the log ends in a torn (crash-cut) line.",
+         int(report.torn_tail is not None)),
+        ("log_records", "Complete records in the log.", report.records),
+    ]  # fmt: skip
+    for name, help_text, value in gauges:
+        out += [
+            f"# TYPE attempt_kernel_{name} gauge",
+            f"# HELP attempt_kernel_{name} {help_text}",
+            f"attempt_kernel_{name} {value}",
+        ]
+    out.append("# EOF")
+    return "\n".join(out) + "\n"
