@@ -20,6 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "attempt_kernel"
 KERNEL = "_attempt.py"
 
+SIXTH_INTENT_STATE = '''
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Expired:
+    """A sixth intent state that no match handles."""
+'''
 EIGHTH_STATE = '''
 
 @final
@@ -36,10 +43,10 @@ class Pause:
 '''
 
 
-def _copy_package(tmp: Path) -> Path:
+def _copy_package(tmp: Path, module: str = KERNEL) -> Path:
     shutil.copytree(SRC, tmp / "src" / "attempt_kernel")
     shutil.copy(ROOT / "mypy.ini", tmp / "mypy.ini")
-    return tmp / "src" / "attempt_kernel" / KERNEL
+    return tmp / "src" / "attempt_kernel" / module
 
 
 def _mypy(cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -109,6 +116,31 @@ def test_seventh_cause_fails_mypy_in_transition(tmp_path: Path) -> None:
     # one error per nested cause match: the Pending arm and the Running arm
     assert len(in_transition) >= 2, result.stdout
     assert '"Pause"' in result.stdout
+
+
+@pytest.mark.slow
+def test_sixth_intent_state_fails_mypy_in_intent_transition(tmp_path: Path) -> None:
+    """Adding a state to IntentState is a type error at intent_transition and the codec."""
+    module = _copy_package(tmp_path, "_intent.py")
+    _add_member(module, "IntentState", SIXTH_INTENT_STATE, "Expired")
+    result = _mypy(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = set(_error_lines(result.stdout, "_intent.py"))
+    assert lines & set(_function_span(module, "intent_transition")), result.stdout
+    codec = tmp_path / "src" / "attempt_kernel" / "_runlog.py"
+    codec_lines = set(_error_lines(result.stdout, "_runlog.py"))
+    assert codec_lines & set(_function_span(codec, "intent_state_name")), result.stdout
+
+
+@pytest.mark.slow
+def test_eighth_state_also_breaks_the_codec(tmp_path: Path) -> None:
+    """The run-log encoder of attempt states is exhaustive too."""
+    kernel = _copy_package(tmp_path)
+    _add_member(kernel, "AttemptState", EIGHTH_STATE, "Paused")
+    result = _mypy(tmp_path)
+    codec = tmp_path / "src" / "attempt_kernel" / "_runlog.py"
+    codec_lines = set(_error_lines(result.stdout, "_runlog.py"))
+    assert codec_lines & set(_function_span(codec, "state_name")), result.stdout
 
 
 # ---------------------------------------------------------------- structure

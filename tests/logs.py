@@ -1,0 +1,62 @@
+"""Helpers that build small run logs for tests (records written out by hand)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from pathlib import Path
+
+from attempt_kernel import (
+    Admit,
+    AttemptCreated,
+    AttemptTransitioned,
+    Cancel,
+    Change,
+    Dispatch,
+    Dispatched,
+    Indeterminate,
+    IntentChanged,
+    IntentPlanned,
+    Pending,
+    Planned,
+    Running,
+    RunLogWriter,
+    StepResult,
+    Succeed,
+    Succeeded,
+)
+
+
+def fixed_clock(start: float = 1000.0) -> Callable[[], float]:
+    """A clock that ticks 0.5 s per call, so logs are byte-for-byte reproducible."""
+    ticks = itertools.count()
+    return lambda: start + next(ticks) * 0.5
+
+
+def simple_changes(step: str = "s") -> list[Change]:
+    """One attempt that succeeds: created, admitted, result, succeeded."""
+    return [
+        AttemptCreated(step=step, attempt=1),
+        AttemptTransitioned(step=step, attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        StepResult(step=step, attempt=1, value={"ok": 1}),
+        AttemptTransitioned(step=step, attempt=1, from_state=Running(), cause=Succeed(), to_state=Succeeded()),
+    ]
+
+
+def indeterminate_changes(step: str = "mail") -> list[Change]:
+    """One attempt cancelled while its intent is Dispatched."""
+    return [
+        AttemptCreated(step=step, attempt=1),
+        AttemptTransitioned(step=step, attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        IntentPlanned(step=step, attempt=1, name="send", key="k-send"),
+        IntentChanged(step=step, attempt=1, name="send", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()),
+        AttemptTransitioned(step=step, attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=True), to_state=Indeterminate()),
+    ]
+
+
+def write_log(path: Path, changes: list[Change], run: str = "r") -> Path:
+    """Write ``changes`` for ``run`` to a new log at ``path``."""
+    with RunLogWriter(path, clock=fixed_clock()) as log:
+        for change in changes:
+            log.append(run, change)
+    return path

@@ -1,0 +1,134 @@
+"""The intent record against spec §3, with every expected value written by hand."""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attempt_kernel import (
+    Abandon,
+    Abandoned,
+    Confirm,
+    Confirmed,
+    Dispatch,
+    Dispatched,
+    IllegalIntentTransition,
+    IntentCause,
+    IntentState,
+    Planned,
+    Reject,
+    Rejected,
+    idempotency_key,
+    intent_dispatched,
+    intent_transition,
+    is_outstanding,
+)
+
+STATES: Final[list[IntentState]] = [Planned(), Dispatched(), Confirmed(), Rejected(), Abandoned()]
+CAUSES: Final[list[IntentCause]] = [Dispatch(), Confirm(), Reject(), Abandon()]
+X = None
+# Columns: Dispatch, Confirm, Reject, Abandon.
+GRID: Final[dict[IntentState, list[IntentState | None]]] = {
+    Planned():    [Dispatched(), X,           X,          Abandoned()],
+    Dispatched(): [X,            Confirmed(), Rejected(), X],
+    Confirmed():  [X,            X,           X,          X],
+    Rejected():   [X,            X,           X,          X],
+    Abandoned():  [X,            X,           X,          X],
+}  # fmt: skip
+TERMINAL: Final[list[IntentState]] = [Confirmed(), Rejected(), Abandoned()]
+
+
+def _outcome(state: IntentState, cause: IntentCause) -> IntentState | None:
+    try:
+        return intent_transition(state, cause)
+    except IllegalIntentTransition:
+        return None
+
+
+@pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("column", range(4), ids=lambda i: repr(CAUSES[i]))
+def test_every_cell_of_the_intent_grid(state: IntentState, column: int) -> None:
+    """Each of the 20 (state, cause) cells gives the hand-written state or a rejection."""
+    assert _outcome(state, CAUSES[column]) == GRID[state][column]
+
+
+def test_grid_has_exactly_four_legal_cells() -> None:
+    """Spec §3 has four rows; the other sixteen cells are rejections."""
+    cells = [cell for row in GRID.values() for cell in row]
+    assert len(cells) == 20 and sum(c is not None for c in cells) == 4
+
+
+@given(state=st.sampled_from(STATES), cause=st.sampled_from(CAUSES))
+def test_property_intent_accepts_exactly_the_grid(state: IntentState, cause: IntentCause) -> None:
+    """Any sampled pair is accepted iff its hand-written cell names a state."""
+    expected = GRID[state][CAUSES.index(cause)]
+    if expected is None:
+        with pytest.raises(IllegalIntentTransition) as info:
+            intent_transition(state, cause)
+        assert info.value.from_state is state and info.value.cause is cause
+    else:
+        assert intent_transition(state, cause) == expected
+
+
+@pytest.mark.parametrize("state", TERMINAL, ids=lambda s: type(s).__name__)
+def test_terminal_intent_states_reject_everything(state: IntentState) -> None:
+    """Confirmed, Rejected and Abandoned are final."""
+    for cause in CAUSES:
+        with pytest.raises(IllegalIntentTransition, match="final"):
+            intent_transition(state, cause)
+
+
+def test_dispatched_cannot_be_abandoned() -> None:
+    """Once sent, an intent can only be resolved, never quietly dropped."""
+    with pytest.raises(IllegalIntentTransition, match="may already have taken effect"):
+        intent_transition(Dispatched(), Abandon())
+
+
+@pytest.mark.parametrize(
+    ("state", "outstanding"),
+    [(Planned(), False), (Dispatched(), True), (Confirmed(), False), (Rejected(), False),
+     (Abandoned(), False)],
+)  # fmt: skip
+def test_only_dispatched_is_outstanding(state: IntentState, outstanding: bool) -> None:
+    """An intent is outstanding exactly while it is Dispatched."""
+    assert is_outstanding(state) is outstanding
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ([], False),
+        ([Planned()], False),
+        ([Confirmed(), Rejected(), Abandoned()], False),
+        ([Confirmed(), Dispatched()], True),
+        ([Dispatched()], True),
+    ],
+)
+def test_intent_dispatched_answers_for_an_attempt(
+    states: list[IntentState], expected: bool
+) -> None:
+    """intent_dispatched is true exactly when one intent is Dispatched."""
+    assert intent_dispatched(states) is expected
+
+
+@given(st.lists(st.sampled_from(STATES), max_size=6))
+def test_property_intent_dispatched_iff_a_dispatched_is_present(states: list[IntentState]) -> None:
+    """For any list of intent states, the answer is 'is Dispatched() among them'."""
+    assert intent_dispatched(states) is (Dispatched() in states)
+
+
+def test_idempotency_key_is_stable_and_distinct() -> None:
+    """Same (run, step, name) gives the same key; any difference gives another."""
+    key = idempotency_key("run-1", "charge", "charge-card")
+    assert key == idempotency_key("run-1", "charge", "charge-card")
+    assert key.startswith("ak1-") and len(key) == 36
+    others = {
+        idempotency_key("run-2", "charge", "charge-card"),
+        idempotency_key("run-1", "charge2", "charge-card"),
+        idempotency_key("run-1", "charge", "charge-card2"),
+        idempotency_key("run-1c", "harge", "charge-card"),  # no ambiguity by concatenation
+    }
+    assert key not in others and len(others) == 4

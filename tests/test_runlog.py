@@ -1,0 +1,448 @@
+"""The run log: codec, reader and writer, including every kind of bad input."""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from logs import fixed_clock, indeterminate_changes, simple_changes, write_log
+
+from attempt_kernel import (
+    Abandon,
+    Abandoned,
+    AttemptCreated,
+    AttemptTransitioned,
+    Cancel,
+    Cancelled,
+    CorruptLine,
+    IntentChanged,
+    IntentPlanned,
+    LogLocked,
+    LogNeedsRecovery,
+    LogOpenError,
+    LogWriteFailed,
+    Planned,
+    Record,
+    Running,
+    RunFinished,
+    RunLogWriter,
+    StepResult,
+    TornTail,
+    UnencodableRecord,
+    read_log,
+)
+from attempt_kernel._runlog import MAX_LINE_BYTES, encode_record
+
+
+def _line(body: str) -> bytes:
+    """A line with a correct checksum around the given JSON body (written by hand)."""
+    raw = body.encode()
+    return raw[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(raw)
+
+
+# ------------------------------------------------------------------ codec
+
+
+def test_encoding_of_a_cancel_transition_is_the_documented_line() -> None:
+    """A Cancel record is written exactly as docs/run-log.md shows."""
+    line = encode_record(
+        7,
+        1000.5,
+        "r",
+        AttemptTransitioned(
+            step="mail", attempt=1, from_state=Running(),
+            cause=Cancel(intent_dispatched=False), to_state=Cancelled(),
+        ),
+    )  # fmt: skip
+    body = (
+        '{"v":1,"seq":7,"time":1000.5,"run":"r","type":"transition","step":"mail",'
+        '"attempt":1,"from":"Running","cause":"Cancel","intent_dispatched":false,'
+        '"to":"Cancelled"}'
+    )
+    assert line == _line(body)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        AttemptCreated(step="s", attempt=3),
+        AttemptTransitioned(step="s", attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=True), to_state=Cancelled()),
+        IntentPlanned(step="s", attempt=1, name="n", key="k"),
+        IntentChanged(step="s", attempt=1, name="n", from_state=Planned(), cause=Abandon(), to_state=Abandoned()),
+        StepResult(step="s", attempt=1, value={"a": [1, 2.5, None, "x"]}),
+        StepResult(step="s", attempt=1, error="boom"),
+        RunFinished(),
+    ],
+    ids=lambda c: type(c).__name__,
+)  # fmt: skip
+def test_every_change_round_trips(change: object, tmp_path: Path) -> None:
+    """Each change type written and read back is equal to the original."""
+    path = tmp_path / "log"
+    path.write_bytes(encode_record(1, 2.0, "run-é", change))  # type: ignore[arg-type]
+    items = list(read_log(path))
+    assert items == [Record(line=1, seq=1, time=2.0, run="run-é", change=change)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), b"bytes"], ids=repr)
+def test_unencodable_value_is_refused_and_nothing_is_written(value: object, tmp_path: Path) -> None:
+    """A result JSON cannot carry raises UnencodableRecord; the log stays as it was."""
+    path = write_log(tmp_path / "log", simple_changes())
+    before = path.read_bytes()
+    with RunLogWriter(path) as log:
+        with pytest.raises(UnencodableRecord, match="cannot be written as JSON"):
+            log.append("r", StepResult(step="s", attempt=1, value=value))  # type: ignore[arg-type]
+        assert log.last_seq == 4
+    assert path.read_bytes() == before
+
+
+# ------------------------------------------------------------------ reader: bad input
+
+
+def _corrupt(path: Path) -> list[CorruptLine]:
+    return [i for i in read_log(path) if isinstance(i, CorruptLine)]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ('{"v":2,"seq":1,"time":1.0,"run":"r","type":"run_finished"}', "unsupported schema version 2"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"party"}', "unknown record type 'party'"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Sleeping","cause":"Admit","to":"Running"}', "unknown attempt state 'Sleeping' in field 'from'"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Pending","cause":"Nudge","to":"Running"}', "unknown cause 'Nudge'"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Running","cause":"Cancel","to":"Cancelled"}', "a Cancel needs a boolean 'intent_dispatched'"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Pending","cause":"Admit","intent_dispatched":true,"to":"Running"}', "belongs to a Cancel"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"intent","step":"s","attempt":1,"intent":"n","from":"Planned","cause":"Yeet","to":"Dispatched"}', "unknown intent cause 'Yeet'"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"intent","step":"s","attempt":1,"intent":"n","from":"Lost","cause":"Dispatch","to":"Dispatched"}', "unknown intent state 'Lost' in field 'from'"),
+        ('{"v":1,"seq":0,"time":1.0,"run":"r","type":"run_finished"}', "field 'seq' must be a positive integer"),
+        ('{"v":1,"seq":1,"time":"noon","run":"r","type":"run_finished"}', "field 'time' must be a number"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"","type":"run_finished"}', "field 'run' must be a non-empty string"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"created","step":"s","attempt":true}', "field 'attempt' must be a positive integer"),
+        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"result","step":"s","attempt":1,"ok":"yes"}', "field 'ok' must be true or false"),
+    ],
+)  # fmt: skip
+def test_bad_record_is_reported_with_its_line_and_field(body: str, reason: str, tmp_path: Path) -> None:
+    """A well-checksummed line with bad content is corruption naming the line and field."""
+    path = write_log(tmp_path / "log", simple_changes())
+    with open(path, "ab") as f:
+        f.write(_line(body))
+    assert [(c.line, reason in c.reason) for c in _corrupt(path)] == [(5, True)], _corrupt(path)
+
+
+def test_unparsable_line_with_valid_checksum(tmp_path: Path) -> None:
+    """Checksummed garbage is reported as 'not valid JSON'."""
+    path = tmp_path / "log"
+    raw = b'{"v":1,,}'
+    path.write_bytes(raw[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(raw))
+    assert _corrupt(path) == [CorruptLine(line=1, reason="not valid JSON")]
+
+
+def test_bad_checksum_in_the_middle_is_corruption_and_reading_goes_on(tmp_path: Path) -> None:
+    """An altered middle record is reported by line; the records after it are read."""
+    path = write_log(tmp_path / "log", simple_changes())
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[1] = lines[1].replace(b'"Admit"', b'"Fail"')
+    path.write_bytes(b"".join(lines))
+    items = list(read_log(path))
+    assert items[1] == CorruptLine(line=2, reason="checksum mismatch (the line was altered)")
+    assert [type(i).__name__ for i in items] == ["Record", "CorruptLine", "Record", "Record"]
+
+
+def test_line_without_checksum(tmp_path: Path) -> None:
+    """A JSON line with no crc field is corruption."""
+    path = tmp_path / "log"
+    path.write_bytes(b'{"v":1,"seq":1}\n')
+    assert _corrupt(path) == [CorruptLine(line=1, reason="no checksum at the end of the line")]
+
+
+def test_torn_last_line_is_a_torn_tail_not_corruption(tmp_path: Path) -> None:
+    """An unterminated last line is a TornTail; every complete record before it is read."""
+    path = write_log(tmp_path / "log", simple_changes())
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(b'{"v":1,"seq":5,"time":3.0,"ru')
+    items = list(read_log(path))
+    assert [type(i).__name__ for i in items] == ["Record"] * 4 + ["TornTail"]
+    assert items[-1] == TornTail(line=5, offset=size, length=29)
+
+
+def test_bad_line_followed_by_good_one_is_corruption(tmp_path: Path) -> None:
+    """A truncated line that is followed by more lines is corruption, not a torn tail."""
+    path = write_log(tmp_path / "log", simple_changes())
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2][:20] + b"\n"
+    path.write_bytes(b"".join(lines))
+    items = list(read_log(path))
+    assert isinstance(items[2], CorruptLine) and items[2].line == 3
+    assert not any(isinstance(i, TornTail) for i in items)
+
+
+def test_nul_tail_is_a_torn_tail(tmp_path: Path) -> None:
+    """A tail of NUL bytes (a file system's zero fill after a crash) is a torn tail."""
+    path = write_log(tmp_path / "log", simple_changes())
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(b"\x00" * 300 + b"\n" + b"\x00" * 50)
+    items = list(read_log(path))
+    assert items[-1] == TornTail(line=5, offset=size, length=351)
+    assert sum(isinstance(i, Record) for i in items) == 4
+
+
+def test_nul_run_inside_the_log_is_corruption(tmp_path: Path) -> None:
+    """NUL bytes followed by a real record are corruption."""
+    path = write_log(tmp_path / "log", simple_changes())
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"\x00" * 10 + b"\n" + b"".join(lines[1:]))
+    assert _corrupt(path) == [CorruptLine(line=2, reason="a run of NUL bytes inside the log")]
+
+
+def test_megabytes_long_line_is_corruption(tmp_path: Path) -> None:
+    """A line over the cap is reported as corruption and the next line is still read."""
+    path = write_log(tmp_path / "log", simple_changes())
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"x" * (3 * MAX_LINE_BYTES) + b"\n" + b"".join(lines[1:]))
+    items = list(read_log(path))
+    assert items[1] == CorruptLine(line=2, reason=f"line longer than {MAX_LINE_BYTES} bytes")
+    assert [i.line for i in items if isinstance(i, Record)] == [1, 3, 4, 5]
+
+
+def test_deeply_nested_brackets_do_not_escape_as_recursion_error(tmp_path: Path) -> None:
+    """100,000 nested brackets with a valid checksum are corruption, not RecursionError."""
+    path = tmp_path / "log"
+    body = b'{"v":1,"seq":1,"time":1.0,"run":"r","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    path.write_bytes(body[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(body))
+    items = list(read_log(path))
+    assert items == [CorruptLine(line=1, reason="not valid JSON")]
+
+
+def test_binary_file_is_corruption_by_line(tmp_path: Path) -> None:
+    """Random bytes are reported as corrupt lines (and a torn tail), never a crash."""
+    path = tmp_path / "log"
+    path.write_bytes(bytes(range(256)) * 20 + b"\xff\xfe\n")
+    items = list(read_log(path))
+    assert items and all(isinstance(i, (CorruptLine, TornTail)) for i in items)
+    assert any(isinstance(i, CorruptLine) for i in items)
+
+
+def test_empty_file_yields_nothing(tmp_path: Path) -> None:
+    """An empty log has no items (the replayer reports it as empty)."""
+    path = tmp_path / "log"
+    path.write_bytes(b"")
+    assert list(read_log(path)) == []
+
+
+def test_missing_file_is_a_clear_open_error(tmp_path: Path) -> None:
+    """A missing path raises LogOpenError naming it."""
+    with pytest.raises(LogOpenError, match="nope.jsonl: no such file"):
+        list(read_log(tmp_path / "nope.jsonl"))
+
+
+def test_directory_is_a_clear_open_error(tmp_path: Path) -> None:
+    """A directory raises LogOpenError saying so."""
+    with pytest.raises(LogOpenError, match="is a directory"):
+        list(read_log(tmp_path))
+    with pytest.raises(LogOpenError, match="is a directory"):
+        RunLogWriter(tmp_path)
+
+
+# ------------------------------------------------------------------ crash consistency
+
+
+def test_truncation_at_every_byte_of_the_last_records(tmp_path: Path) -> None:
+    """Cut anywhere in the last two records: the torn tail is found, the rest survive."""
+    full = write_log(tmp_path / "full", simple_changes() + indeterminate_changes()).read_bytes()
+    lines = full.splitlines(keepends=True)
+    keep = len(b"".join(lines[:-2]))
+    cut_path = tmp_path / "cut"
+    for cut in range(keep, len(full) + 1):
+        cut_path.write_bytes(full[:cut])
+        items = list(read_log(cut_path))
+        records = [i for i in items if isinstance(i, Record)]
+        assert not any(isinstance(i, CorruptLine) for i in items), cut
+        # every complete line is a record; a partial one is exactly one torn tail
+        complete = full[:cut].count(b"\n")
+        assert len(records) == complete, cut
+        partial = cut > 0 and not full[:cut].endswith(b"\n")
+        assert isinstance(items[-1], TornTail) is partial, cut
+
+
+def test_every_single_bit_flip_of_a_middle_record_is_reported(tmp_path: Path) -> None:
+    """Flip each bit of record 2 in turn: it is reported at line 2 (or splits the line)."""
+    full = write_log(tmp_path / "full", simple_changes()).read_bytes()
+    lines = full.splitlines(keepends=True)
+    start, length = len(lines[0]), len(lines[1])
+    path = tmp_path / "flipped"
+    for byte in range(start, start + length):
+        for bit in range(8):
+            data = bytearray(full)
+            data[byte] ^= 1 << bit
+            path.write_bytes(bytes(data))
+            items = list(read_log(path))
+            bad = [i for i in items if not isinstance(i, Record)]
+            assert bad, (byte, bit)
+            assert all(isinstance(i, CorruptLine) for i in bad), (byte, bit, bad)
+            assert bad[0].line == 2, (byte, bit, bad)
+            # records 1, 3 and 4 are still read, unless the flip hit record 2's
+            # newline and merged it with record 3 into one corrupt line
+            merged = byte == start + length - 1
+            assert sum(isinstance(i, Record) for i in items) == (2 if merged else 3), (byte, bit)
+
+
+# ------------------------------------------------------------------ writer
+
+
+def test_writer_continues_the_sequence_after_reopening(tmp_path: Path) -> None:
+    """A reopened log appends after its last record; nothing written is rewritten."""
+    path = write_log(tmp_path / "log", simple_changes())
+    before = path.read_bytes()
+    with RunLogWriter(path, clock=fixed_clock()) as log:
+        assert log.last_seq == 4
+        assert log.append("r2", RunFinished()) == 5
+    assert path.read_bytes().startswith(before)
+    assert [i.seq for i in read_log(path) if isinstance(i, Record)] == [1, 2, 3, 4, 5]
+
+
+def test_writer_refuses_a_log_with_a_torn_tail(tmp_path: Path) -> None:
+    """Appending after a torn tail would bury it mid-file: refuse, say recover."""
+    path = write_log(tmp_path / "log", simple_changes())
+    with open(path, "ab") as f:
+        f.write(b'{"v":1')
+    before = path.read_bytes()
+    with pytest.raises(LogNeedsRecovery, match="line 5 is a torn tail"):
+        RunLogWriter(path)
+    assert path.read_bytes() == before
+
+
+def test_second_writer_is_locked_out(tmp_path: Path) -> None:
+    """Two writers on one log: the second gets LogLocked; the first goes on."""
+    path = tmp_path / "log"
+    with RunLogWriter(path) as first:
+        first.append("r", AttemptCreated(step="s", attempt=1))
+        with pytest.raises(LogLocked, match="another process is writing"):
+            RunLogWriter(path)
+        first.append("r", RunFinished())
+    with RunLogWriter(path) as again:
+        assert again.last_seq == 2
+
+
+class FailingOps:
+    """Write and fsync that fail on the n-th call, with the given errno."""
+
+    def __init__(self, *, fail_write_at: int = 0, fail_fsync_at: int = 0, err: int = errno.EIO) -> None:
+        self.writes = 0
+        self.fsyncs = 0
+        self.fail_write_at = fail_write_at
+        self.fail_fsync_at = fail_fsync_at
+        self.err = err
+
+    def write(self, fd: int, data: bytes) -> int:
+        self.writes += 1
+        if self.writes == self.fail_write_at:
+            raise OSError(self.err, os.strerror(self.err))
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        if self.fsyncs == self.fail_fsync_at:
+            raise OSError(self.err, os.strerror(self.err))
+        os.fsync(fd)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_failed_write_breaks_the_writer_and_keeps_acknowledged_records(n: int, tmp_path: Path) -> None:
+    """The n-th write fails: it raises, later appends are refused, records 1..n-1 stay."""
+    path = tmp_path / "log"
+    log = RunLogWriter(path, ops=FailingOps(fail_write_at=n), batch_size=2)
+    acknowledged = []
+    with pytest.raises(LogWriteFailed, match=f"write of record seq {n} failed"):
+        for i in range(1, 20):
+            acknowledged.append(log.append("r", AttemptCreated(step=f"s{i}", attempt=1)))
+    assert acknowledged == list(range(1, n))
+    with pytest.raises(LogWriteFailed, match="reopen the log"):
+        log.append("r", RunFinished())
+    log.close()
+    assert [i.seq for i in read_log(path) if isinstance(i, Record)] == acknowledged
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_failed_fsync_is_never_retried_as_if_nothing_happened(n: int, tmp_path: Path) -> None:
+    """The n-th fsync fails: the writer refuses appends and flushes until reopened."""
+    path = tmp_path / "log"
+    ops = FailingOps(fail_fsync_at=n)
+    log = RunLogWriter(path, ops=ops, batch_size=3)
+    with pytest.raises(LogWriteFailed, match="fsync after record seq"):
+        for i in range(1, 100):
+            log.append("r", AttemptCreated(step=f"s{i}", attempt=1))
+    assert ops.fsyncs == n
+    with pytest.raises(LogWriteFailed):
+        log.append("r", RunFinished())
+    with pytest.raises(LogWriteFailed):
+        log.flush()
+    log.close()
+    assert ops.fsyncs == n  # close did not retry the failed fsync
+    assert sum(isinstance(i, Record) for i in read_log(path)) == 3 * n
+
+
+def test_disk_full_is_a_clear_error(tmp_path: Path) -> None:
+    """ENOSPC from write says the disk is full."""
+    log = RunLogWriter(tmp_path / "log", ops=FailingOps(fail_write_at=1, err=errno.ENOSPC))
+    with pytest.raises(LogWriteFailed, match="the disk is full"):
+        log.append("r", RunFinished())
+    log.close()
+
+
+FILL_SCRIPT = """
+import resource, signal, sys
+from attempt_kernel import RunLogWriter, AttemptCreated, LogWriteFailed
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+acked = 0
+try:
+    with RunLogWriter(sys.argv[1], batch_size=4) as log:
+        for i in range(1, 10_000):
+            log.append("run", AttemptCreated(step="step-%d" % i, attempt=1))
+            acked = i
+except LogWriteFailed as error:
+    print(acked)
+    print(error, file=sys.stderr)
+    sys.exit(0)
+sys.exit("the file size limit was never hit")
+"""
+
+
+@pytest.mark.slow
+def test_small_disk_fills_up_cleanly(tmp_path: Path) -> None:
+    """Under a 4 KiB file-size limit the writer stops with a clear error; acked records read back."""
+    path = tmp_path / "log"
+    result = subprocess.run(
+        [sys.executable, "-c", FILL_SCRIPT, str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    acked = int(result.stdout.strip())
+    assert "the disk is full" in result.stderr
+    assert path.stat().st_size <= 4096
+    items = list(read_log(path))
+    records = [i for i in items if isinstance(i, Record)]
+    assert [r.seq for r in records] == list(range(1, acked + 1))
+    assert not any(isinstance(i, CorruptLine) for i in items)
+
+
+def test_batch_size_must_be_positive(tmp_path: Path) -> None:
+    """batch_size=0 is a usage error."""
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        RunLogWriter(tmp_path / "log", batch_size=0)
+
+
+def test_fsync_happens_every_batch(tmp_path: Path) -> None:
+    """With batch_size=3, seven appends fsync twice, and close once more."""
+    ops = FailingOps()
+    log = RunLogWriter(tmp_path / "log", ops=ops, batch_size=3)
+    for i in range(7):
+        log.append("r", AttemptCreated(step=f"s{i}", attempt=1))
+    assert ops.fsyncs == 2
+    log.close()
+    assert ops.fsyncs == 3
