@@ -16,11 +16,19 @@ EXPECTED_PUBLIC = {
     "Admit", "Succeed", "Fail", "Cancel", "QueueDeadlinePassed",
     "StepDeadlinePassed", "TransitionCause",
     "transition", "IllegalTransition", "is_terminal", "AttemptKernelError",
+    "Planned", "Dispatched", "Confirmed", "Rejected", "Abandoned", "IntentState",
+    "Dispatch", "Confirm", "Reject", "Abandon", "IntentCause", "intent_transition",
+    "IllegalIntentTransition", "is_outstanding", "intent_dispatched", "idempotency_key",
+    "RunLogWriter", "read_log", "Record", "CorruptLine", "TornTail", "replay",
+    "ReplayReport", "Violation", "OpenAttempt",
 }  # fmt: skip
 STATES_AND_CAUSES = [
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",
     "TimedOut", "Admit", "Succeed", "Fail", "Cancel", "QueueDeadlinePassed",
-    "StepDeadlinePassed",
+    "StepDeadlinePassed", "Planned", "Dispatched", "Confirmed", "Rejected",
+    "Abandoned", "Dispatch", "Confirm", "Reject", "Abandon", "AttemptCreated",
+    "AttemptTransitioned", "IntentPlanned", "IntentChanged", "StepResult", "RunFinished",
+    "Record", "CorruptLine", "TornTail",
 ]  # fmt: skip
 
 
@@ -51,7 +59,13 @@ def test_states_and_causes_are_final_frozen_dataclasses() -> None:
         assert "__slots__" in vars(cls), name
 
 
-def test_illegal_transition_is_in_the_error_family() -> None:
-    """IllegalTransition derives from the library's base error and is final."""
-    assert issubclass(attempt_kernel.IllegalTransition, attempt_kernel.AttemptKernelError)
+def test_errors_are_one_family() -> None:
+    """Every exception the package exports derives from AttemptKernelError."""
+    errors = [
+        v for v in vars(attempt_kernel).values()
+        if inspect.isclass(v) and issubclass(v, BaseException)
+    ]  # fmt: skip
+    assert len(errors) >= 10
+    for error in errors:
+        assert issubclass(error, attempt_kernel.AttemptKernelError), error
     assert getattr(attempt_kernel.IllegalTransition, "__final__", False) is True

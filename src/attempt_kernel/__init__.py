@@ -53,6 +53,7 @@ from ._runlog import LogItem as LogItem
 from ._runlog import LogLocked as LogLocked
 from ._runlog import LogNeedsRecovery as LogNeedsRecovery
 from ._runlog import LogOpenError as LogOpenError
+from ._runlog import LogReadError as LogReadError
 from ._runlog import LogWriteFailed as LogWriteFailed
 from ._runlog import Record as Record
 from ._runlog import RunFinished as RunFinished
@@ -93,6 +94,7 @@ __all__ = [
     "LogLocked",
     "LogNeedsRecovery",
     "LogOpenError",
+    "LogReadError",
     "LogWriteFailed",
     "OpenAttempt",
     "Pending",

@@ -204,6 +204,11 @@ class LogOpenError(RunLogError):
 
 
 @final
+class LogReadError(RunLogError):
+    """Reading the log failed part-way (an I/O error from the device)."""
+
+
+@final
 class LogLocked(RunLogError):
     """Another writer holds the log; two processes must not write one log."""
 
@@ -422,10 +427,22 @@ def _intent_state(obj: dict[str, object], field: str) -> IntentState:
     return state
 
 
+_ATTEMPT_KINDS: Final = frozenset({"transition", "created", "result", "intent", "intent_planned"})
+
+
 def _decode_change(obj: dict[str, object]) -> Change:
     kind = obj.get("type")
-    if kind == "created":
-        return AttemptCreated(step=_str(obj, "step"), attempt=_int(obj, "attempt"))
+    if kind == "run_finished":
+        return RunFinished()
+    if kind not in _ATTEMPT_KINDS:
+        raise _Bad(f"unknown record type {kind!r}")
+    # Every other change belongs to an attempt: check its address once.
+    step = obj.get("step")
+    if type(step) is not str or not step:
+        raise _Bad(f"field 'step' must be a non-empty string, got {step!r}")
+    attempt = obj.get("attempt")
+    if type(attempt) is not int or attempt < 1:
+        raise _Bad(f"field 'attempt' must be a positive integer, got {attempt!r}")
     if kind == "transition":
         name = obj.get("cause")
         flag = obj.get("intent_dispatched")
@@ -434,7 +451,7 @@ def _decode_change(obj: dict[str, object]) -> Change:
             if type(flag) is not bool:
                 raise _Bad(f"a Cancel needs a boolean 'intent_dispatched', got {flag!r}")
             key = ("Cancel", flag)
-        elif "intent_dispatched" in obj:
+        elif flag is not None or "intent_dispatched" in obj:
             raise _Bad(f"'intent_dispatched' belongs to a Cancel, not to cause {name!r}")
         else:
             key = (name if type(name) is str else "", None)
@@ -442,61 +459,58 @@ def _decode_change(obj: dict[str, object]) -> Change:
         if cause is None:
             raise _Bad(f"unknown cause {name!r} in field 'cause'")
         return AttemptTransitioned(
-            step=_str(obj, "step"),
-            attempt=_int(obj, "attempt"),
+            step=step,
+            attempt=attempt,
             from_state=_state(obj, "from"),
             cause=cause,
             to_state=_state(obj, "to"),
         )
-    if kind == "intent_planned":
-        return IntentPlanned(
-            step=_str(obj, "step"),
-            attempt=_int(obj, "attempt"),
-            name=_str(obj, "intent"),
-            key=_str(obj, "key"),
-        )
+    if kind == "created":
+        return AttemptCreated(step=step, attempt=attempt)
+    if kind == "result":
+        ok = obj.get("ok")
+        if ok is True:
+            # json.loads yields only JSON values
+            return StepResult(step=step, attempt=attempt, value=cast(JSON, obj.get("value")))
+        if ok is False:
+            return StepResult(step=step, attempt=attempt, error=_str(obj, "error"))
+        raise _Bad(f"field 'ok' must be true or false, got {ok!r}")
     if kind == "intent":
         cname = obj.get("cause")
         icause = _INTENT_CAUSES.get(cname) if type(cname) is str else None
         if icause is None:
             raise _Bad(f"unknown intent cause {cname!r} in field 'cause'")
         return IntentChanged(
-            step=_str(obj, "step"),
-            attempt=_int(obj, "attempt"),
+            step=step,
+            attempt=attempt,
             name=_str(obj, "intent"),
             from_state=_intent_state(obj, "from"),
             cause=icause,
             to_state=_intent_state(obj, "to"),
         )
-    if kind == "result":
-        ok = obj.get("ok")
-        if ok is True:
-            return StepResult(
-                step=_str(obj, "step"),
-                attempt=_int(obj, "attempt"),
-                value=cast(JSON, obj.get("value")),  # json.loads yields only JSON
-            )
-        if ok is False:
-            return StepResult(
-                step=_str(obj, "step"), attempt=_int(obj, "attempt"), error=_str(obj, "error")
-            )
-        raise _Bad(f"field 'ok' must be true or false, got {ok!r}")
-    if kind == "run_finished":
-        return RunFinished()
-    raise _Bad(f"unknown record type {kind!r}")
+    # kind == "intent_planned", the last of _ATTEMPT_KINDS
+    return IntentPlanned(step=step, attempt=attempt, name=_str(obj, "intent"), key=_str(obj, "key"))
+
+
+_parse = json.JSONDecoder().raw_decode
 
 
 def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
     """Decode one complete line (with its newline) into a record, or say why not."""
     if len(raw) < _TAIL_LEN or raw[-_TAIL_LEN : -_TAIL_LEN + len(_CRC_OPEN)] != _CRC_OPEN:
         return CorruptLine(line=line, reason="no checksum at the end of the line")
-    body = raw[:-_TAIL_LEN] + b"}"
+    # crc32 of the line with its tail replaced by "}", computed without a copy
+    crc = zlib.crc32(b"}", zlib.crc32(memoryview(raw)[:-_TAIL_LEN]))
     # Compared as written (lowercase hex), so that no altered byte goes unseen.
-    if raw[-11:] != b'%08x"}\n' % zlib.crc32(body):
+    if raw[-11:] != b'%08x"}\n' % crc:
         return CorruptLine(line=line, reason="checksum mismatch (the line was altered)")
     try:
-        # A JSON text that ends in "}" can only be an object.
-        obj: dict[str, object] = json.loads(body)
+        text = raw.decode()
+        # The whole line parses; a JSON text ending in "}" can only be an object.
+        obj: dict[str, object]
+        obj, end = _parse(text)
+        if end != len(text) - 1:
+            raise ValueError("trailing data")
     except (ValueError, RecursionError):
         # RecursionError: pathologically nested brackets must not escape.
         return CorruptLine(line=line, reason="not valid JSON")
@@ -549,9 +563,9 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
     `TornTail`. Raises `LogOpenError` if the file cannot be opened.
     """
     stream = _open_for_reading(Path(path))
+    line = 0
+    offset = 0
     try:
-        line = 0
-        offset = 0
         while raw := stream.readline(MAX_LINE_BYTES + 1):
             line += 1
             start = offset
@@ -571,11 +585,14 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
                 continue
             if raw[0] == 0 and not raw.strip(b"\x00\n"):
                 if _rest_is_nul(stream):
-                    yield TornTail(line=line, offset=start, length=os.fstat(stream.fileno()).st_size - start)
+                    size = os.fstat(stream.fileno()).st_size
+                    yield TornTail(line=line, offset=start, length=size - start)
                     return
                 yield CorruptLine(line=line, reason="a run of NUL bytes inside the log")
                 continue
             yield decode_line(raw, line)
+    except OSError as error:
+        raise LogReadError(f"{path}: reading failed after line {line}: {error.strerror}") from error
     finally:
         stream.close()
 

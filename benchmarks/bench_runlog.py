@@ -1,0 +1,184 @@
+"""Benchmarks of the run log and the replayer, against baselines run in the same process.
+
+- replay throughput (records/s) beside a bare loop that only reads each line
+  of the same file and ``json.loads`` it (target: replay >= 40% of bare);
+- peak memory of a replay, in a child process, at 100k and 1M records
+  (target: under 100 MB and independent of log length);
+- writer append throughput with its default batching beside a bare
+  ``os.write`` + ``os.fsync`` loop writing the same lines with the same batch
+  size (target: >= 70% of bare).
+
+Usage: python benchmarks/bench_runlog.py [--records N] [--appends N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from attempt_kernel import (
+    Admit,
+    AttemptCreated,
+    AttemptTransitioned,
+    Change,
+    Confirm,
+    Confirmed,
+    Dispatch,
+    Dispatched,
+    IntentChanged,
+    IntentPlanned,
+    Pending,
+    Planned,
+    Running,
+    RunFinished,
+    RunLogWriter,
+    StepResult,
+    Succeed,
+    Succeeded,
+    idempotency_key,
+    replay,
+)
+from attempt_kernel._runlog import DEFAULT_BATCH, encode_record
+
+
+def run_changes(run: str) -> list[Change]:
+    """A run of four steps; the second performs one confirmed intent. 20 records."""
+    out: list[Change] = []
+    for i in range(4):
+        step = f"step-{i}"
+        out.append(AttemptCreated(step=step, attempt=1))
+        out.append(AttemptTransitioned(step=step, attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()))
+        if i == 1:
+            key = idempotency_key(run, step, "notify")
+            out.append(IntentPlanned(step=step, attempt=1, name="notify", key=key))
+            out.append(IntentChanged(step=step, attempt=1, name="notify", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()))
+            out.append(IntentChanged(step=step, attempt=1, name="notify", from_state=Dispatched(), cause=Confirm(), to_state=Confirmed()))
+        out.append(StepResult(step=step, attempt=1, value={"n": i}))
+        out.append(AttemptTransitioned(step=step, attempt=1, from_state=Running(), cause=Succeed(), to_state=Succeeded()))
+    out.append(RunFinished())
+    return out
+
+
+def generate(path: Path, records: int) -> None:
+    """Write a valid log of at least ``records`` records (fast: no fsync per batch)."""
+    seq = 0
+    with open(path, "wb", buffering=1 << 20) as f:
+        r = 0
+        while seq < records:
+            run = f"run-{r:07d}"
+            for change in run_changes(run):
+                seq += 1
+                f.write(encode_record(seq, 1_764_460_800.0 + seq / 1000, run, change))
+            r += 1
+
+
+def bare_read(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        for raw in f:
+            json.loads(raw)
+            n += 1
+    return n
+
+
+def best_of(repeat: int, func: object) -> float:
+    assert callable(func)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        func()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def child_peak_mb(path: Path) -> float:
+    """Peak RSS of a fresh interpreter that replays ``path``, minus one that only imports."""
+    code = (
+        "import resource, sys\n"
+        "from attempt_kernel import replay\n"
+        "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "r = replay(sys.argv[1]) if sys.argv[1] else None\n"
+        "assert r is None or r.valid\n"
+        "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                         text=True, check=True).stdout.split()  # fmt: skip
+    base_kb, peak_kb = int(out[0]), int(out[1])
+    return (peak_kb - base_kb) / 1024
+
+
+def bench_replay(tmp: Path, records: int) -> bool:
+    path = tmp / "big.jsonl"
+    generate(path, records)
+    report = replay(path)
+    assert report.valid, report.violations[:3]
+    n = report.records
+    t_bare = best_of(3, lambda: bare_read(path))
+    t_replay = best_of(3, lambda: replay(path))
+    bare_rate, replay_rate = n / t_bare, n / t_replay
+    ratio = replay_rate / bare_rate
+    print(f"replay of {n:,} records ({path.stat().st_size / 1e6:.0f} MB):")
+    print(f"  bare read + json.loads : {bare_rate:12,.0f} records/s")
+    print(f"  replay                 : {replay_rate:12,.0f} records/s  = {ratio:.0%} of bare (target >= 40%)")
+    small = tmp / "small.jsonl"
+    generate(small, records // 10)
+    mem_small, mem_big = child_peak_mb(small), child_peak_mb(path)
+    print(f"  peak memory of replay above the interpreter: {records // 10:,} records {mem_small:.1f} MB,"
+          f" {records:,} records {mem_big:.1f} MB (target < 100 MB, flat)")  # fmt: skip
+    return ratio >= 0.40 and mem_big < 100
+
+
+def bench_writer(tmp: Path, appends: int) -> bool:
+    changes = run_changes("run-0000001")
+    lines = [encode_record(i + 1, 1.0, "run-0000001", changes[i % len(changes)]) for i in range(appends)]
+
+    def bare() -> None:
+        path = tmp / "bare.jsonl"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for i, line in enumerate(lines, 1):
+            os.write(fd, line)
+            if i % DEFAULT_BATCH == 0:
+                os.fsync(fd)
+        os.fsync(fd)
+        os.close(fd)
+
+    def writer() -> None:
+        path = tmp / "writer.jsonl"
+        path.unlink(missing_ok=True)
+        with RunLogWriter(path) as log:
+            for i in range(appends):
+                log.append("run-0000001", changes[i % len(changes)])
+
+    t_bare = best_of(3, bare)
+    t_writer = best_of(3, writer)
+    ratio = t_bare / t_writer
+    print(f"append {appends:,} records, fsync every {DEFAULT_BATCH}:")
+    print(f"  bare os.write + os.fsync: {appends / t_bare:10,.0f} records/s")
+    print(f"  RunLogWriter.append     : {appends / t_writer:10,.0f} records/s  = {ratio:.0%} of bare (target >= 70%)")
+    return ratio >= 0.70
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--appends", type=int, default=20_000)
+    args = parser.parse_args()
+    print(f"Python {sys.version.split()[0]}")
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        ok = bench_replay(Path(tmp), args.records)
+        ok = bench_writer(Path(tmp), args.appends) and ok
+    print("all targets met" if ok else "TARGETS MISSED (see the figures above)")
+    del resource  # imported for child_peak_mb's documentation of units (KiB on Linux)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
