@@ -62,4 +62,5 @@ def typecheck(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks: print each cost beside a baseline measured in the same run."""
     session.install(".")
-    session.run("python", "benchmarks/bench_kernel.py", *session.posargs)
+    session.run("python", "benchmarks/bench_kernel.py")
+    session.run("python", "benchmarks/bench_runlog.py", *session.posargs)

@@ -54,14 +54,14 @@ from attempt_kernel import (
 
 HERE = Path(__file__).resolve().parent
 TARGET = HERE / "checkout.jsonl"
-START = 1_764_460_800.0  # 2025-11-30T00:00:00Z; each record 0.25 s after the last
+START_US = 1_764_460_800_000_000  # 2025-11-30T00:00:00Z; each record 0.25 s after the last
 
 
 def write(path: Path) -> None:
     if path.exists():
         path.unlink()
     ticks = itertools.count()
-    clock = lambda: START + next(ticks) * 0.25  # noqa: E731
+    clock = lambda: START_US + next(ticks) * 250_000  # noqa: E731
     r1, r2 = "order-1042", "order-1043"
     charge_key = idempotency_key(r1, "charge", "charge-card")
     receipt_key = idempotency_key(r1, "send-receipt", "email-receipt")

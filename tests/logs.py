@@ -27,10 +27,10 @@ from attempt_kernel import (
 )
 
 
-def fixed_clock(start: float = 1000.0) -> Callable[[], float]:
+def fixed_clock(start_us: int = 1_000_000_000) -> Callable[[], int]:
     """A clock that ticks 0.5 s per call, so logs are byte-for-byte reproducible."""
     ticks = itertools.count()
-    return lambda: start + next(ticks) * 0.5
+    return lambda: start_us + next(ticks) * 500_000
 
 
 def simple_changes(step: str = "s") -> list[Change]:

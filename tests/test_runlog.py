@@ -52,7 +52,7 @@ def test_encoding_of_a_cancel_transition_is_the_documented_line() -> None:
     """A Cancel record is written exactly as docs/run-log.md shows."""
     line = encode_record(
         7,
-        1000.5,
+        1_764_460_800_250_000,
         "r",
         AttemptTransitioned(
             step="mail", attempt=1, from_state=Running(),
@@ -60,7 +60,7 @@ def test_encoding_of_a_cancel_transition_is_the_documented_line() -> None:
         ),
     )  # fmt: skip
     body = (
-        '{"v":1,"seq":7,"time":1000.5,"run":"r","type":"transition","step":"mail",'
+        '{"v":1,"seq":7,"time_us":1764460800250000,"run":"r","type":"transition","step":"mail",'
         '"attempt":1,"from":"Running","cause":"Cancel","intent_dispatched":false,'
         '"to":"Cancelled"}'
     )
@@ -83,9 +83,9 @@ def test_encoding_of_a_cancel_transition_is_the_documented_line() -> None:
 def test_every_change_round_trips(change: object, tmp_path: Path) -> None:
     """Each change type written and read back is equal to the original."""
     path = tmp_path / "log"
-    path.write_bytes(encode_record(1, 2.0, "run-é", change))  # type: ignore[arg-type]
+    path.write_bytes(encode_record(1, 2, "run-é", change))  # type: ignore[arg-type]
     items = list(read_log(path))
-    assert items == [Record(line=1, seq=1, time=2.0, run="run-é", change=change)]  # type: ignore[arg-type]
+    assert items == [Record(line=1, seq=1, time_us=2, run="run-é", change=change)]  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), b"bytes"], ids=repr)
@@ -110,19 +110,19 @@ def _corrupt(path: Path) -> list[CorruptLine]:
 @pytest.mark.parametrize(
     ("body", "reason"),
     [
-        ('{"v":2,"seq":1,"time":1.0,"run":"r","type":"run_finished"}', "unsupported schema version 2"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"party"}', "unknown record type 'party'"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Sleeping","cause":"Admit","to":"Running"}', "unknown attempt state 'Sleeping' in field 'from'"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Pending","cause":"Nudge","to":"Running"}', "unknown cause 'Nudge'"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Running","cause":"Cancel","to":"Cancelled"}', "a Cancel needs a boolean 'intent_dispatched'"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"transition","step":"s","attempt":1,"from":"Pending","cause":"Admit","intent_dispatched":true,"to":"Running"}', "belongs to a Cancel"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"intent","step":"s","attempt":1,"intent":"n","from":"Planned","cause":"Yeet","to":"Dispatched"}', "unknown intent cause 'Yeet'"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"intent","step":"s","attempt":1,"intent":"n","from":"Lost","cause":"Dispatch","to":"Dispatched"}', "unknown intent state 'Lost' in field 'from'"),
-        ('{"v":1,"seq":0,"time":1.0,"run":"r","type":"run_finished"}', "field 'seq' must be a positive integer"),
-        ('{"v":1,"seq":1,"time":"noon","run":"r","type":"run_finished"}', "field 'time' must be a number"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"","type":"run_finished"}', "field 'run' must be a non-empty string"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"created","step":"s","attempt":true}', "field 'attempt' must be a positive integer"),
-        ('{"v":1,"seq":1,"time":1.0,"run":"r","type":"result","step":"s","attempt":1,"ok":"yes"}', "field 'ok' must be true or false"),
+        ('{"v":2,"seq":1,"time_us":1,"run":"r","type":"run_finished"}', "unsupported schema version 2"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"party"}', "unknown record type 'party'"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"transition","step":"s","attempt":1,"from":"Sleeping","cause":"Admit","to":"Running"}', "unknown attempt state 'Sleeping' in field 'from'"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"transition","step":"s","attempt":1,"from":"Pending","cause":"Nudge","to":"Running"}', "unknown cause 'Nudge'"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"transition","step":"s","attempt":1,"from":"Running","cause":"Cancel","to":"Cancelled"}', "a Cancel needs a boolean 'intent_dispatched'"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"transition","step":"s","attempt":1,"from":"Pending","cause":"Admit","intent_dispatched":true,"to":"Running"}', "belongs to a Cancel"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"intent","step":"s","attempt":1,"intent":"n","from":"Planned","cause":"Yeet","to":"Dispatched"}', "unknown intent cause 'Yeet'"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"intent","step":"s","attempt":1,"intent":"n","from":"Lost","cause":"Dispatch","to":"Dispatched"}', "unknown intent state 'Lost' in field 'from'"),
+        ('{"v":1,"seq":0,"time_us":1,"run":"r","type":"run_finished"}', "field 'seq' must be a positive integer"),
+        ('{"v":1,"seq":1,"time_us":"noon","run":"r","type":"run_finished"}', "field 'time_us' must be a non-negative integer"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"","type":"run_finished"}', "field 'run' must be a non-empty string"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"created","step":"s","attempt":true}', "field 'attempt' must be a positive integer"),
+        ('{"v":1,"seq":1,"time_us":1,"run":"r","type":"result","step":"s","attempt":1,"ok":"yes"}', "field 'ok' must be true or false"),
     ],
 )  # fmt: skip
 def test_bad_record_is_reported_with_its_line_and_field(body: str, reason: str, tmp_path: Path) -> None:
@@ -164,10 +164,10 @@ def test_torn_last_line_is_a_torn_tail_not_corruption(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log", simple_changes())
     size = path.stat().st_size
     with open(path, "ab") as f:
-        f.write(b'{"v":1,"seq":5,"time":3.0,"ru')
+        f.write(b'{"v":1,"seq":5,"time_us":3,"ru')
     items = list(read_log(path))
     assert [type(i).__name__ for i in items] == ["Record"] * 4 + ["TornTail"]
-    assert items[-1] == TornTail(line=5, offset=size, length=29)
+    assert items[-1] == TornTail(line=5, offset=size, length=30)
 
 
 def test_bad_line_followed_by_good_one_is_corruption(tmp_path: Path) -> None:
@@ -213,7 +213,7 @@ def test_megabytes_long_line_is_corruption(tmp_path: Path) -> None:
 def test_deeply_nested_brackets_do_not_escape_as_recursion_error(tmp_path: Path) -> None:
     """100,000 nested brackets with a valid checksum are corruption, not RecursionError."""
     path = tmp_path / "log"
-    body = b'{"v":1,"seq":1,"time":1.0,"run":"r","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    body = b'{"v":1,"seq":1,"time_us":1,"run":"r","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     path.write_bytes(body[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(body))
     items = list(read_log(path))
     assert items == [CorruptLine(line=1, reason="not valid JSON")]
@@ -446,3 +446,16 @@ def test_fsync_happens_every_batch(tmp_path: Path) -> None:
     assert ops.fsyncs == 2
     log.close()
     assert ops.fsyncs == 3
+
+
+def test_fast_record_builder_equals_the_dataclass_constructor() -> None:
+    """The reader's descriptor-based builder makes exactly Record(...), still frozen."""
+    from dataclasses import FrozenInstanceError
+
+    from attempt_kernel._runlog import _new_record
+
+    built = _new_record(3, 4, 5, "run", RunFinished())
+    assert built == Record(line=3, seq=4, time_us=5, run="run", change=RunFinished())
+    assert repr(built) == "Record(line=3, seq=4, time_us=5, run='run', change=RunFinished())"
+    with pytest.raises(FrozenInstanceError):
+        built.seq = 9  # type: ignore[misc]
