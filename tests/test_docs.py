@@ -33,3 +33,26 @@ def test_readme_holds_exactly_two_setup_commands() -> None:
     assert len(commands) == 2
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci.splitlines()
+
+
+def test_readme_replay_output_is_what_the_command_prints(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The replay report quoted in the README is today's output for the example."""
+    from attempt_kernel._cli import main
+
+    monkeypatch.chdir(README.parent)
+    assert main(["replay", "examples/checkout.jsonl"]) == 0
+    out = capsys.readouterr().out
+    assert "$ attempt-kernel replay examples/checkout.jsonl\n" + out + "```" in README.read_text()
+
+
+def test_run_log_doc_example_lines_are_real_records() -> None:
+    """Each line of docs/run-log.md's example is a line of examples/checkout.jsonl."""
+    doc = (README.parent / "docs" / "run-log.md").read_text()
+    block = doc.split("## An example", 1)[1].split("```\n", 2)[1]
+    lines = block.strip().splitlines()
+    assert len(lines) == 4
+    example = (README.parent / "examples" / "checkout.jsonl").read_text().splitlines()
+    for line in lines:
+        assert line in example
