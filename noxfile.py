@@ -1,7 +1,7 @@
 """Sessions for attempt-kernel; versions and dependency groups come from pyproject.toml.
 
 `nox` alone runs the gate: tests on every supported Python found on the
-machine, then the type check.
+machine, the type check, then mutation testing of the two state machines.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "typecheck"]
+nox.options.sessions = ["tests", "typecheck", "mutate"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 SUPPORTED = nox.project.python_versions(PYPROJECT)
@@ -64,3 +64,26 @@ def bench(session: nox.Session) -> None:
     session.install(".")
     session.run("python", "benchmarks/bench_kernel.py")
     session.run("python", "benchmarks/bench_runlog.py", *session.posargs)
+
+
+# Files whose every mutant must be killed (mutmut reads [tool.mutmut]).
+MUTATED = ("src/attempt_kernel/_attempt.py", "src/attempt_kernel/_intent.py")
+
+
+@nox.session(python=PYTHONS[-1])
+def mutate(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of the kernel and intent modules; any surviving mutant fails."""
+    # mutmut runs the tests on its own copy of src/, so the package is not installed.
+    session.install(*nox.project.dependency_groups(PYPROJECT, "mutate"))
+    shutil.rmtree("mutants", ignore_errors=True)
+    session.run("mutmut", "run", silent=True)
+    results = session.run("mutmut", "results", "--all", "true", silent=True)
+    assert isinstance(results, str)
+    outcomes = [line.rsplit(": ", 1) for line in results.splitlines() if ": " in line]
+    killed = [name for name, outcome in outcomes if outcome.strip() == "killed"]
+    alive = [f"{name}: {outcome}" for name, outcome in outcomes if outcome.strip() != "killed"]
+    excluded = sum(Path(f).read_text().count("# pragma: no mutate") for f in MUTATED)
+    session.log(f"mutants: {len(outcomes)}, killed: {len(killed)}, not killed: {len(alive)}")
+    session.log(f"lines excluded with '# pragma: no mutate': {excluded}")
+    if not outcomes or alive:
+        session.error("mutants not killed:\n" + "\n".join(alive or ["(mutmut reported none)"]))

@@ -105,6 +105,17 @@ ALL_PAIRS: Final[dict[tuple[str, str], bool]] = {
 }  # fmt: skip
 
 
+@pytest.fixture(params=["remembered", "match-only"], autouse=True)
+def answers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run every test twice: through the import-time memo, and with it emptied,
+    so that the match itself answers (and mutation testing can see it)."""
+    mode: str = request.param
+    if mode == "match-only":
+        monkeypatch.setattr("attempt_kernel._attempt._NEXT", {})
+        monkeypatch.setattr("attempt_kernel._attempt._REFUSED", {})
+    return mode
+
+
 def _outcome(state: AttemptState, cause: TransitionCause) -> AttemptState | None:
     try:
         return transition(state, cause)
@@ -246,10 +257,10 @@ def test_cancel_takes_its_field_by_keyword_only() -> None:
 def test_non_state_or_cause_raises_naming_the_value(
     state: object, cause: object, shown: str
 ) -> None:
-    """Bad runtime input (types ignored) raises with the value in the message."""
-    with pytest.raises((AssertionError, IllegalTransition)) as info:
+    """Bad runtime input (types ignored) fails assert_never, naming the value."""
+    with pytest.raises(AssertionError) as info:
         transition(state, cause)  # type: ignore[arg-type]
-    assert shown in str(info.value)
+    assert str(info.value) == f"Expected code to be unreachable, but got: {shown}"
 
 
 def test_terminal_state_with_non_cause_still_raises() -> None:
@@ -279,10 +290,88 @@ def test_enumerations_are_complete() -> None:
     assert set(get_args(TransitionCause)) == {type(c) for c in CAUSES}
 
 
-def test_remembered_answers_cover_every_cell() -> None:
-    """The import-time memo of the match holds all 49 cells: 8 legal, 41 refused."""
-    from attempt_kernel._attempt import _NEXT, _REFUSED
+NOT_RUN = "a Pending attempt has not run; Admit it first"
+STEP_DEADLINE = (
+    "the step deadline applies to Running attempts; a Pending one times out with"
+    " QueueDeadlinePassed"
+)
+NOT_DISPATCHED = (
+    "a Pending attempt cannot have dispatched an intent; the caller's intent record"
+    " is inconsistent (an executor bug)"
+)
+ALREADY = "the attempt is already Running"
+QUEUE_DEADLINE = (
+    "the queue deadline applies to Pending attempts; a Running one times out with"
+    " StepDeadlinePassed"
+)
+FINAL = "a terminal state has no outgoing transitions; start a new attempt instead"
+# The reason of every rejected cell, by hand; columns as in GRID (None: legal).
+REASONS: Final[dict[AttemptState, list[str | None]]] = {
+    Pending():       [None,    NOT_RUN, NOT_RUN, None,  NOT_DISPATCHED, None,           STEP_DEADLINE],
+    Running():       [ALREADY, None,    None,    None,  None,           QUEUE_DEADLINE, None],
+    Succeeded():     [FINAL] * 7,
+    Failed():        [FINAL] * 7,
+    Indeterminate(): [FINAL] * 7,
+    Cancelled():     [FINAL] * 7,
+    TimedOut():      [FINAL] * 7,
+}  # fmt: skip
 
-    assert len(_NEXT) == 8
-    assert len(_REFUSED) == 41
-    assert not set(_NEXT) & set(_REFUSED)
+
+@pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("column", range(7), ids=lambda i: repr(CAUSES[i]))
+def test_every_rejection_gives_its_reason_and_keeps_its_inputs(
+    state: AttemptState, column: int
+) -> None:
+    """Each rejected cell raises with the hand-written reason, the state and the cause."""
+    reason = REASONS[state][column]
+    cause = CAUSES[column]
+    if reason is None:
+        assert (GRID[state][column] is not None) and transition(state, cause) is not None
+        return
+    with pytest.raises(IllegalTransition) as info:
+        transition(state, cause)
+    assert info.value.reason == reason
+    assert info.value.from_state is state and info.value.cause is cause
+    assert str(info.value) == f"illegal transition: {cause!r} from {state!r}: {reason}"
+
+
+def test_cancel_refusal_message_names_the_value_and_type() -> None:
+    """The Cancel type check says what it got."""
+    with pytest.raises(TypeError) as info:
+        Cancel(intent_dispatched=1)  # type: ignore[arg-type]
+    assert str(info.value) == (
+        "Cancel(intent_dispatched=...) takes a bool decided from the intent record,"
+        " got 1 (int)"
+    )
+
+
+def test_remembered_answers_are_the_hand_written_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Filling the memo afresh gives GRID's 8 legal cells and REASONS' 41 refusals."""
+    from attempt_kernel import _attempt
+
+    next_states: dict[tuple[type, type, bool], AttemptState] = {}
+    refused: dict[tuple[type, type, bool], str] = {}
+    monkeypatch.setattr(_attempt, "_NEXT", next_states)
+    monkeypatch.setattr(_attempt, "_REFUSED", refused)
+    _attempt._remember_answers()
+    expected_next = {}
+    expected_refused = {}
+    for state in STATES:
+        for column, cause in enumerate(CAUSES):
+            key = (type(state), type(cause), isinstance(cause, Cancel) and cause.intent_dispatched)
+            to, reason = GRID[state][column], REASONS[state][column]
+            if to is not None:
+                expected_next[key] = to
+            else:
+                assert reason is not None
+                expected_refused[key] = reason
+    assert len(expected_next) == 8 and len(expected_refused) == 41
+    assert next_states == expected_next
+    assert refused == expected_refused
+
+
+def test_is_terminal_bad_input_names_the_value() -> None:
+    """is_terminal on a non-state fails assert_never, naming it."""
+    with pytest.raises(AssertionError) as info:
+        is_terminal("Running")  # type: ignore[arg-type]
+    assert str(info.value) == "Expected code to be unreachable, but got: 'Running'"

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.source
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "attempt_kernel"
 KERNEL = "_attempt.py"

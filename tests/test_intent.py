@@ -132,3 +132,60 @@ def test_idempotency_key_is_stable_and_distinct() -> None:
         idempotency_key("run-1c", "harge", "charge-card"),  # no ambiguity by concatenation
     }
     assert key not in others and len(others) == 4
+
+
+UNSENT = (
+    "a Planned intent has not been sent, so it has no outcome; Dispatch it first or"
+    " Abandon it"
+)
+AGAIN = "the intent is already Dispatched"
+SENT = (
+    "a Dispatched intent may already have taken effect; it can only be resolved by"
+    " Confirm or Reject (or stay outstanding)"
+)
+DONE = "a resolved or abandoned intent is final; plan a new intent instead"
+# Columns as in GRID: Dispatch, Confirm, Reject, Abandon (None: legal).
+REASONS: Final[dict[IntentState, list[str | None]]] = {
+    Planned():    [None,  UNSENT, UNSENT, None],
+    Dispatched(): [AGAIN, None,   None,   SENT],
+    Confirmed():  [DONE] * 4,
+    Rejected():   [DONE] * 4,
+    Abandoned():  [DONE] * 4,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
+@pytest.mark.parametrize("column", range(4), ids=lambda i: repr(CAUSES[i]))
+def test_every_intent_rejection_gives_its_reason(state: IntentState, column: int) -> None:
+    """Each rejected cell raises with the hand-written reason and keeps its inputs."""
+    reason = REASONS[state][column]
+    cause = CAUSES[column]
+    if reason is None:
+        assert GRID[state][column] is not None
+        return
+    with pytest.raises(IllegalIntentTransition) as info:
+        intent_transition(state, cause)
+    assert info.value.reason == reason
+    assert info.value.from_state is state and info.value.cause is cause
+    assert str(info.value) == f"illegal intent transition: {cause!r} from {state!r}: {reason}"
+
+
+@pytest.mark.parametrize(
+    ("state", "cause", "shown"),
+    [("Planned", Dispatch(), "'Planned'"), (Planned(), "Dispatch", "'Dispatch'"),
+     (Dispatched(), 7, "7")],
+)  # fmt: skip
+def test_intent_transition_bad_input_names_the_value(
+    state: object, cause: object, shown: str
+) -> None:
+    """A value that is not an intent state or cause fails assert_never, naming it."""
+    with pytest.raises(AssertionError) as info:
+        intent_transition(state, cause)  # type: ignore[arg-type]
+    assert str(info.value) == f"Expected code to be unreachable, but got: {shown}"
+
+
+def test_is_outstanding_bad_input_names_the_value() -> None:
+    """is_outstanding on a non-state fails assert_never, naming it."""
+    with pytest.raises(AssertionError) as info:
+        is_outstanding("Dispatched")  # type: ignore[arg-type]
+    assert str(info.value) == "Expected code to be unreachable, but got: 'Dispatched'"

@@ -77,6 +77,7 @@ def test_the_example_log_replays_to_the_hand_written_report() -> None:
     assert report.torn_tail is None
 
 
+@pytest.mark.slow
 def test_example_file_is_what_its_script_writes(tmp_path: Path) -> None:
     """The committed example equals a fresh run of examples/make_checkout_log.py."""
     out = tmp_path / "checkout.jsonl"

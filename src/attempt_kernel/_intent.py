@@ -206,17 +206,6 @@ def is_outstanding(state: IntentState) -> bool:
             assert_never(state)
 
 
-def is_intent_terminal(state: IntentState) -> bool:
-    """True for Confirmed, Rejected and Abandoned."""
-    match state:
-        case Planned() | Dispatched():
-            return False
-        case Confirmed() | Rejected() | Abandoned():
-            return True
-        case _:
-            assert_never(state)
-
-
 def intent_dispatched(intents: Iterable[IntentState]) -> bool:
     """Is one of an attempt's intents outstanding (`Dispatched`, unresolved)?
 
