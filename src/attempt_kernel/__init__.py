@@ -57,6 +57,7 @@ from ._runlog import LogReadError as LogReadError
 from ._runlog import LogWriteFailed as LogWriteFailed
 from ._runlog import Record as Record
 from ._runlog import RunFinished as RunFinished
+from ._runlog import RunStarted as RunStarted
 from ._runlog import RunLogError as RunLogError
 from ._runlog import RunLogWriter as RunLogWriter
 from ._runlog import SCHEMA_VERSION as SCHEMA_VERSION
@@ -105,6 +106,7 @@ __all__ = [
     "Rejected",
     "ReplayReport",
     "RunFinished",
+    "RunStarted",
     "RunLogError",
     "RunLogWriter",
     "Running",

@@ -53,6 +53,7 @@ from ._runlog import (
     LogItem,
     Record,
     RunFinished,
+    RunStarted,
     StepResult,
     TornTail,
     read_log,
@@ -138,6 +139,7 @@ class Replayer:
 
     def __init__(self) -> None:
         self.runs: dict[str, dict[str, StepTrack]] = {}
+        self.workflows: dict[str, str] = {}  # workflow name of each live run that says it
         self.finished: set[str] = set()
         self.last_seq = 0
         self._expect_seq: int | None = 1
@@ -208,6 +210,10 @@ class Replayer:
             return
         change = rec.change
         match change:
+            case RunStarted():
+                if rec.run in self.workflows or rec.run in self.runs:
+                    self._violate(rec.line, f"run {rec.run!r} started twice (or after its records)")
+                self.workflows[rec.run] = change.workflow
             case AttemptCreated():
                 self._created(rec, change)
             case AttemptTransitioned():
@@ -393,6 +399,7 @@ class Replayer:
         attempt.intents[change.name] = change.to_state
 
     def _run_finished(self, rec: Record) -> None:
+        self.workflows.pop(rec.run, None)
         for step, track in self.runs.pop(rec.run, {}).items():
             if not is_terminal(track.latest.state):
                 self._violate(

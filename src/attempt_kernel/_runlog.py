@@ -141,12 +141,26 @@ class StepResult:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted:
+    """A run of the workflow named ``workflow`` started; recovery resumes it by that name."""
+
+    workflow: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunFinished:
     """The executor is done with the run; no record of it may follow."""
 
 
 Change: TypeAlias = Union[
-    AttemptCreated, AttemptTransitioned, IntentPlanned, IntentChanged, StepResult, RunFinished
+    RunStarted,
+    AttemptCreated,
+    AttemptTransitioned,
+    IntentPlanned,
+    IntentChanged,
+    StepResult,
+    RunFinished,
 ]
 """The closed union of record changes."""
 
@@ -345,6 +359,8 @@ _CAUSE_JSON: Final = {
 
 def _change_json(change: Change) -> str:
     match change:
+        case RunStarted():
+            return f',"type":"run_started","workflow":{_q(change.workflow)}}}'
         case AttemptCreated():
             return f',"type":"created","step":{_q(change.step)},"attempt":{change.attempt:d}}}'
         case AttemptTransitioned():
@@ -439,6 +455,8 @@ def _decode_change(obj: dict[str, object]) -> Change:
     kind = obj.get("type")
     if kind == "run_finished":
         return RunFinished()
+    if kind == "run_started":
+        return RunStarted(workflow=_str(obj, "workflow"))
     if kind not in _ATTEMPT_KINDS:
         raise _Bad(f"unknown record type {kind!r}")
     # Every other change belongs to an attempt: check its address once.

@@ -1,0 +1,157 @@
+"""Workflows as data: named steps, their dependencies, deadlines and retry policy.
+
+A workflow is checked once, when it is loaded (`load_workflow`): a cycle, an
+unknown dependency, a duplicate step name, or a non-positive deadline or
+attempt limit is a `WorkflowError` that names the culprit. The executor only
+ever sees a checked workflow. No I/O and no asyncio here: a step's function
+is just a value (an ``async def`` the executor awaits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from typing_extensions import TypeAlias, final
+
+from ._errors import AttemptKernelError
+from ._runlog import JSON
+
+if TYPE_CHECKING:
+    from ._executor import StepContext
+
+StepFunction: TypeAlias = Callable[["StepContext"], Awaitable[JSON]]
+"""What a step runs: an async function of its context, returning a JSON value."""
+
+
+@final
+class WorkflowError(AttemptKernelError):
+    """A workflow definition is invalid; the message names the step or field."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How many attempts a step gets, and when a new one may start.
+
+    ``max_attempts`` counts every attempt, the first included. A new attempt
+    follows a `Failed` one, or a `TimedOut` one whose *step* deadline passed
+    (if ``retry_on_timeout``); never a queue timeout, a cancel or an
+    `Indeterminate` attempt. An attempt that ended with an intent still
+    outstanding is retried only if ``effects_idempotent`` says the step's
+    effects may be sent again under the same idempotency key (spec §6);
+    otherwise the run stops there for reconciliation.
+    """
+
+    max_attempts: int = 1
+    retry_on_timeout: bool = True
+    effects_idempotent: bool = False
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Step:
+    """One step: its name, what it runs, what it waits for, and its limits.
+
+    ``after`` names the steps whose results this one needs; it starts when
+    all of them have succeeded and receives their results in
+    ``ctx.inputs``. ``queue_deadline`` (seconds a `Pending` attempt may wait
+    for admission) and ``step_deadline`` (seconds a `Running` attempt may
+    take) must be positive.
+    """
+
+    name: str
+    run: StepFunction
+    after: tuple[str, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    queue_deadline: float = 60.0
+    step_deadline: float = 60.0
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workflow:
+    """A checked workflow: steps in an order where each comes after its dependencies."""
+
+    name: str
+    steps: tuple[Step, ...]
+    by_name: Mapping[str, Step]
+
+
+def _positive(value: object, what: str) -> None:
+    # typed object: this guards callers that ignored the annotations
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise WorkflowError(f"{what} must be a positive number of seconds, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise WorkflowError(f"{what} must be a positive number of seconds, got {value!r}")
+
+
+def load_workflow(name: str, steps: Iterable[Step]) -> Workflow:
+    """Check ``steps`` and return them as a `Workflow` (dependencies first).
+
+    Raises `WorkflowError` naming the culprit: an empty or duplicate step
+    name, an unknown dependency, a cycle (listed in order), a non-positive
+    deadline or attempt limit.
+    """
+    if not name:
+        raise WorkflowError("a workflow needs a non-empty name")
+    by_name: dict[str, Step] = {}
+    for step in steps:
+        if not step.name:
+            raise WorkflowError(f"workflow {name!r}: a step has an empty name")
+        if step.name in by_name:
+            raise WorkflowError(f"workflow {name!r}: duplicate step name {step.name!r}")
+        where = f"workflow {name!r}, step {step.name!r}"
+        _positive(step.queue_deadline, f"{where}: queue_deadline")
+        _positive(step.step_deadline, f"{where}: step_deadline")
+        limit: object = step.retry.max_attempts
+        if type(limit) is not int or limit < 1:
+            raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
+        by_name[step.name] = step
+    if not by_name:
+        raise WorkflowError(f"workflow {name!r} has no steps")
+    for step in by_name.values():
+        for dep in step.after:
+            if dep not in by_name:
+                raise WorkflowError(
+                    f"workflow {name!r}, step {step.name!r}: depends on unknown step {dep!r}"
+                )
+            if dep == step.name:
+                raise WorkflowError(f"workflow {name!r}, step {step.name!r}: depends on itself")
+    return Workflow(name=name, steps=_dependencies_first(name, by_name), by_name=by_name)
+
+
+_WHITE: Final = 0
+_GREY: Final = 1
+_BLACK: Final = 2
+
+
+def _dependencies_first(workflow: str, steps: Mapping[str, Step]) -> tuple[Step, ...]:
+    """Depth-first topological order; a back edge is a cycle, reported in order."""
+    color = dict.fromkeys(steps, _WHITE)
+    order: list[Step] = []
+    for root in steps:
+        if color[root] != _WHITE:
+            continue
+        path = [root]
+        stack = [iter(steps[root].after)]
+        color[root] = _GREY
+        while stack:
+            dep = next(stack[-1], None)
+            if dep is None:
+                done = path.pop()
+                stack.pop()
+                color[done] = _BLACK
+                order.append(steps[done])
+            elif color[dep] == _GREY:
+                cycle = [*path[path.index(dep) :], dep]
+                raise WorkflowError(
+                    f"workflow {workflow!r}: dependency cycle " + " -> ".join(cycle)
+                )
+            elif color[dep] == _WHITE:
+                color[dep] = _GREY
+                path.append(dep)
+                stack.append(iter(steps[dep].after))
+    return tuple(order)
