@@ -7,13 +7,20 @@ I/O error (argparse's convention for usage errors).
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final
 
 from . import _report, _table
+from ._demo import TRIP_PLANNER, WORKFLOWS
+from ._errors import AttemptKernelError
+from ._executor import Job, run_jobs
+from ._recovery import recover_log
 from ._replay import replay
-from ._runlog import RunLogError
+from ._runlog import Record, RunLogError, RunLogWriter, RunStarted, read_log
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
@@ -51,7 +58,117 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument(
         "--metrics", action="store_true", help="print OpenMetrics text for a scraper"
     )
+    demo = commands.add_parser(
+        "demo",
+        help="run the built-in trip-planning agent workflow, then replay its log",
+        description="Run the built-in example agent workflow (simulated tools and side "
+        "effects: a retried tool call, a step deadline, two effects through intents, a "
+        "cancelled watcher), append its records to the log, then replay the log. Exit 0 "
+        "if the log is valid, 1 if not, 2 for usage or I/O errors.",
+    )
+    demo.add_argument(
+        "--log", default="demo-run.jsonl", metavar="PATH",
+        help="run log to append to (default: demo-run.jsonl; created if missing)",
+    )  # fmt: skip
+    demo.add_argument(
+        "--crash-after", type=_positive_int, metavar="N",
+        help="die abruptly (SIGKILL) right after the N-th record is written, as a crash would",
+    )  # fmt: skip
+    demo.add_argument(
+        "--seed", type=int, default=0, metavar="S",
+        help="seed for the simulated tools' latencies (default 0)",
+    )  # fmt: skip
+    recover = commands.add_parser(
+        "recover",
+        help="recover a log after a crash and resume its unfinished runs",
+        description="Cut a torn tail (its bytes are kept in a side file), end every "
+        "orphaned attempt (Running: Cancel with the intent record's answer; Pending: "
+        "Cancel(intent_dispatched=False)), resume unfinished runs (Succeeded steps are "
+        "not run again, Cancelled ones get a new attempt, Indeterminate ones are left "
+        "for reconciliation), then replay the log. Exit 0 if valid, 1 if not, 2 for "
+        "usage or I/O errors or a log that cannot be recovered.",
+    )
+    recover.add_argument("log", metavar="LOG", help="path of the run log to recover")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+class _CrashAfter:
+    """File operations that kill the process right after the N-th write returns."""
+
+    def __init__(self, writes: int) -> None:
+        self._left = writes
+
+    def write(self, fd: int, data: bytes) -> int:
+        written = os.write(fd, data)
+        self._left -= 1
+        if self._left == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return written
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+
+def _progress() -> Callable[[str], None] | None:
+    """One line per state change on stderr, when a person is watching it."""
+    if not sys.stderr.isatty():
+        return None
+    return lambda line: print(f"  .. {line}", file=sys.stderr, flush=True)
+
+
+def _replay_and_print(log: str) -> int:
+    report = replay(log)
+    sys.stdout.write("\n" + _report.as_text(report, log))
+    return EXIT_OK if report.valid else EXIT_VIOLATIONS
+
+
+def _demo(args: argparse.Namespace) -> int:
+    log_path: str = args.log
+    existing = 0
+    if Path(log_path).exists():
+        existing = sum(
+            1 for item in read_log(log_path)
+            if isinstance(item, Record) and isinstance(item.change, RunStarted)
+        )  # fmt: skip
+    run = f"trip-{existing + 1}"
+    ops = _CrashAfter(args.crash_after) if args.crash_after is not None else None
+    blueprint = WORKFLOWS[TRIP_PLANNER](args.seed)
+    with RunLogWriter(log_path, ops=ops) as log:
+        print(f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {log_path}", flush=True)
+        [outcome] = run_jobs(
+            log,
+            [Job(workflow=blueprint.workflow, run=run, supervise=blueprint.supervise)],
+            progress=_progress(),
+        )
+    sys.stdout.write(_report.run_text(outcome))
+    return _replay_and_print(log_path)
+
+
+def _recover(args: argparse.Namespace) -> int:
+    log_path: str = args.log
+    writer, recovery = recover_log(log_path, WORKFLOWS)
+    with writer:
+        sys.stdout.write(_report.recovery_text(recovery, log_path))
+        jobs = []
+        for run in recovery.runs:
+            blueprint = WORKFLOWS[run.workflow](0)
+            jobs.append(
+                Job(workflow=blueprint.workflow, run=run.run, prior=run.steps,
+                    supervise=blueprint.supervise)
+            )  # fmt: skip
+        for outcome in run_jobs(writer, jobs, progress=_progress()) if jobs else []:
+            sys.stdout.write(_report.run_text(outcome))
+    return _replay_and_print(log_path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,4 +191,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stdout.write(_report.as_text(report, args.log))
         return EXIT_OK if report.valid else EXIT_VIOLATIONS
+    if args.command in ("demo", "recover"):
+        try:
+            return _demo(args) if args.command == "demo" else _recover(args)
+        except AttemptKernelError as error:
+            print(f"attempt-kernel {args.command}: error: {error}", file=sys.stderr)
+            return EXIT_USAGE
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse forbids it

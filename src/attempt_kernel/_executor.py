@@ -70,6 +70,7 @@ from ._runlog import (
     UnencodableRecord,
     state_name,
 )
+from ._recovery import PriorStep
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -164,27 +165,6 @@ class RunControl:
 
     async def wait(self) -> None:
         await self._event.wait()
-
-
-# --------------------------------------------------------------------------
-# Resuming after recovery
-# --------------------------------------------------------------------------
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PriorStep:
-    """What the log says about a step of a run being resumed after recovery."""
-
-    last_attempt: int
-    state: AttemptState
-    last_cause: TransitionCause | None
-    """The cause of the last attempt's last transition (None if it never moved)."""
-    tries: int
-    """Attempts that ended Failed or TimedOut (they count against max_attempts)."""
-    result: JSON = None
-    error: str | None = None
-    outstanding: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------
@@ -550,12 +530,17 @@ def _retry_allowed(
 
 
 def _outcome_from_prior(name: str, prior: PriorStep) -> StepOutcome:
+    error = prior.error
+    if isinstance(prior.last_cause, QueueDeadlinePassed):
+        error = "queue deadline passed"
+    elif isinstance(prior.last_cause, StepDeadlinePassed):
+        error = "step deadline passed"
     return StepOutcome(
         step=name,
         state=prior.state,
         attempts=prior.last_attempt,
         result=prior.result,
-        error=prior.error,
+        error=error,
         outstanding=prior.outstanding,
     )
 
@@ -577,3 +562,42 @@ def _report(
     else:
         status = "failed"
     return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Job:
+    """One run to drive: a workflow, the run id, a resume point, a supervisor."""
+
+    workflow: Workflow
+    run: str
+    prior: Mapping[str, PriorStep] | None = None
+    supervise: Callable[[RunControl], Awaitable[None]] | None = None
+    """Plays the outside world (it may call ``control.cancel()``); stopped when the run ends."""
+
+
+def run_jobs(
+    log: RunLogWriter,
+    jobs: list[Job],
+    *,
+    admission_limit: int = 8,
+    progress: Callable[[str], None] | None = None,
+) -> list[RunReport]:
+    """Drive ``jobs`` concurrently on a new event loop; return their reports in order."""
+
+    async def drive(executor: Executor, job: Job) -> RunReport:
+        control = RunControl()
+        supervisor = (
+            asyncio.ensure_future(job.supervise(control)) if job.supervise is not None else None
+        )
+        try:
+            return await executor.run(job.workflow, job.run, control=control, prior=job.prior)
+        finally:
+            if supervisor is not None:
+                supervisor.cancel()
+
+    async def main() -> list[RunReport]:
+        executor = Executor(log, admission_limit=admission_limit, progress=progress)
+        return list(await asyncio.gather(*(drive(executor, job) for job in jobs)))
+
+    return asyncio.run(main())

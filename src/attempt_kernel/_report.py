@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from ._executor import RunReport
+from ._recovery import Recovery
 from ._replay import OpenAttempt, ReplayReport
+from ._runlog import state_name
 
 SHOWN_VIOLATIONS: Final = 50
 """The text report lists this many violations and counts the rest."""
@@ -106,4 +109,45 @@ def as_metrics(report: ReplayReport) -> str:
             f"attempt_kernel_{name} {value}",
         ]
     out.append("# EOF")
+    return "\n".join(out) + "\n"
+
+
+def run_text(report: RunReport) -> str:
+    """A run's outcome, one line per step, for people."""
+    out = [f"run {report.run} (workflow {report.workflow}):"]
+    width = max((len(s.step) for s in report.steps), default=0)
+    for s in report.steps:
+        state = "NotStarted" if s.state is None else state_name(s.state)
+        line = f"  {s.step:<{width}}  {state:<13} attempts {s.attempts}"
+        if s.error is not None:
+            line += f"  ({s.error})"
+        if s.outstanding:
+            line += f"  outstanding intent keys: {', '.join(s.outstanding)}"
+        out.append(line)
+    out.append(f"run status: {report.status}")
+    return "\n".join(out) + "\n"
+
+
+def recovery_text(recovery: Recovery, source: str) -> str:
+    """What recovery did to the log, for people."""
+    if recovery.changed_nothing:
+        return (
+            f"recover: nothing to do: {source} ends cleanly and every run in it has"
+            " finished; the log was not changed\n"
+        )
+    out = [f"recover: {source}"]
+    tail = recovery.torn_tail
+    if tail is not None:
+        out.append(
+            f"  cut the torn tail at line {tail.line} ({tail.length} bytes from byte"
+            f" {tail.offset}); its bytes are kept in {recovery.side_file}"
+        )
+    for o in recovery.orphans:
+        keys = f" (outstanding intent keys: {', '.join(o.outstanding)})" if o.outstanding else ""
+        out.append(
+            f"  ended orphaned attempt {o.run} / {o.step} #{o.attempt}:"
+            f" {o.from_state} -> {o.to_state}{keys}"
+        )
+    for run in recovery.runs:
+        out.append(f"  resuming run {run.run} (workflow {run.workflow})")
     return "\n".join(out) + "\n"

@@ -658,7 +658,11 @@ class FileOps(Protocol):
     def fsync(self, fd: int) -> None: ...
 
 
-def _last_seq(path: Path) -> int:
+def _scan_for_append(path: Path) -> tuple[int, TornTail | None]:
+    """The last sequence number, and the torn tail if the log ends in one.
+
+    Corruption anywhere is refused: appending after it would bury it.
+    """
     last = 0
     for item in read_log(path):
         match item:
@@ -670,13 +674,26 @@ def _last_seq(path: Path) -> int:
                     " refusing to append after it"
                 )
             case TornTail():
-                raise LogNeedsRecovery(
-                    f"{path}: line {item.line} is a torn tail (a crash mid-write);"
-                    " run `attempt-kernel recover` (or cut the tail) before appending"
-                )
+                return last, item
             case _:
                 assert_never(item)
-    return last
+    return last, None
+
+
+def _cut_tail(path: Path, fd: int, tail: TornTail) -> Path:
+    """Move the torn tail's bytes to a side file, then cut the log before them."""
+    side = path.with_name(f"{path.name}.torn-at-{tail.offset}")
+    with open(path, "rb") as log:
+        log.seek(tail.offset)
+        data = log.read()
+    # "x": never overwrite an earlier side file (its bytes are evidence too)
+    with open(side, "xb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.truncate(fd, tail.offset)
+    os.fsync(fd)
+    return side
 
 
 @final
@@ -691,6 +708,12 @@ class RunLogWriter:
     breaks the writer: it raises `LogWriteFailed` and refuses every later
     append until the log is reopened (a failed fsync is never retried as if
     nothing happened). Only one writer may hold a log (an exclusive lock).
+
+    A log that ends in a torn tail is refused (`LogNeedsRecovery`) unless
+    ``cut_torn_tail`` is true, as recovery passes: then, under the lock, the
+    tail's bytes are copied to ``<log>.torn-at-<offset>`` (fsynced) and the
+    log is cut where the tail began. That cut is the only change ever made
+    to bytes already in a log.
     """
 
     def __init__(
@@ -700,6 +723,7 @@ class RunLogWriter:
         batch_size: int = DEFAULT_BATCH,
         clock: Callable[[], int] = now_us,
         ops: FileOps | None = None,
+        cut_torn_tail: bool = False,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -725,11 +749,26 @@ class RunLogWriter:
                 f"{self.path}: another process is writing this log; two writers would"
                 " interleave records"
             ) from None
+        self.cut: TornTail | None = None
+        """The torn tail cut off when opened with ``cut_torn_tail=True``, if any."""
+        self.side_file: Path | None = None
+        """Where the cut bytes were kept."""
         try:
-            self._seq = _last_seq(self.path)
-        except RunLogError:
+            self._seq, tail = _scan_for_append(self.path)
+            if tail is not None and not cut_torn_tail:
+                raise LogNeedsRecovery(
+                    f"{self.path}: line {tail.line} is a torn tail (a crash mid-write);"
+                    " run `attempt-kernel recover` (it keeps the cut bytes aside) before"
+                    " appending"
+                )
+            if tail is not None:
+                self.side_file = _cut_tail(self.path, fd, tail)
+                self.cut = tail
+        except (RunLogError, OSError) as error:
             os.close(fd)
-            raise
+            if isinstance(error, RunLogError):
+                raise
+            raise LogWriteFailed(f"{self.path}: cutting the torn tail failed: {error}") from error
         self._fd: int | None = fd
 
     @property
