@@ -110,7 +110,7 @@ def trip_planner(seed: int = 0) -> Blueprint:
             Step(name="send-itinerary", run=send_itinerary, after=("book-flight",)),
             # If the itinerary never goes out (a recovered run that stopped for
             # reconciliation), the watch ends at its deadline instead.
-            Step(name="watch-prices", run=watch_prices, after=("fetch-profile",), step_deadline=3.0),
+            Step(name="watch-prices", run=watch_prices, after=("fetch-profile",), step_deadline=1.0),
         ],
     )
     return Blueprint(workflow=workflow, supervise=supervise)

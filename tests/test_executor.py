@@ -1,0 +1,425 @@
+"""The executor: real runs written to real logs, each replayed through the kernel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attempt_kernel import (
+    Cancelled,
+    Failed,
+    Indeterminate,
+    Record,
+    ReplayReport,
+    RunLogWriter,
+    Succeeded,
+    TimedOut,
+    read_log,
+    replay,
+)
+from attempt_kernel._executor import (
+    EffectRejected,
+    Executor,
+    RunControl,
+    RunReport,
+    StepContext,
+    StepOutcome,
+)
+from attempt_kernel._runlog import JSON, IntentChanged, StepResult
+from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
+
+StepFn = Callable[[StepContext], Awaitable[JSON]]
+
+
+class Ops:
+    """Real writes; calls ``hook(n)`` after the n-th record is written."""
+
+    def __init__(self, hook: Callable[[int], None] | None = None) -> None:
+        self.records = 0
+        self.hook = hook
+
+    def write(self, fd: int, data: bytes) -> int:
+        written = os.write(fd, data)
+        self.records += 1
+        if self.hook is not None:
+            self.hook(self.records)
+        return written
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+
+def execute(
+    path: Path,
+    steps: list[Step],
+    *,
+    cancel_after: int | None = None,
+    admission_limit: int = 8,
+) -> tuple[RunReport, ReplayReport]:
+    """Run the steps as workflow 'w', run 'r'; cancel after the given record count."""
+    workflow = load_workflow("w", steps)
+
+    async def main() -> RunReport:
+        control = RunControl()
+
+        def hook(n: int) -> None:
+            if cancel_after is not None and n >= cancel_after:
+                control.cancel()
+
+        with RunLogWriter(path, ops=Ops(hook)) as log:
+            return await Executor(log, admission_limit=admission_limit).run(workflow, "r", control=control)
+
+    report = asyncio.run(main())
+    return report, replay(path)
+
+
+def outcome(report: RunReport, name: str) -> StepOutcome:
+    [found] = [s for s in report.steps if s.step == name]
+    return found
+
+
+def records(path: Path) -> list[Record]:
+    return [i for i in read_log(path) if isinstance(i, Record)]
+
+
+async def returns(ctx: StepContext) -> JSON:
+    return {"step": ctx.step, "inputs": dict(ctx.inputs)}
+
+
+async def hangs(ctx: StepContext) -> JSON:
+    await asyncio.sleep(3600)
+    return None
+
+
+def test_chain_succeeds_and_passes_results(tmp_path: Path) -> None:
+    """Dependencies run first and their results arrive in ctx.inputs; the log is valid."""
+    report, check = execute(
+        tmp_path / "log",
+        [Step(name="a", run=returns), Step(name="b", run=returns, after=("a",))],
+    )
+    assert report.status == "succeeded"
+    assert outcome(report, "b").result == {"step": "b", "inputs": {"a": {"step": "a", "inputs": {}}}}
+    assert check.valid and check.final_states["Succeeded"] == 2 and check.records == 10
+
+
+def test_failed_step_is_retried_up_to_its_limit(tmp_path: Path) -> None:
+    """A step that always raises gets max_attempts attempts, each Failed, then stops."""
+    async def broken(ctx: StepContext) -> JSON:
+        raise ValueError(f"bad input on attempt {ctx.attempt}")
+
+    report, check = execute(
+        tmp_path / "log",
+        [Step(name="a", run=broken, retry=RetryPolicy(max_attempts=3)), Step(name="b", run=returns, after=("a",))],
+    )  # fmt: skip
+    a = outcome(report, "a")
+    assert (a.state, a.attempts, a.error) == (Failed(), 3, "ValueError: bad input on attempt 3")
+    assert outcome(report, "b").state is None  # never started
+    assert report.status == "failed"
+    assert check.valid and check.final_states["Failed"] == 3
+
+
+def test_flaky_step_succeeds_on_retry(tmp_path: Path) -> None:
+    """Failed once, then a new attempt succeeds."""
+    async def flaky(ctx: StepContext) -> JSON:
+        if ctx.attempt == 1:
+            raise TimeoutError("the tool timed out by itself")  # not the step deadline
+        return "ok"
+
+    report, check = execute(tmp_path / "log", [Step(name="a", run=flaky, retry=RetryPolicy(max_attempts=2))])
+    a = outcome(report, "a")
+    assert (a.state, a.attempts, a.result) == (Succeeded(), 2, "ok")
+    assert check.valid and check.final_states == {
+        "Pending": 0, "Running": 0, "Succeeded": 1, "Failed": 1, "Indeterminate": 0,
+        "Cancelled": 0, "TimedOut": 0,
+    }  # fmt: skip
+
+
+def test_step_deadline_times_out_and_is_retried(tmp_path: Path) -> None:
+    """Running past the step deadline is StepDeadlinePassed; retried when allowed."""
+    report, check = execute(
+        tmp_path / "log",
+        [Step(name="a", run=hangs, step_deadline=0.02, retry=RetryPolicy(max_attempts=2))],
+    )
+    a = outcome(report, "a")
+    assert (a.state, a.attempts, a.error) == (TimedOut(), 2, "step deadline passed")
+    assert check.valid and check.final_states["TimedOut"] == 2
+
+
+def test_no_retry_after_timeout_when_the_policy_says_so(tmp_path: Path) -> None:
+    """retry_on_timeout=False stops after the first step-deadline TimedOut."""
+    policy = RetryPolicy(max_attempts=3, retry_on_timeout=False)
+    report, _ = execute(tmp_path / "log", [Step(name="a", run=hangs, step_deadline=0.02, retry=policy)])
+    assert outcome(report, "a").attempts == 1
+
+
+def test_queue_deadline_times_out_pending_and_is_never_retried(tmp_path: Path) -> None:
+    """With one slot taken, a second step waits Pending past its queue deadline."""
+    report, check = execute(
+        tmp_path / "log",
+        [
+            Step(name="busy", run=hangs, step_deadline=0.3),
+            Step(name="queued", run=returns, queue_deadline=0.02, retry=RetryPolicy(max_attempts=5)),
+        ],
+        admission_limit=1,
+    )
+    queued = outcome(report, "queued")
+    assert (queued.state, queued.attempts, queued.error) == (TimedOut(), 1, "queue deadline passed")
+    causes = [r.change.cause for r in records(tmp_path / "log") if hasattr(r.change, "cause")]
+    assert any(type(c).__name__ == "QueueDeadlinePassed" for c in causes)
+    assert check.valid
+
+
+def test_effect_is_write_ahead_and_confirmed(tmp_path: Path) -> None:
+    """When the effect is called, its Dispatched record is already on disk."""
+    path = tmp_path / "log"
+    seen: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            on_disk = path.read_text().splitlines()[-1]
+            seen.append(on_disk)
+            return {"charged": key}
+
+        return await ctx.effect("charge", charge)
+
+    report, check = execute(path, [Step(name="pay", run=pay)])
+    assert '"cause":"Dispatch","to":"Dispatched"' in seen[0]
+    key = outcome(report, "pay").result
+    assert isinstance(key, dict) and str(key["charged"]).startswith("ak1-")
+    intents = [r.change for r in records(path) if isinstance(r.change, IntentChanged)]
+    assert [type(c.to_state).__name__ for c in intents] == ["Dispatched", "Confirmed"]
+    assert check.valid and check.unresolved_intents == 0
+
+
+def test_rejected_effect_fails_the_attempt_and_the_retry_reuses_the_key(tmp_path: Path) -> None:
+    """EffectRejected: intent Rejected, attempt Failed; the retry sends the same key."""
+    keys: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            keys.append(key)
+            if len(keys) == 1:
+                raise EffectRejected("card declined")
+            return "charged"
+
+        return await ctx.effect("charge", charge)
+
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=RetryPolicy(max_attempts=2))])
+    assert outcome(report, "pay").state == Succeeded() and len(keys) == 2 and keys[0] == keys[1]
+    assert check.valid and check.to_reconcile == ()
+
+
+def test_ambiguous_effect_stays_outstanding_and_is_not_retried(tmp_path: Path) -> None:
+    """An effect that raises something else leaves the intent Dispatched: no blind retry."""
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            raise ConnectionResetError("connection reset mid-request")
+
+        return await ctx.effect("charge", charge)
+
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=RetryPolicy(max_attempts=3))])
+    pay_out = outcome(report, "pay")
+    assert (pay_out.state, pay_out.attempts) == (Failed(), 1)
+    assert len(pay_out.outstanding) == 1 and report.status == "needs-reconciliation"
+    assert check.valid and [e.state for e in check.to_reconcile] == ["Failed"]
+    assert check.unresolved_intents == 1
+
+
+def test_ambiguous_effect_is_retried_when_declared_idempotent(tmp_path: Path) -> None:
+    """effects_idempotent=True allows the retry, under the same key."""
+    keys: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            keys.append(key)
+            if len(keys) == 1:
+                raise ConnectionResetError("reset")
+            return "ok"
+
+        return await ctx.effect("charge", charge)
+
+    policy = RetryPolicy(max_attempts=2, effects_idempotent=True)
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=policy)])
+    assert outcome(report, "pay").state == Succeeded() and keys[0] == keys[1]
+    assert check.valid
+
+
+def test_cancel_without_dispatched_intent_is_cancelled(tmp_path: Path) -> None:
+    """Cancelling a run whose running step has no outstanding intent: Cancelled."""
+    report, check = execute(tmp_path / "log", [Step(name="a", run=hangs)], cancel_after=3)
+    assert outcome(report, "a").state == Cancelled() and report.status == "cancelled"
+    assert check.valid and check.final_states["Cancelled"] == 1
+    assert check.final_states["Indeterminate"] == 0
+
+
+def test_cancel_while_intent_dispatched_is_indeterminate(tmp_path: Path) -> None:
+    """Cancelling while an effect is in flight: Indeterminate, with its key reported."""
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            await asyncio.sleep(3600)
+            return None
+
+        return await ctx.effect("charge", charge)
+
+    # created, Admit, intent_planned, Dispatch: cancel right after the Dispatch
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay)], cancel_after=5)
+    pay_out = outcome(report, "pay")
+    assert pay_out.state == Indeterminate() and len(pay_out.outstanding) == 1
+    assert check.valid and len(check.indeterminate) == 1
+    assert check.indeterminate[0].outstanding == pay_out.outstanding
+
+
+def test_pending_attempts_are_cancelled_cleanly(tmp_path: Path) -> None:
+    """A step still waiting for admission when the run is cancelled ends Cancelled."""
+    report, check = execute(
+        tmp_path / "log",
+        [Step(name="busy", run=hangs), Step(name="waiting", run=hangs)],
+        admission_limit=1,
+        cancel_after=4,
+    )
+    assert {s.step: s.state for s in report.steps} == {"busy": Cancelled(), "waiting": Cancelled()}
+    assert check.valid
+
+
+def test_unencodable_result_fails_the_attempt_and_keeps_the_log_valid(tmp_path: Path) -> None:
+    """A step returning a set fails with a clear error; nothing half-written."""
+    async def bad(ctx: StepContext) -> JSON:
+        return {1, 2}  # type: ignore[return-value]
+
+    report, check = execute(tmp_path / "log", [Step(name="a", run=bad)])
+    a = outcome(report, "a")
+    assert a.state == Failed()
+    assert a.error is not None and a.error.startswith("the step returned a value the run log cannot encode")
+    results = [r.change for r in records(tmp_path / "log") if isinstance(r.change, StepResult)]
+    assert [c.error is not None for c in results] == [True]
+    assert check.valid
+
+
+def test_intent_name_used_twice_fails_the_attempt(tmp_path: Path) -> None:
+    """Two effects with one name in one attempt is a StepError (the attempt fails)."""
+    async def twice(ctx: StepContext) -> JSON:
+        async def ok(key: str) -> JSON:
+            return None
+
+        await ctx.effect("mail", ok)
+        return await ctx.effect("mail", ok)
+
+    report, check = execute(tmp_path / "log", [Step(name="a", run=twice)])
+    a = outcome(report, "a")
+    assert a.state == Failed() and a.error is not None and "intent 'mail' is used twice" in a.error
+    assert check.valid
+
+
+def test_blocking_work_in_a_thread_keeps_deadlines_working(tmp_path: Path) -> None:
+    """run_blocking moves a blocking call off the loop: the deadline fires while it blocks."""
+    release = threading.Event()
+    path = tmp_path / "log"
+
+    async def blocking(ctx: StepContext) -> JSON:
+        return await ctx.run_blocking(lambda: release.wait(30))
+
+    workflow = load_workflow("w", [Step(name="a", run=blocking, step_deadline=0.05)])
+
+    async def main() -> RunReport:
+        with RunLogWriter(path) as log:
+            report = await Executor(log).run(workflow, "r")
+        still_blocked = not release.is_set()
+        release.set()  # let the thread finish so the loop can close
+        assert still_blocked
+        return report
+
+    report = asyncio.run(main())
+    assert outcome(report, "a").state == TimedOut()
+    assert replay(path).valid
+
+
+def test_cancelling_the_awaiting_task_closes_the_log_off(tmp_path: Path) -> None:
+    """task.cancel() on the run: attempts end Cancelled, run_finished written, then it raises."""
+    path = tmp_path / "log"
+    workflow = load_workflow("w", [Step(name="a", run=hangs)])
+
+    async def main() -> None:
+        with RunLogWriter(path) as log:
+            task = asyncio.ensure_future(Executor(log).run(workflow, "r"))
+            await asyncio.sleep(0.02)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    asyncio.run(main())
+    check = replay(path)
+    assert check.valid and check.final_states["Cancelled"] == 1
+    assert type(records(path)[-1].change).__name__ == "RunFinished"
+
+
+def test_admission_limit_must_be_positive(tmp_path: Path) -> None:
+    """Executor(admission_limit=0) is a usage error."""
+    with RunLogWriter(tmp_path / "log") as log, pytest.raises(ValueError, match="admission_limit"):
+        Executor(log, admission_limit=0)
+
+
+# ------------------------------------------------------------------ generated fault schedules
+
+BEHAVIOURS = ["ok", "fail", "hang", "effect-ok", "effect-reject", "effect-ambiguous", "effect-hang"]
+
+
+def _scheduled(plan: list[str]) -> StepFn:
+    async def run(ctx: StepContext) -> JSON:
+        what = plan[min(ctx.attempt, len(plan)) - 1]
+        if what == "ok":
+            return ctx.attempt
+        if what == "fail":
+            raise RuntimeError("scheduled failure")
+        if what == "hang":
+            await asyncio.sleep(3600)
+
+        async def perform(key: str) -> JSON:
+            if what == "effect-reject":
+                raise EffectRejected("no")
+            if what == "effect-ambiguous":
+                raise OSError("lost the answer")
+            if what == "effect-hang":
+                await asyncio.sleep(3600)
+            return key
+
+        return await ctx.effect("side-effect", perform)
+
+    return run
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    plans=st.lists(st.lists(st.sampled_from(BEHAVIOURS), min_size=1, max_size=3), min_size=1, max_size=4),
+    chain=st.booleans(),
+    idempotent=st.booleans(),
+    cancel_after=st.one_of(st.none(), st.integers(min_value=1, max_value=40)),
+)
+def test_generated_fault_schedules_always_give_valid_logs(
+    tmp_path: Path, plans: list[list[str]], chain: bool, idempotent: bool, cancel_after: int | None
+) -> None:
+    """Failures, timeouts, effects and cancels at generated moments: every log replays clean."""
+    path = tmp_path / f"log-{os.urandom(4).hex()}"
+    steps = [
+        Step(
+            name=f"s{i}",
+            run=_scheduled(plan),
+            after=(f"s{i - 1}",) if chain and i else (),
+            step_deadline=0.02,
+            retry=RetryPolicy(max_attempts=len(plan), effects_idempotent=idempotent),
+        )
+        for i, plan in enumerate(plans)
+    ]
+    report, check = execute(path, steps, cancel_after=cancel_after)
+    assert check.valid, check.violations
+    # Indeterminate only through a cancel that caught an intent in flight
+    for s in report.steps:
+        if s.state == Indeterminate():
+            assert cancel_after is not None and s.outstanding
+    assert check.final_states["Pending"] == 0 and check.final_states["Running"] == 0
