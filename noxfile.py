@@ -60,10 +60,15 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[-1])
 def bench(session: nox.Session) -> None:
-    """Benchmarks: print each cost beside a baseline measured in the same run."""
+    """Benchmarks: print each cost beside a baseline measured in the same run.
+
+    BENCH_TMP picks the folder for the benchmark logs (default: the system's
+    temporary folder); fsync costs depend on the disk under it.
+    """
     session.install(".")
     session.run("python", "benchmarks/bench_kernel.py")
-    session.run("python", "benchmarks/bench_runlog.py", *session.posargs)
+    session.run("python", "benchmarks/bench_runlog.py")
+    session.run("python", "benchmarks/bench_executor.py")
 
 
 # Files whose every mutant must be killed (mutmut reads [tool.mutmut]).

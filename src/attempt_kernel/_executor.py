@@ -19,6 +19,7 @@ thread finishes on its own).
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeVar, Union
@@ -254,6 +255,20 @@ async def _guarded(awaitable: Awaitable[JSON]) -> _StepOutput:
         return _Raised(error)
 
 
+if sys.version_info >= (3, 11):
+
+    async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
+        """Await with a deadline; TimeoutError when it passes (no extra task)."""
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:
+
+    async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
+        """Await with a deadline; asyncio.TimeoutError when it passes."""
+        return await asyncio.wait_for(awaitable, seconds)
+
+
 def _describe(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
@@ -341,7 +356,10 @@ class Executor:
         run, number = attempt.run, attempt.number
         self._append(run, AttemptCreated(step=step.name, attempt=number))
         try:
-            await asyncio.wait_for(admission.acquire(), step.queue_deadline)
+            if admission.locked():  # a free slot is taken at once, without a timer
+                await _within(step.queue_deadline, admission.acquire())
+            else:
+                await admission.acquire()
         except asyncio.TimeoutError:
             self._move(attempt, QueueDeadlinePassed())
             return QueueDeadlinePassed(), None, "queue deadline passed"
@@ -352,7 +370,7 @@ class Executor:
             self._move(attempt, Admit())
             context = StepContext(self, attempt, inputs)
             try:
-                output = await asyncio.wait_for(_guarded(step.run(context)), step.step_deadline)
+                output = await _within(step.step_deadline, _guarded(step.run(context)))
             except asyncio.TimeoutError:
                 self._move(attempt, StepDeadlinePassed())
                 return StepDeadlinePassed(), None, "step deadline passed"
@@ -450,38 +468,48 @@ class Executor:
                 ):
                     outcomes[name] = _outcome_from_prior(name, step_prior)
         admission = asyncio.Semaphore(self._limit)
-        tasks: dict[asyncio.Task[StepOutcome], str] = {}
+        tasks: dict[str, asyncio.Task[StepOutcome]] = {}
         live: dict[str, _Attempt] = {}
+        # Scheduling is by counts, not by rescanning: each step waits for the
+        # dependencies that have not succeeded yet; a finished task hands its
+        # name to `finished` (None: the run was cancelled).
+        unmet = {s.name: {d for d in s.after if not _succeeded(outcomes.get(d))} for s in workflow.steps}
+        dependents: dict[str, list[Step]] = {s.name: [] for s in workflow.steps}
+        for s in workflow.steps:
+            for d in s.after:
+                dependents[d].append(s)
+        finished: asyncio.Queue[str | None] = asyncio.Queue()
         cancel_wait = asyncio.ensure_future(control.wait())
+        cancel_wait.add_done_callback(lambda _: finished.put_nowait(None))
+
+        def start(step: Step) -> None:
+            inputs = {d: outcomes[d].result for d in step.after}
+            resume_from = prior.get(step.name) if prior is not None else None
+            task = asyncio.ensure_future(self._drive(run, step, inputs, admission, resume_from, live))
+            task.add_done_callback(lambda _: finished.put_nowait(step.name))
+            tasks[step.name] = task
+
         try:
-            while True:
-                for step in workflow.steps:
-                    if step.name in outcomes or step.name in tasks.values():
-                        continue
-                    deps = [outcomes.get(d) for d in step.after]
-                    if all(d is not None and isinstance(d.state, Succeeded) for d in deps):
-                        inputs = {d: outcomes[d].result for d in step.after}
-                        resume_from = prior.get(step.name) if prior is not None else None
-                        task = asyncio.ensure_future(
-                            self._drive(run, step, inputs, admission, resume_from, live)
-                        )
-                        tasks[task] = step.name
-                if not tasks:
+            for step in workflow.steps:
+                if step.name not in outcomes and not unmet[step.name]:
+                    start(step)
+            while tasks:
+                done = await finished.get()
+                if done is None:
                     break
-                done, _ = await asyncio.wait(
-                    [*tasks, cancel_wait], return_when=asyncio.FIRST_COMPLETED
-                )
-                if cancel_wait in done:
-                    break
-                for finished in [t for t in tasks if t in done]:
-                    outcomes[tasks.pop(finished)] = finished.result()
+                outcomes[done] = tasks.pop(done).result()
+                if _succeeded(outcomes[done]):
+                    for dependent in dependents[done]:
+                        unmet[dependent.name].discard(done)
+                        if not unmet[dependent.name] and dependent.name not in outcomes:
+                            start(dependent)
         finally:
             # An outside cancel of this coroutine, or control.cancel(): end every
             # live attempt (each task logs its own Cancel) before the run ends.
             cancel_wait.cancel()
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()
-            for task, name in tasks.items():
+            for name, task in tasks.items():
                 try:
                     outcomes[name] = await task
                 except asyncio.CancelledError:
@@ -495,6 +523,10 @@ class Executor:
             self._append(run, RunFinished())
             self._log.flush()
         return _report(workflow, run, outcomes, control.cancelled)
+
+
+def _succeeded(outcome: StepOutcome | None) -> bool:
+    return outcome is not None and isinstance(outcome.state, Succeeded)
 
 
 def _counts_as_try(state: AttemptState, cause: TransitionCause) -> bool:
@@ -596,8 +628,15 @@ def run_jobs(
             if supervisor is not None:
                 supervisor.cancel()
 
-    async def main() -> list[RunReport]:
-        executor = Executor(log, admission_limit=admission_limit, progress=progress)
-        return list(await asyncio.gather(*(drive(executor, job) for job in jobs)))
+    reports: list[RunReport] = []
 
-    return asyncio.run(main())
+    async def main() -> None:
+        # Returns None: on 3.11, asyncio.run formats its main task (result
+        # included) while restoring the SIGINT handler; a 10,000-step report
+        # would cost a noticeable repr.
+        executor = Executor(log, admission_limit=admission_limit, progress=progress)
+        tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
+        reports.extend([await task for task in tasks])
+
+    asyncio.run(main())
+    return reports

@@ -1,0 +1,113 @@
+"""Executor benchmark: attempts/s beside the run-log writer alone, same records.
+
+Runs N no-op steps (no dependencies, so all are ready at once) through the
+executor, and then has a bare `RunLogWriter` append the same records with
+the same fsyncs (the executor fsyncs before each effect; the writer-alone
+loop flushes at the same places). Target: the executor at least 50% of the
+writer-alone rate, i.e. its own overhead no larger than the logging. The
+same again with one intent (a confirmed effect) per step.
+
+Usage: python benchmarks/bench_executor.py [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from attempt_kernel import (
+    Admit,
+    AttemptCreated,
+    AttemptTransitioned,
+    Confirm,
+    Confirmed,
+    Dispatch,
+    Dispatched,
+    IntentChanged,
+    IntentPlanned,
+    Pending,
+    Planned,
+    Running,
+    RunFinished,
+    RunLogWriter,
+    RunStarted,
+    StepResult,
+    Succeed,
+    Succeeded,
+    idempotency_key,
+)
+from attempt_kernel._executor import Job, StepContext, run_jobs
+from attempt_kernel._runlog import JSON
+from attempt_kernel._workflow import Step, load_workflow
+
+
+async def noop(ctx: StepContext) -> JSON:
+    return None
+
+
+async def with_intent(ctx: StepContext) -> JSON:
+    async def send(key: str) -> JSON:
+        return None
+
+    return await ctx.effect("notify", send)
+
+
+def executor_seconds(path: Path, steps: int, intent: bool) -> float:
+    fn = with_intent if intent else noop
+    workflow = load_workflow("bench", [Step(name=f"s{i}", run=fn) for i in range(steps)])
+    start = time.perf_counter()
+    with RunLogWriter(path) as log:
+        [report] = run_jobs(log, [Job(workflow=workflow, run="r")], admission_limit=64)
+    elapsed = time.perf_counter() - start
+    assert report.status == "succeeded", report.status
+    return elapsed
+
+
+def writer_seconds(path: Path, steps: int, intent: bool) -> float:
+    start = time.perf_counter()
+    with RunLogWriter(path) as log:
+        log.append("r", RunStarted(workflow="bench"))
+        for i in range(steps):
+            step = f"s{i}"
+            log.append("r", AttemptCreated(step=step, attempt=1))
+            log.append("r", AttemptTransitioned(step=step, attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()))
+            if intent:
+                log.append("r", IntentPlanned(step=step, attempt=1, name="notify", key=idempotency_key("r", step, "notify")))
+                log.append("r", IntentChanged(step=step, attempt=1, name="notify", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()))
+                log.flush()
+                log.append("r", IntentChanged(step=step, attempt=1, name="notify", from_state=Dispatched(), cause=Confirm(), to_state=Confirmed()))
+            log.append("r", StepResult(step=step, attempt=1, value=None))
+            log.append("r", AttemptTransitioned(step=step, attempt=1, from_state=Running(), cause=Succeed(), to_state=Succeeded()))
+        log.append("r", RunFinished())
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="executor vs writer-alone benchmark")
+    parser.add_argument("--steps", type=int, default=10_000)
+    args = parser.parse_args()
+    print(f"Python {sys.version.split()[0]}; {args.steps:,} steps, best of 3, alternating")
+    ok = True
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
+        for intent in (False, True):
+            t_exec = t_write = float("inf")
+            for i in range(3):
+                t_exec = min(t_exec, executor_seconds(Path(tmp) / f"e{intent}{i}", args.steps, intent))
+                t_write = min(t_write, writer_seconds(Path(tmp) / f"w{intent}{i}", args.steps, intent))
+            ratio = t_write / t_exec
+            label = "one intent per step" if intent else "no-op steps, no intents"
+            print(f"{label}:")
+            print(f"  executor    : {args.steps / t_exec:10,.0f} attempts/s")
+            print(f"  writer alone: {args.steps / t_write:10,.0f} attempts' worth of records/s")
+            print(f"  executor = {ratio:.0%} of the writer-alone rate (target >= 50%)")
+            ok = ok and ratio >= 0.5
+    print("all targets met" if ok else "TARGETS MISSED (see the figures above)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
