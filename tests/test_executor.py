@@ -423,3 +423,16 @@ def test_generated_fault_schedules_always_give_valid_logs(
         if s.state == Indeterminate():
             assert cancel_after is not None and s.outstanding
     assert check.final_states["Pending"] == 0 and check.final_states["Running"] == 0
+
+
+def test_cancel_before_a_started_dependent_runs_leaves_it_not_started(tmp_path: Path) -> None:
+    """Found by the generated schedules: a dependent task cancelled before its first
+    attempt is reported as never started, and the log stays valid."""
+    report, check = execute(
+        tmp_path / "log",
+        [Step(name="s0", run=returns), Step(name="s1", run=returns, after=("s0",))],
+        cancel_after=2,  # the failing example hypothesis found
+    )
+    assert check.valid
+    assert report.status == "cancelled"
+    assert outcome(report, "s1").state in (None, Cancelled())

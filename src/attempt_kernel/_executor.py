@@ -513,7 +513,10 @@ class Executor:
                 try:
                     outcomes[name] = await task
                 except asyncio.CancelledError:
-                    attempt = live[name]
+                    attempt = live.get(name)
+                    if attempt is None:  # cancelled before its first attempt existed
+                        outcomes[name] = StepOutcome(step=name, state=None, attempts=0)
+                        continue
                     outcomes[name] = StepOutcome(
                         step=name,
                         state=attempt.state,
