@@ -56,3 +56,28 @@ def test_run_log_doc_example_lines_are_real_records() -> None:
     example = (README.parent / "examples" / "checkout.jsonl").read_text().splitlines()
     for line in lines:
         assert line in example
+
+
+def test_executor_doc_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/executor.md's example runs and prints what its comments say."""
+    doc = (README.parent / "docs" / "executor.md").read_text()
+    [block] = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
+    exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "succeeded"
+    assert out[1] == (
+        "{'Pending': 0, 'Running': 0, 'Succeeded': 2, 'Failed': 1, 'Indeterminate': 0,"
+        " 'Cancelled': 0, 'TimedOut': 0}"
+    )
+
+
+def test_readme_demo_output_is_what_the_demo_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The main job's output quoted in the README is what `demo` prints in a fresh folder."""
+    from attempt_kernel._cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "$ attempt-kernel demo\n" + out + "```" in README.read_text()

@@ -23,6 +23,16 @@ from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
 from ._errors import AttemptKernelError as AttemptKernelError
+from ._executor import EffectRejected as EffectRejected
+from ._executor import Executor as Executor
+from ._executor import Job as Job
+from ._executor import RunControl as RunControl
+from ._executor import RunReport as RunReport
+from ._executor import RunStatus as RunStatus
+from ._executor import StepContext as StepContext
+from ._executor import StepError as StepError
+from ._executor import StepOutcome as StepOutcome
+from ._executor import run_jobs as run_jobs
 from ._intent import Abandon as Abandon
 from ._intent import Abandoned as Abandoned
 from ._intent import Confirm as Confirm
@@ -39,6 +49,12 @@ from ._intent import idempotency_key as idempotency_key
 from ._intent import intent_dispatched as intent_dispatched
 from ._intent import intent_transition as intent_transition
 from ._intent import is_outstanding as is_outstanding
+from ._recovery import OrphanEnded as OrphanEnded
+from ._recovery import PriorStep as PriorStep
+from ._recovery import RecoveredRun as RecoveredRun
+from ._recovery import Recovery as Recovery
+from ._recovery import RecoveryError as RecoveryError
+from ._recovery import recover_log as recover_log
 from ._replay import OpenAttempt as OpenAttempt
 from ._replay import ReplayReport as ReplayReport
 from ._replay import Violation as Violation
@@ -57,14 +73,20 @@ from ._runlog import LogReadError as LogReadError
 from ._runlog import LogWriteFailed as LogWriteFailed
 from ._runlog import Record as Record
 from ._runlog import RunFinished as RunFinished
-from ._runlog import RunStarted as RunStarted
 from ._runlog import RunLogError as RunLogError
 from ._runlog import RunLogWriter as RunLogWriter
+from ._runlog import RunStarted as RunStarted
 from ._runlog import SCHEMA_VERSION as SCHEMA_VERSION
 from ._runlog import StepResult as StepResult
 from ._runlog import TornTail as TornTail
 from ._runlog import UnencodableRecord as UnencodableRecord
 from ._runlog import read_log as read_log
+from ._workflow import RetryPolicy as RetryPolicy
+from ._workflow import Step as Step
+from ._workflow import StepFunction as StepFunction
+from ._workflow import Workflow as Workflow
+from ._workflow import WorkflowError as WorkflowError
+from ._workflow import load_workflow as load_workflow
 
 __all__ = [
     "Abandon",
@@ -82,6 +104,8 @@ __all__ = [
     "CorruptLine",
     "Dispatch",
     "Dispatched",
+    "EffectRejected",
+    "Executor",
     "Fail",
     "Failed",
     "IllegalIntentTransition",
@@ -91,6 +115,7 @@ __all__ = [
     "IntentChanged",
     "IntentPlanned",
     "IntentState",
+    "Job",
     "LogItem",
     "LogLocked",
     "LogNeedsRecovery",
@@ -98,20 +123,34 @@ __all__ = [
     "LogReadError",
     "LogWriteFailed",
     "OpenAttempt",
+    "OrphanEnded",
     "Pending",
     "Planned",
+    "PriorStep",
     "QueueDeadlinePassed",
     "Record",
+    "RecoveredRun",
+    "Recovery",
+    "RecoveryError",
     "Reject",
     "Rejected",
     "ReplayReport",
+    "RetryPolicy",
+    "RunControl",
     "RunFinished",
-    "RunStarted",
     "RunLogError",
     "RunLogWriter",
+    "RunReport",
+    "RunStarted",
+    "RunStatus",
     "Running",
     "SCHEMA_VERSION",
+    "Step",
+    "StepContext",
     "StepDeadlinePassed",
+    "StepError",
+    "StepFunction",
+    "StepOutcome",
     "StepResult",
     "Succeed",
     "Succeeded",
@@ -120,12 +159,17 @@ __all__ = [
     "TransitionCause",
     "UnencodableRecord",
     "Violation",
+    "Workflow",
+    "WorkflowError",
     "idempotency_key",
     "intent_dispatched",
     "intent_transition",
     "is_outstanding",
     "is_terminal",
+    "load_workflow",
     "read_log",
+    "recover_log",
     "replay",
+    "run_jobs",
     "transition",
 ]
