@@ -436,3 +436,45 @@ def test_cancel_before_a_started_dependent_runs_leaves_it_not_started(tmp_path: 
     assert check.valid
     assert report.status == "cancelled"
     assert outcome(report, "s1").state in (None, Cancelled())
+
+
+class FailAt:
+    """Writes that fail (EIO, nothing written) from the n-th record on."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.count = 0
+
+    def write(self, fd: int, data: bytes) -> int:
+        self.count += 1
+        if self.count >= self.n:
+            raise OSError(5, "Input/output error")
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8, 12])
+def test_a_failing_log_stops_the_run_and_what_was_written_recovers(n: int, tmp_path: Path) -> None:
+    """If the log cannot be written, the run stops with LogWriteFailed; recovery then
+    ends the orphans and the log replays clean."""
+    from attempt_kernel import LogWriteFailed, recover_log
+
+    path = tmp_path / "log"
+    steps = [
+        Step(name="a", run=returns),
+        Step(name="b", run=hangs, step_deadline=0.05),
+        Step(name="c", run=returns, after=("a",)),
+    ]
+    workflow = load_workflow("w", steps)
+
+    async def main() -> None:
+        with RunLogWriter(path, ops=FailAt(n)) as log:
+            await Executor(log).run(workflow, "r")
+
+    with pytest.raises(LogWriteFailed):
+        asyncio.run(main())
+    writer, recovery = recover_log(path, {"w": workflow})
+    writer.close()
+    assert recovery.runs and replay(path).valid

@@ -219,3 +219,16 @@ def test_every_crash_point_recovers_to_a_valid_log(tmp_path: Path) -> None:
         assert check.valid, (n, check.violations)
         for report in reports:
             assert report.status in ("succeeded", "needs-reconciliation"), (n, report)
+
+
+def test_run_that_only_started_is_resumed_from_scratch(tmp_path: Path) -> None:
+    """A crash right after run_started: the run is resumed and every step runs."""
+    path = crashed(tmp_path, full_log(tmp_path), 1)
+    world = World()
+    writer, recovery = recover_log(path, {"w": world.workflow()})
+    with writer:
+        [run] = recovery.runs
+        assert run.steps == {}
+        [report] = run_jobs(writer, [Job(workflow=world.workflow(), run="r", prior=run.steps)])
+    assert report.status == "succeeded" and world.calls == {"a": 1, "pay": 1, "flaky": 2, "z": 1}
+    assert replay(path).valid

@@ -179,7 +179,9 @@ def recover_log(path: str | os.PathLike[str], known_workflows: Mapping[str, obje
                 " recovery resumes only a log that obeys the kernel"
                 " (see `attempt-kernel replay`)"
             )
-        for run in replayer.runs:
+        # Unfinished runs: those with attempts, and those that only started.
+        live_runs = {**dict.fromkeys(replayer.workflows), **dict.fromkeys(replayer.runs)}
+        for run in live_runs:
             workflow = replayer.workflows.get(run)
             if workflow is None:
                 raise RecoveryError(
@@ -193,9 +195,9 @@ def recover_log(path: str | os.PathLike[str], known_workflows: Mapping[str, obje
                 )
         orphans: list[OrphanEnded] = []
         runs: list[RecoveredRun] = []
-        for run, steps in replayer.runs.items():
+        for run in live_runs:
             priors: dict[str, PriorStep] = {}
-            for step, track in steps.items():
+            for step, track in replayer.runs.get(run, {}).items():
                 attempt = track.latest
                 fact = facts.get((run, step), _StepFacts())
                 outstanding = tuple(
