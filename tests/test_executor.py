@@ -456,9 +456,13 @@ class FailAt:
 
 
 @pytest.mark.parametrize("n", [2, 3, 5, 8, 12])
-def test_a_failing_log_stops_the_run_and_what_was_written_recovers(n: int, tmp_path: Path) -> None:
-    """If the log cannot be written, the run stops with LogWriteFailed; recovery then
-    ends the orphans and the log replays clean."""
+def test_a_failing_log_stops_the_run_and_what_was_written_recovers(
+    n: int, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """If the log cannot be written, the run stops with LogWriteFailed, leaving no task
+    unawaited; recovery then ends the orphans and the log replays clean."""
+    import gc
+
     from attempt_kernel import LogWriteFailed, recover_log
 
     path = tmp_path / "log"
@@ -475,6 +479,8 @@ def test_a_failing_log_stops_the_run_and_what_was_written_recovers(n: int, tmp_p
 
     with pytest.raises(LogWriteFailed):
         asyncio.run(main())
+    gc.collect()  # an unawaited failed task would log "exception was never retrieved"
+    assert [r.getMessage() for r in caplog.records if r.name == "asyncio"] == []
     writer, recovery = recover_log(path, {"w": workflow})
     writer.close()
     assert recovery.runs and replay(path).valid

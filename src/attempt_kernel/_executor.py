@@ -489,6 +489,7 @@ class Executor:
             task.add_done_callback(lambda _: finished.put_nowait(step.name))
             tasks[step.name] = task
 
+        failure: BaseException | None = None
         try:
             for step in workflow.steps:
                 if step.name not in outcomes and not unmet[step.name]:
@@ -503,29 +504,44 @@ class Executor:
                         unmet[dependent.name].discard(done)
                         if not unmet[dependent.name] and dependent.name not in outcomes:
                             start(dependent)
+        except BaseException as error:
+            failure = error
+            raise
         finally:
-            # An outside cancel of this coroutine, or control.cancel(): end every
-            # live attempt (each task logs its own Cancel) before the run ends.
+            # A cancel (control.cancel() or of this coroutine) or a failure: end
+            # every live attempt (each task logs its own Cancel), and await every
+            # task, so none is left behind with an unread exception.
             cancel_wait.cancel()
             for task in tasks.values():
                 task.cancel()
+            step_errors: list[Exception] = []
             for name, task in tasks.items():
                 try:
                     outcomes[name] = await task
                 except asyncio.CancelledError:
-                    attempt = live.get(name)
-                    if attempt is None:  # cancelled before its first attempt existed
-                        outcomes[name] = StepOutcome(step=name, state=None, attempts=0)
-                        continue
-                    outcomes[name] = StepOutcome(
-                        step=name,
-                        state=attempt.state,
-                        attempts=attempt.number,
-                        outstanding=attempt.outstanding_keys(),
-                    )
-            self._append(run, RunFinished())
-            self._log.flush()
+                    outcomes[name] = _cancelled_outcome(name, live.get(name))
+                except Exception as error:  # noqa: BLE001  # re-raised below
+                    step_errors.append(error)
+            # run_finished closes a run that ended or was cancelled; after a
+            # failure (the log itself failing, most likely) recovery closes it.
+            clean = failure is None or isinstance(failure, asyncio.CancelledError)
+            if clean and not step_errors:
+                self._append(run, RunFinished())
+                self._log.flush()
+            if failure is None and step_errors:
+                raise step_errors[0]
         return _report(workflow, run, outcomes, control.cancelled)
+
+
+def _cancelled_outcome(name: str, attempt: _Attempt | None) -> StepOutcome:
+    if attempt is None:  # cancelled before its first attempt existed
+        return StepOutcome(step=name, state=None, attempts=0)
+    return StepOutcome(
+        step=name,
+        state=attempt.state,
+        attempts=attempt.number,
+        outstanding=attempt.outstanding_keys(),
+    )
 
 
 def _succeeded(outcome: StepOutcome | None) -> bool:
