@@ -111,3 +111,19 @@ def test_bad_arguments_exit_2(argv: list[str], message: str, capsys: pytest.Capt
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_demo_shows_progress_when_stderr_is_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a terminal each state change is printed as it happens; piped, nothing is."""
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["demo", "--log", str(tmp_path / "tty.jsonl")]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "  .. trip-1 fetch-profile#1: Pending -> Running" in err
+    assert "  .. trip-1 search-flights#1: Running -> Failed" in err
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert main(["demo", "--log", str(tmp_path / "pipe.jsonl")]) == 0
+    assert capsys.readouterr().err == ""
