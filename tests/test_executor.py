@@ -484,3 +484,39 @@ def test_a_failing_log_stops_the_run_and_what_was_written_recovers(
     writer, recovery = recover_log(path, {"w": workflow})
     writer.close()
     assert recovery.runs and replay(path).valid
+
+
+def test_executor_runs_against_any_run_log_store() -> None:
+    """The executor needs only RunLog's append and flush: an in-memory store serves too."""
+    from attempt_kernel import Change, RunLog
+
+    class MemoryLog:
+        def __init__(self) -> None:
+            self.records: list[tuple[str, Change]] = []
+            self.flushes = 0
+
+        def append(self, run: str, change: Change) -> int:
+            self.records.append((run, change))
+            return len(self.records)
+
+        def flush(self) -> None:
+            self.flushes += 1
+
+    store = MemoryLog()
+    sink: RunLog = store  # checked by mypy: MemoryLog satisfies the protocol
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            return "ok"
+
+        return await ctx.effect("charge", charge)
+
+    workflow = load_workflow("w", [Step(name="pay", run=pay)])
+    report = asyncio.run(Executor(sink).run(workflow, "r"))
+    assert report.status == "succeeded"
+    kinds = [type(c).__name__ for _, c in store.records]
+    assert kinds == [
+        "RunStarted", "AttemptCreated", "AttemptTransitioned", "IntentPlanned",
+        "IntentChanged", "IntentChanged", "StepResult", "AttemptTransitioned", "RunFinished",
+    ]  # fmt: skip
+    assert store.flushes == 2  # before the effect (write-ahead) and at the run's end

@@ -73,6 +73,7 @@ from ._runlog import LogReadError as LogReadError
 from ._runlog import LogWriteFailed as LogWriteFailed
 from ._runlog import Record as Record
 from ._runlog import RunFinished as RunFinished
+from ._runlog import RunLog as RunLog
 from ._runlog import RunLogError as RunLogError
 from ._runlog import RunLogWriter as RunLogWriter
 from ._runlog import RunStarted as RunStarted
@@ -138,6 +139,7 @@ __all__ = [
     "RetryPolicy",
     "RunControl",
     "RunFinished",
+    "RunLog",
     "RunLogError",
     "RunLogWriter",
     "RunReport",

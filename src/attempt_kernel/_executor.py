@@ -65,7 +65,7 @@ from ._runlog import (
     IntentChanged,
     IntentPlanned,
     RunFinished,
-    RunLogWriter,
+    RunLog,
     RunStarted,
     StepResult,
     UnencodableRecord,
@@ -285,7 +285,7 @@ class Executor:
 
     def __init__(
         self,
-        log: RunLogWriter,
+        log: RunLog,
         *,
         admission_limit: int = 8,
         progress: Callable[[str], None] | None = None,
@@ -628,7 +628,7 @@ class Job:
 
 
 def run_jobs(
-    log: RunLogWriter,
+    log: RunLog,
     jobs: list[Job],
     *,
     admission_limit: int = 8,

@@ -644,6 +644,23 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
 # --------------------------------------------------------------------------
 
 
+class RunLog(Protocol):
+    """What the executor needs from a run log: append a record, make it durable.
+
+    `RunLogWriter` (a local file) is the embedded default (spec §4); another
+    store can serve runs that outgrow one machine by providing these two
+    methods with the same promises: `append` returns the record's sequence
+    number once the record survives a crash of this process (or raises
+    `UnencodableRecord`, writing nothing, for a value JSON cannot carry), and
+    after `flush` returns every appended record survives a crash of the
+    machine.
+    """
+
+    def append(self, run: str, change: Change) -> int: ...
+
+    def flush(self) -> None: ...
+
+
 def now_us() -> int:
     """The writer's default clock: microseconds since the Unix epoch."""
     return time.time_ns() // 1000
