@@ -350,3 +350,16 @@ def test_replay_does_not_write_to_the_log(tmp_path: Path) -> None:
     replay(path)
     main(["replay", "--json", str(path)])
     assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+
+
+def test_run_started_twice_or_after_its_records(tmp_path: Path) -> None:
+    """run_started opens a run once, before its other records."""
+    from attempt_kernel import RunStarted
+
+    changes: list[Change] = [
+        RunStarted(workflow="w"),
+        AttemptCreated(step="s", attempt=1),
+        RunStarted(workflow="w"),
+    ]
+    [v] = _violations(tmp_path, changes)
+    assert v.line == 3 and "started twice (or after its records)" in v.reason

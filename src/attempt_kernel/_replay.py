@@ -6,7 +6,8 @@ from-state must be the one the replayer tracked; nothing follows a terminal
 state; every intent change obeys `intent_transition` and belongs to a
 `Running` attempt; every ``Cancel``'s ``intent_dispatched`` must equal what
 the log's own intent records say at that point; sequence numbers go up by
-one. After a violation the replayer adopts what the record says, so one bad
+one; a run starts at most once and nothing of it follows its run_finished.
+After a violation the replayer adopts what the record says, so one bad
 record gives one violation, not a cascade.
 
 It streams: memory holds the attempts of runs that have not finished, not the
