@@ -520,3 +520,26 @@ def test_executor_runs_against_any_run_log_store() -> None:
         "IntentChanged", "IntentChanged", "StepResult", "AttemptTransitioned", "RunFinished",
     ]  # fmt: skip
     assert store.flushes == 2  # before the effect (write-ahead) and at the run's end
+
+
+def test_admission_limit_holds_across_concurrent_runs(tmp_path: Path) -> None:
+    """Two runs on one executor share its limit: never more than 2 attempts at once."""
+    from attempt_kernel import Job, run_jobs
+
+    running = 0
+    peak = 0
+
+    async def busy(ctx: StepContext) -> JSON:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+        return None
+
+    workflow = load_workflow("w", [Step(name=f"s{i}", run=busy) for i in range(4)])
+    with RunLogWriter(tmp_path / "log") as log:
+        reports = run_jobs(log, [Job(workflow=workflow, run="r1"), Job(workflow=workflow, run="r2")], admission_limit=2)
+    assert [r.status for r in reports] == ["succeeded", "succeeded"]
+    assert peak == 2
+    assert replay(tmp_path / "log").valid

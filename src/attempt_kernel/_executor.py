@@ -278,8 +278,9 @@ def _describe(error: BaseException) -> str:
 class Executor:
     """Runs workflows as attempts under an admission limit, writing one run log.
 
-    ``admission_limit`` bounds how many attempts run at once; the others wait
-    `Pending` (each up to its step's ``queue_deadline``). ``progress``, if
+    ``admission_limit`` bounds how many attempts run at once, across all the
+    runs this executor drives; the others wait `Pending` (each up to its
+    step's ``queue_deadline``). Use one executor per event loop. ``progress``, if
     given, is called with a one-line description of every state change.
     """
 
@@ -295,6 +296,9 @@ class Executor:
         self._log: Final = log
         self._limit: Final = admission_limit
         self._progress: Final = progress
+        # One limit for every run this executor drives; made on first use so
+        # that it belongs to the running event loop.
+        self._admission: asyncio.Semaphore | None = None
 
     # ------------------------------------------------------------ logging
 
@@ -467,7 +471,9 @@ class Executor:
                     step_prior.outstanding,
                 ):
                     outcomes[name] = _outcome_from_prior(name, step_prior)
-        admission = asyncio.Semaphore(self._limit)
+        if self._admission is None:
+            self._admission = asyncio.Semaphore(self._limit)
+        admission = self._admission
         tasks: dict[str, asyncio.Task[StepOutcome]] = {}
         live: dict[str, _Attempt] = {}
         # Scheduling is by counts, not by rescanning: each step waits for the
