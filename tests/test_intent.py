@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from attempt_kernel import (
     Abandon,
     Abandoned,
+    Cancel,
     Confirm,
     Confirmed,
     Dispatch,
@@ -21,6 +22,7 @@ from attempt_kernel import (
     Planned,
     Reject,
     Rejected,
+    cancel_cause,
     idempotency_key,
     intent_dispatched,
     intent_transition,
@@ -189,3 +191,16 @@ def test_is_outstanding_bad_input_names_the_value() -> None:
     with pytest.raises(AssertionError) as info:
         is_outstanding("Dispatched")  # type: ignore[arg-type]
     assert str(info.value) == "Expected code to be unreachable, but got: 'Dispatched'"
+
+
+@pytest.mark.parametrize(
+    ("states", "expected"),
+    [
+        ([], Cancel(intent_dispatched=False)),
+        ([Planned(), Confirmed(), Rejected(), Abandoned()], Cancel(intent_dispatched=False)),
+        ([Confirmed(), Dispatched()], Cancel(intent_dispatched=True)),
+    ],
+)
+def test_cancel_cause_reads_the_intent_record(states: list[IntentState], expected: Cancel) -> None:
+    """The one Cancel both executor and recovery use: flagged iff an intent is Dispatched."""
+    assert cancel_cause(states) == expected

@@ -45,6 +45,7 @@ from ._intent import IntentState as IntentState
 from ._intent import Planned as Planned
 from ._intent import Reject as Reject
 from ._intent import Rejected as Rejected
+from ._intent import cancel_cause as cancel_cause
 from ._intent import idempotency_key as idempotency_key
 from ._intent import intent_dispatched as intent_dispatched
 from ._intent import intent_transition as intent_transition
@@ -163,6 +164,7 @@ __all__ = [
     "Violation",
     "Workflow",
     "WorkflowError",
+    "cancel_cause",
     "idempotency_key",
     "intent_dispatched",
     "intent_transition",

@@ -29,7 +29,6 @@ from typing_extensions import TypeAlias, assert_never, final
 from ._attempt import (
     Admit,
     AttemptState,
-    Cancel,
     Cancelled,
     Fail,
     Failed,
@@ -52,8 +51,8 @@ from ._intent import (
     IntentCause,
     IntentState,
     Reject,
+    cancel_cause,
     idempotency_key,
-    intent_dispatched,
     intent_transition,
     is_outstanding,
 )
@@ -345,7 +344,7 @@ class Executor:
     def _cancel(self, attempt: _Attempt) -> None:
         # spec §2: the flag comes from the intent record, never from where the
         # cancellation was caught
-        self._move(attempt, Cancel(intent_dispatched=intent_dispatched(attempt.intents.values())))
+        self._move(attempt, cancel_cause(attempt.intents.values()))
 
     # ------------------------------------------------------------ one attempt
 

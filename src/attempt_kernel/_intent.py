@@ -28,6 +28,7 @@ from typing import Final, Union
 
 from typing_extensions import TypeAlias, assert_never, final
 
+from ._attempt import Cancel
 from ._errors import AttemptKernelError
 
 # --------------------------------------------------------------------------
@@ -213,6 +214,16 @@ def intent_dispatched(intents: Iterable[IntentState]) -> bool:
     all the attempt's intents.
     """
     return any(is_outstanding(state) for state in intents)
+
+
+def cancel_cause(intents: Iterable[IntentState]) -> Cancel:
+    """The Cancel that ends an attempt with these intent states (spec §2, §3).
+
+    Executor and recovery both cancel through this one function, so the flag
+    always comes from the intent record, never from where a cancellation was
+    caught.
+    """
+    return Cancel(intent_dispatched=intent_dispatched(intents))
 
 
 def idempotency_key(run: str, step: str, name: str) -> str:

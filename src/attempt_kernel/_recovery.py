@@ -23,7 +23,6 @@ from typing_extensions import assert_never, final
 
 from ._attempt import (
     AttemptState,
-    Cancel,
     Cancelled,
     Failed,
     Indeterminate,
@@ -36,7 +35,7 @@ from ._attempt import (
     transition,
 )
 from ._errors import AttemptKernelError
-from ._intent import intent_dispatched, is_outstanding
+from ._intent import cancel_cause, is_outstanding
 from ._replay import Replayer, ReplayReport
 from ._runlog import (
     JSON,
@@ -207,9 +206,7 @@ def recover_log(path: str | os.PathLike[str], known_workflows: Mapping[str, obje
                 match state:
                     case Running() | Pending():
                         # spec §6: the flag is what the intent record says
-                        cause = Cancel(
-                            intent_dispatched=intent_dispatched(attempt.intents.values())
-                        )
+                        cause = cancel_cause(attempt.intents.values())
                         to = transition(state, cause)
                         writer.append(
                             run,
