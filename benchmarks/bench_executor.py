@@ -40,8 +40,8 @@ from attempt_kernel import (
     Succeeded,
     idempotency_key,
 )
-from attempt_kernel._executor import Job, StepContext, run_jobs
-from attempt_kernel._runlog import JSON
+from attempt_kernel import Job, StepContext, run_jobs
+from attempt_kernel import JSON
 from attempt_kernel._workflow import Step, load_workflow
 
 

@@ -44,7 +44,8 @@ from attempt_kernel import (
     idempotency_key,
     replay,
 )
-from attempt_kernel._runlog import DEFAULT_BATCH, encode_record
+from attempt_kernel._codec import encode_record
+from attempt_kernel._logfile import DEFAULT_BATCH
 
 
 def run_changes(run: str) -> list[Change]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attempt_kernel import RunLogWriter, replay
+from attempt_kernel import Indeterminate, RunLogWriter, Succeeded, replay
 from attempt_kernel._cli import main
 
 
@@ -29,7 +29,7 @@ def test_demo_runs_the_workflow_and_replays_it(
         "verdict: valid",
     ]:
         assert line in out, line
-    assert replay(log).final_states["Indeterminate"] == 0
+    assert replay(log).final_states[Indeterminate()] == 0
 
 
 def test_demo_appends_a_new_run_to_an_existing_log(
@@ -40,7 +40,7 @@ def test_demo_appends_a_new_run_to_an_existing_log(
     assert main(["demo", "--log", str(log)]) == 0
     assert main(["demo", "--log", str(log)]) == 0
     assert "run trip-2 (workflow trip-planner):" in capsys.readouterr().out
-    assert replay(log).valid and replay(log).final_states["Succeeded"] == 8
+    assert replay(log).valid and replay(log).final_states[Succeeded()] == 8
 
 
 def test_recover_on_a_finished_log_changes_nothing_and_says_so(

@@ -24,15 +24,8 @@ from attempt_kernel import (
     read_log,
     replay,
 )
-from attempt_kernel._executor import (
-    EffectRejected,
-    Executor,
-    RunControl,
-    RunReport,
-    StepContext,
-    StepOutcome,
-)
-from attempt_kernel._runlog import JSON, IntentChanged, StepResult
+from attempt_kernel import EffectRejected, Executor, Pending, RunControl, RunReport, Running, StepContext, StepOutcome
+from attempt_kernel._records import JSON, IntentChanged, StepResult
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 
 StepFn = Callable[[StepContext], Awaitable[JSON]]
@@ -106,7 +99,7 @@ def test_chain_succeeds_and_passes_results(tmp_path: Path) -> None:
     )
     assert report.status == "succeeded"
     assert outcome(report, "b").result == {"step": "b", "inputs": {"a": {"step": "a", "inputs": {}}}}
-    assert check.valid and check.final_states["Succeeded"] == 2 and check.records == 10
+    assert check.valid and check.final_states[Succeeded()] == 2 and check.records == 10
 
 
 def test_failed_step_is_retried_up_to_its_limit(tmp_path: Path) -> None:
@@ -122,7 +115,7 @@ def test_failed_step_is_retried_up_to_its_limit(tmp_path: Path) -> None:
     assert (a.state, a.attempts, a.error) == (Failed(), 3, "ValueError: bad input on attempt 3")
     assert outcome(report, "b").state is None  # never started
     assert report.status == "failed"
-    assert check.valid and check.final_states["Failed"] == 3
+    assert check.valid and check.final_states[Failed()] == 3
 
 
 def test_flaky_step_succeeds_on_retry(tmp_path: Path) -> None:
@@ -136,8 +129,8 @@ def test_flaky_step_succeeds_on_retry(tmp_path: Path) -> None:
     a = outcome(report, "a")
     assert (a.state, a.attempts, a.result) == (Succeeded(), 2, "ok")
     assert check.valid and check.final_states == {
-        "Pending": 0, "Running": 0, "Succeeded": 1, "Failed": 1, "Indeterminate": 0,
-        "Cancelled": 0, "TimedOut": 0,
+        Pending(): 0, Running(): 0, Succeeded(): 1, Failed(): 1, Indeterminate(): 0,
+        Cancelled(): 0, TimedOut(): 0,
     }  # fmt: skip
 
 
@@ -149,7 +142,7 @@ def test_step_deadline_times_out_and_is_retried(tmp_path: Path) -> None:
     )
     a = outcome(report, "a")
     assert (a.state, a.attempts, a.error) == (TimedOut(), 2, "step deadline passed")
-    assert check.valid and check.final_states["TimedOut"] == 2
+    assert check.valid and check.final_states[TimedOut()] == 2
 
 
 def test_no_retry_after_timeout_when_the_policy_says_so(tmp_path: Path) -> None:
@@ -228,7 +221,7 @@ def test_ambiguous_effect_stays_outstanding_and_is_not_retried(tmp_path: Path) -
     pay_out = outcome(report, "pay")
     assert (pay_out.state, pay_out.attempts) == (Failed(), 1)
     assert len(pay_out.outstanding) == 1 and report.status == "needs-reconciliation"
-    assert check.valid and [e.state for e in check.to_reconcile] == ["Failed"]
+    assert check.valid and [e.state for e in check.to_reconcile] == [Failed()]
     assert check.unresolved_intents == 1
 
 
@@ -255,8 +248,8 @@ def test_cancel_without_dispatched_intent_is_cancelled(tmp_path: Path) -> None:
     """Cancelling a run whose running step has no outstanding intent: Cancelled."""
     report, check = execute(tmp_path / "log", [Step(name="a", run=hangs)], cancel_after=3)
     assert outcome(report, "a").state == Cancelled() and report.status == "cancelled"
-    assert check.valid and check.final_states["Cancelled"] == 1
-    assert check.final_states["Indeterminate"] == 0
+    assert check.valid and check.final_states[Cancelled()] == 1
+    assert check.final_states[Indeterminate()] == 0
 
 
 def test_cancel_while_intent_dispatched_is_indeterminate(tmp_path: Path) -> None:
@@ -355,7 +348,7 @@ def test_cancelling_the_awaiting_task_closes_the_log_off(tmp_path: Path) -> None
 
     asyncio.run(main())
     check = replay(path)
-    assert check.valid and check.final_states["Cancelled"] == 1
+    assert check.valid and check.final_states[Cancelled()] == 1
     assert type(records(path)[-1].change).__name__ == "RunFinished"
 
 
@@ -422,7 +415,7 @@ def test_generated_fault_schedules_always_give_valid_logs(
     for s in report.steps:
         if s.state == Indeterminate():
             assert cancel_after is not None and s.outstanding
-    assert check.final_states["Pending"] == 0 and check.final_states["Running"] == 0
+    assert check.final_states[Pending()] == 0 and check.final_states[Running()] == 0
 
 
 def test_cancel_before_a_started_dependent_runs_leaves_it_not_started(tmp_path: Path) -> None:

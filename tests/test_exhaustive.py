@@ -129,8 +129,8 @@ def test_sixth_intent_state_fails_mypy_in_intent_transition(tmp_path: Path) -> N
     assert result.returncode == 1, result.stdout + result.stderr
     lines = set(_error_lines(result.stdout, "_intent.py"))
     assert lines & set(_function_span(module, "intent_transition")), result.stdout
-    codec = tmp_path / "src" / "attempt_kernel" / "_runlog.py"
-    codec_lines = set(_error_lines(result.stdout, "_runlog.py"))
+    codec = tmp_path / "src" / "attempt_kernel" / "_codec.py"
+    codec_lines = set(_error_lines(result.stdout, "_codec.py"))
     assert codec_lines & set(_function_span(codec, "intent_state_name")), result.stdout
 
 
@@ -140,8 +140,8 @@ def test_eighth_state_also_breaks_the_codec(tmp_path: Path) -> None:
     kernel = _copy_package(tmp_path)
     _add_member(kernel, "AttemptState", EIGHTH_STATE, "Paused")
     result = _mypy(tmp_path)
-    codec = tmp_path / "src" / "attempt_kernel" / "_runlog.py"
-    codec_lines = set(_error_lines(result.stdout, "_runlog.py"))
+    codec = tmp_path / "src" / "attempt_kernel" / "_codec.py"
+    codec_lines = set(_error_lines(result.stdout, "_codec.py"))
     assert codec_lines & set(_function_span(codec, "state_name")), result.stdout
 
 

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attempt_kernel import AttemptTransitioned, IllegalTransition, Record, read_log, replay, transition
+from attempt_kernel import (
+    AttemptTransitioned,
+    Cancelled,
+    Failed,
+    IllegalTransition,
+    Indeterminate,
+    Pending,
+    Record,
+    Running,
+    Succeeded,
+    TimedOut,
+    read_log,
+    replay,
+    transition,
+)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -33,8 +47,8 @@ def test_recorded_demo_replays_to_its_documented_outcome() -> None:
     report = replay(FIXTURES / "recorded-demo.jsonl")
     assert report.valid
     assert report.final_states == {
-        "Pending": 0, "Running": 0, "Succeeded": 4, "Failed": 1, "Indeterminate": 0,
-        "Cancelled": 1, "TimedOut": 1,
+        Pending(): 0, Running(): 0, Succeeded(): 4, Failed(): 1, Indeterminate(): 0,
+        Cancelled(): 1, TimedOut(): 1,
     }  # fmt: skip
 
 
@@ -45,4 +59,4 @@ def test_recorded_crash_replays_with_one_indeterminate_attempt() -> None:
     [open_attempt] = report.indeterminate
     assert (open_attempt.step, open_attempt.attempt) == ("book-flight", 1)
     assert len(open_attempt.outstanding) == 1
-    assert report.final_states["Cancelled"] == 1 and report.final_states["Indeterminate"] == 1
+    assert report.final_states[Cancelled()] == 1 and report.final_states[Indeterminate()] == 1

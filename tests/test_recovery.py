@@ -8,19 +8,30 @@ import pytest
 from logs import simple_changes, write_log
 
 from attempt_kernel import (
+    JSON,
+    AttemptTransitioned,
     Cancel,
     Cancelled,
     Indeterminate,
+    Job,
     LogNeedsRecovery,
+    Pending,
     Record,
+    RecoveryError,
+    RetryPolicy,
+    Running,
+    RunLogWriter,
+    RunStarted,
+    Step,
+    StepContext,
     Succeeded,
+    Workflow,
+    load_workflow,
     read_log,
+    recover_log,
     replay,
+    run_jobs,
 )
-from attempt_kernel._executor import Job, StepContext, run_jobs
-from attempt_kernel._recovery import RecoveryError, recover_log
-from attempt_kernel._runlog import JSON, AttemptTransitioned, RunLogWriter, RunStarted
-from attempt_kernel._workflow import RetryPolicy, Step, Workflow, load_workflow
 
 
 class World:
@@ -114,7 +125,7 @@ def test_orphan_with_dispatched_intent_ends_indeterminate_and_is_not_retried(tmp
     writer, recovery = recover_log(path, {"w": world.workflow()})
     with writer:
         [orphan] = [o for o in recovery.orphans if o.step == "pay"]
-        assert (orphan.from_state, orphan.to_state) == ("Running", "Indeterminate")
+        assert (orphan.from_state, orphan.to_state) == (Running(), Indeterminate())
         assert len(orphan.outstanding) == 1
         [run] = recovery.runs
         [report] = run_jobs(writer, [Job(workflow=world.workflow(), run="r", prior=run.steps)])
@@ -134,7 +145,7 @@ def test_orphan_without_intent_is_cancelled_then_retried(tmp_path: Path) -> None
     writer, recovery = recover_log(path, {"w": world.workflow()})
     with writer:
         [orphan] = [o for o in recovery.orphans if o.step == "pay"]
-        assert (orphan.from_state, orphan.to_state) == ("Running", "Cancelled")
+        assert (orphan.from_state, orphan.to_state) == (Running(), Cancelled())
         [run] = recovery.runs
         [report] = run_jobs(writer, [Job(workflow=world.workflow(), run="r", prior=run.steps)])
     states = {s.step: (s.state, s.attempts) for s in report.steps}
@@ -150,7 +161,7 @@ def test_pending_orphan_is_cancelled_with_false(tmp_path: Path) -> None:
     path = crashed(tmp_path, lines, n)
     writer, recovery = recover_log(path, {"w": None})
     writer.close()
-    assert [(o.step, o.from_state, o.to_state) for o in recovery.orphans] == [("pay", "Pending", "Cancelled")]
+    assert [(o.step, o.from_state, o.to_state) for o in recovery.orphans] == [("pay", Pending(), Cancelled())]
     last = [i for i in read_log(path) if isinstance(i, Record)][-1].change
     assert isinstance(last, AttemptTransitioned) and last.to_state == Cancelled()
     assert last.cause == Cancel(intent_dispatched=False)

@@ -36,7 +36,7 @@ from attempt_kernel import (
     UnencodableRecord,
     read_log,
 )
-from attempt_kernel._runlog import MAX_LINE_BYTES, encode_record
+from attempt_kernel._codec import MAX_LINE_BYTES, encode_record
 
 
 def _line(body: str) -> bytes:
@@ -452,7 +452,7 @@ def test_fast_record_builder_equals_the_dataclass_constructor() -> None:
     """The reader's descriptor-based builder makes exactly Record(...), still frozen."""
     from dataclasses import FrozenInstanceError
 
-    from attempt_kernel._runlog import _new_record
+    from attempt_kernel._codec import _new_record
 
     built = _new_record(3, 4, 5, "run", RunFinished())
     assert built == Record(line=3, seq=4, time_us=5, run="run", change=RunFinished())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from attempt_kernel._runlog import JSON
+from attempt_kernel import JSON
 from attempt_kernel._workflow import RetryPolicy, Step, WorkflowError, load_workflow
 
 

@@ -22,14 +22,17 @@ from ._attempt import TimedOut as TimedOut
 from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
+from ._codec import RunLogError as RunLogError
+from ._codec import SCHEMA_VERSION as SCHEMA_VERSION
+from ._codec import UnencodableRecord as UnencodableRecord
+from ._context import Perform as Perform
+from ._context import StepContext as StepContext
 from ._errors import AttemptKernelError as AttemptKernelError
 from ._executor import EffectRejected as EffectRejected
 from ._executor import Executor as Executor
 from ._executor import Job as Job
 from ._executor import RunControl as RunControl
 from ._executor import RunReport as RunReport
-from ._executor import RunStatus as RunStatus
-from ._executor import StepContext as StepContext
 from ._executor import StepError as StepError
 from ._executor import StepOutcome as StepOutcome
 from ._executor import run_jobs as run_jobs
@@ -50,39 +53,43 @@ from ._intent import idempotency_key as idempotency_key
 from ._intent import intent_dispatched as intent_dispatched
 from ._intent import intent_transition as intent_transition
 from ._intent import is_outstanding as is_outstanding
+from ._ledger import OpenAttempt as OpenAttempt
+from ._ledger import PriorStep as PriorStep
+from ._ledger import RunStatus as RunStatus
+from ._ledger import Violation as Violation
+from ._logfile import FileLog as FileLog
+from ._logfile import LogLocked as LogLocked
+from ._logfile import LogNeedsRecovery as LogNeedsRecovery
+from ._logfile import LogOpenError as LogOpenError
+from ._logfile import LogReadError as LogReadError
+from ._logfile import LogWriteFailed as LogWriteFailed
+from ._logfile import RunLogWriter as RunLogWriter
+from ._logfile import read_log as read_log
+from ._records import AttemptCreated as AttemptCreated
+from ._records import AttemptTransitioned as AttemptTransitioned
+from ._records import Change as Change
+from ._records import CorruptLine as CorruptLine
+from ._records import IntentChanged as IntentChanged
+from ._records import IntentPlanned as IntentPlanned
+from ._records import JSON as JSON
+from ._records import LogItem as LogItem
+from ._records import Record as Record
+from ._records import RunCancelRequested as RunCancelRequested
+from ._records import RunFinished as RunFinished
+from ._records import RunStarted as RunStarted
+from ._records import StepResult as StepResult
+from ._records import TornTail as TornTail
 from ._recovery import OrphanEnded as OrphanEnded
-from ._recovery import PriorStep as PriorStep
 from ._recovery import RecoveredRun as RecoveredRun
 from ._recovery import Recovery as Recovery
 from ._recovery import RecoveryError as RecoveryError
+from ._recovery import recover as recover
 from ._recovery import recover_log as recover_log
-from ._replay import OpenAttempt as OpenAttempt
 from ._replay import ReplayReport as ReplayReport
-from ._replay import Violation as Violation
 from ._replay import replay as replay
-from ._runlog import AttemptCreated as AttemptCreated
-from ._runlog import AttemptTransitioned as AttemptTransitioned
-from ._runlog import Change as Change
-from ._runlog import CorruptLine as CorruptLine
-from ._runlog import IntentChanged as IntentChanged
-from ._runlog import IntentPlanned as IntentPlanned
-from ._runlog import LogItem as LogItem
-from ._runlog import LogLocked as LogLocked
-from ._runlog import LogNeedsRecovery as LogNeedsRecovery
-from ._runlog import LogOpenError as LogOpenError
-from ._runlog import LogReadError as LogReadError
-from ._runlog import LogWriteFailed as LogWriteFailed
-from ._runlog import Record as Record
-from ._runlog import RunFinished as RunFinished
-from ._runlog import RunLog as RunLog
-from ._runlog import RunLogError as RunLogError
-from ._runlog import RunLogWriter as RunLogWriter
-from ._runlog import RunStarted as RunStarted
-from ._runlog import SCHEMA_VERSION as SCHEMA_VERSION
-from ._runlog import StepResult as StepResult
-from ._runlog import TornTail as TornTail
-from ._runlog import UnencodableRecord as UnencodableRecord
-from ._runlog import read_log as read_log
+from ._store import Journal as Journal
+from ._store import LogSource as LogSource
+from ._store import RunLog as RunLog
 from ._workflow import RetryPolicy as RetryPolicy
 from ._workflow import Step as Step
 from ._workflow import StepFunction as StepFunction
@@ -110,6 +117,7 @@ __all__ = [
     "Executor",
     "Fail",
     "Failed",
+    "FileLog",
     "IllegalIntentTransition",
     "IllegalTransition",
     "Indeterminate",
@@ -117,16 +125,20 @@ __all__ = [
     "IntentChanged",
     "IntentPlanned",
     "IntentState",
+    "JSON",
     "Job",
+    "Journal",
     "LogItem",
     "LogLocked",
     "LogNeedsRecovery",
     "LogOpenError",
     "LogReadError",
+    "LogSource",
     "LogWriteFailed",
     "OpenAttempt",
     "OrphanEnded",
     "Pending",
+    "Perform",
     "Planned",
     "PriorStep",
     "QueueDeadlinePassed",
@@ -138,6 +150,7 @@ __all__ = [
     "Rejected",
     "ReplayReport",
     "RetryPolicy",
+    "RunCancelRequested",
     "RunControl",
     "RunFinished",
     "RunLog",
@@ -172,6 +185,7 @@ __all__ = [
     "is_terminal",
     "load_workflow",
     "read_log",
+    "recover",
     "recover_log",
     "replay",
     "run_jobs",

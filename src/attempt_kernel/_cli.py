@@ -1,17 +1,19 @@
 """The ``attempt-kernel`` command line: argparse in, text out.
 
 Exit codes: 0 success (a valid log), 1 a log with violations, 2 a usage or
-I/O error (argparse's convention for usage errors).
+I/O error (argparse's convention for usage errors), 141 when the reader of
+the output went away (a closed pipe). Names from a log are escaped where
+they are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Final
 
 from . import _report, _table
@@ -20,11 +22,16 @@ from ._errors import AttemptKernelError
 from ._executor import Job, run_jobs
 from ._recovery import recover_log
 from ._replay import replay
-from ._runlog import Record, RunLogError, RunLogWriter, RunStarted, read_log
+from ._report import shown
+from ._codec import RunLogError
+from ._logfile import RunLogWriter
+from ._records import Record, RunStarted
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_BROKEN_PIPE: Final = 141
+"""128 + SIGPIPE, what a shell reports for a writer whose reader went away."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,17 +141,16 @@ def _replay_and_print(log: str) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     log_path: str = args.log
-    existing = 0
-    if Path(log_path).exists():
-        existing = sum(
-            1 for item in read_log(log_path)
-            if isinstance(item, Record) and isinstance(item.change, RunStarted)
-        )  # fmt: skip
-    run = f"trip-{existing + 1}"
     ops = _CrashAfter(args.crash_after) if args.crash_after is not None else None
     blueprint = WORKFLOWS[TRIP_PLANNER](args.seed)
     with RunLogWriter(log_path, ops=ops) as log:
-        print(f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {log_path}", flush=True)
+        # Counted under the log's lock, so two demos never pick the same id.
+        existing = sum(
+            1 for item in log.read()
+            if isinstance(item, Record) and isinstance(item.change, RunStarted)
+        )  # fmt: skip
+        run = f"trip-{existing + 1}"
+        print(f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(log_path)}", flush=True)
         [outcome] = run_jobs(
             log,
             [Job(workflow=blueprint.workflow, run=run, supervise=blueprint.supervise)],
@@ -173,6 +179,22 @@ def _recover(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    for stream in (sys.stdout, sys.stderr):
+        # A name that the terminal's encoding cannot show is escaped, never a crash.
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`demo | head -1`): stop quietly. Python would
+        # complain again when it flushes stdout at exit, so point it at devnull.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "table":
         render = {"markdown": _table.markdown, "mermaid": _table.mermaid, "dot": _table.dot}
@@ -182,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             report = replay(args.log)
         except RunLogError as error:
-            print(f"attempt-kernel replay: error: {error}", file=sys.stderr)
+            print(f"attempt-kernel replay: error: {shown(str(error))}", file=sys.stderr)
             return EXIT_USAGE
         if args.json:
             sys.stdout.write(_report.as_json(report, args.log))
@@ -195,6 +217,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             return _demo(args) if args.command == "demo" else _recover(args)
         except AttemptKernelError as error:
-            print(f"attempt-kernel {args.command}: error: {error}", file=sys.stderr)
+            print(f"attempt-kernel {args.command}: error: {shown(str(error))}", file=sys.stderr)
             return EXIT_USAGE
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse forbids it

@@ -22,8 +22,9 @@ from typing import Final
 
 from typing_extensions import final
 
-from ._executor import RunControl, StepContext
-from ._runlog import JSON
+from ._context import StepContext
+from ._executor import RunControl
+from ._records import JSON
 from ._workflow import RetryPolicy, Step, Workflow, load_workflow
 
 TRIP_PLANNER: Final = "trip-planner"

@@ -1,8 +1,9 @@
 """The executor: runs a workflow's steps as attempts and writes the run log.
 
-The only module that imports asyncio. Every state change goes through the
-kernel (`transition`, `intent_transition`) and into the run log *before*
-the executor acts on it; side effects happen only through
+The only library module that imports asyncio. It keeps no run state of its
+own: it asks the ledger (`_ledger`) where an attempt stands, builds the
+change through the kernel (`transition`, `intent_transition`), appends it to
+the run log, and only then applies it to the ledger (spec §8); side effects happen only through
 `StepContext.effect`, which makes the ``Dispatched`` record durable (fsync)
 before it calls the effect (spec §3's write-ahead rule).
 
@@ -21,56 +22,48 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar, Union
+from dataclasses import dataclass
+from typing import Final, TypeVar, Union
 
 from typing_extensions import TypeAlias, assert_never, final
 
 from ._attempt import (
     Admit,
     AttemptState,
-    Cancelled,
     Fail,
-    Failed,
-    Indeterminate,
-    Pending,
     QueueDeadlinePassed,
-    Running,
     StepDeadlinePassed,
     Succeed,
-    Succeeded,
-    TimedOut,
     TransitionCause,
     transition,
 )
+from ._codec import UnencodableRecord, state_name
+from ._context import Perform
 from ._errors import AttemptKernelError
-from ._intent import (
-    PLANNED,
-    Confirm,
-    Dispatch,
-    IntentCause,
-    IntentState,
-    Reject,
-    cancel_cause,
-    idempotency_key,
-    intent_transition,
-    is_outstanding,
+from ._intent import Confirm, Dispatch, IntentCause, Reject, idempotency_key, intent_transition
+from ._ledger import (
+    Ledger,
+    PriorStep,
+    RunStatus,
+    StepView,
+    deadline_message,
+    has_succeeded,
+    may_run_again,
+    run_status,
 )
-from ._runlog import (
+from ._records import (
     JSON,
     AttemptCreated,
     AttemptTransitioned,
     Change,
     IntentChanged,
     IntentPlanned,
+    RunCancelRequested,
     RunFinished,
-    RunLog,
     RunStarted,
     StepResult,
-    UnencodableRecord,
-    state_name,
 )
-from ._recovery import PriorStep
+from ._store import RunLog
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -88,27 +81,6 @@ class EffectRejected(AttemptKernelError):
 @final
 class StepError(AttemptKernelError):
     """A step misused its context (an intent name used twice, ...); the attempt fails."""
-
-
-# --------------------------------------------------------------------------
-# Bookkeeping of one attempt (mutable, private)
-# --------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _Attempt:
-    run: str
-    step: str
-    number: int
-    state: AttemptState
-    intents: dict[str, IntentState] = field(default_factory=dict)
-
-    def outstanding_keys(self) -> tuple[str, ...]:
-        return tuple(
-            idempotency_key(self.run, self.step, name)
-            for name, state in self.intents.items()
-            if is_outstanding(state)
-        )
 
 
 # --------------------------------------------------------------------------
@@ -131,11 +103,6 @@ class StepOutcome:
     """Idempotency keys of intents still outstanding: reconcile these."""
 
 
-RunStatus: TypeAlias = Literal["succeeded", "failed", "cancelled", "needs-reconciliation"]
-"""How a run ended. ``needs-reconciliation``: some step ended Indeterminate or
-with an intent outstanding; an operator must ask the downstream systems."""
-
-
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunReport:
@@ -155,7 +122,11 @@ class RunControl:
         self._event = asyncio.Event()
 
     def cancel(self) -> None:
-        """Cancel the run: no new attempt starts, live ones end Cancelled or Indeterminate."""
+        """Cancel the run: no new attempt starts, live ones end Cancelled or Indeterminate.
+
+        The decision is recorded first (``run_cancel_requested``), so a crash
+        before the run's end is written never resumes it.
+        """
         self._event.set()
 
     @property
@@ -164,64 +135,55 @@ class RunControl:
         return self._event.is_set()
 
     async def wait(self) -> None:
+        """Return once `cancel` was called."""
         await self._event.wait()
 
 
 # --------------------------------------------------------------------------
-# The step context: the only door to the outside world
+# The executor's step context
 # --------------------------------------------------------------------------
 
 
 @final
-class StepContext:
-    """Handed to a step's function: its identity, its inputs, and effects."""
+class _Context:
+    """The executor's `StepContext`: effects go through the ledger and the log."""
 
-    def __init__(self, executor: Executor, attempt: _Attempt, inputs: Mapping[str, JSON]) -> None:
+    __slots__ = ("_executor", "run", "step", "attempt", "input", "inputs")
+
+    def __init__(
+        self, executor: Executor, run: str, step: str, attempt: int, input: JSON, inputs: Mapping[str, JSON]
+    ) -> None:
         self._executor = executor
-        self._attempt = attempt
-        self.run: Final = attempt.run
-        self.step: Final = attempt.step
-        self.attempt: Final = attempt.number
+        self.run: Final = run
+        self.step: Final = step
+        self.attempt: Final = attempt
+        self.input: Final = input
         self.inputs: Final = inputs
-        """Results of the steps this one runs after, by step name."""
 
     def idempotency_key(self, name: str) -> str:
-        """The key effect ``name`` of this step carries, the same in every attempt."""
         return idempotency_key(self.run, self.step, name)
 
-    async def effect(self, name: str, perform: Callable[[str], Awaitable[JSON]]) -> JSON:
-        """Perform one external side effect, write-ahead logged as intent ``name``.
-
-        Records the intent `Planned`, then `Dispatched` and fsyncs the log,
-        and only then awaits ``perform(idempotency_key)``. If it returns, the
-        intent is `Confirmed` and its value returned. If it raises
-        `EffectRejected`, the intent is `Rejected` and the error propagates.
-        Anything else (another exception, a deadline, a cancellation) leaves
-        the intent `Dispatched`: the effect may have happened, and the run log
-        says so.
-        """
-        attempt = self._attempt
-        if name in attempt.intents:
+    async def effect(self, name: str, perform: Perform) -> JSON:
+        ex = self._executor
+        run, step, number = self.run, self.step, self.attempt
+        if name in ex._ledger.attempt(run, step).intents:
             raise StepError(
-                f"step {self.step!r} attempt {self.attempt}: intent {name!r} is used twice;"
+                f"step {step!r} attempt {number}: intent {name!r} is used twice;"
                 " give each effect of a step its own name"
             )
-        ex = self._executor
         key = self.idempotency_key(name)
-        ex._append(attempt.run, IntentPlanned(step=attempt.step, attempt=attempt.number, name=name, key=key))
-        attempt.intents[name] = PLANNED
-        ex._intent(attempt, name, Dispatch())
+        ex._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
+        ex._intent(run, step, name, Dispatch())
         ex._log.flush()  # spec §3: Dispatched is durable before the effect is sent
         try:
             value = await perform(key)
         except EffectRejected:
-            ex._intent(attempt, name, Reject())
+            ex._intent(run, step, name, Reject())
             raise
-        ex._intent(attempt, name, Confirm())
+        ex._intent(run, step, name, Confirm())
         return value
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
-        """Run a blocking call in a thread so the event loop (and deadlines) go on."""
         return await asyncio.to_thread(function)
 
 
@@ -273,6 +235,22 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _outcome(name: str, view: StepView | None) -> StepOutcome:
+    """A step's outcome as its ledger view says it (never started: no view)."""
+    if view is None:
+        return StepOutcome(step=name, state=None, attempts=0)
+    attempt = view.attempt
+    succeeded = has_succeeded(attempt.state)
+    return StepOutcome(
+        step=name,
+        state=attempt.state,
+        attempts=attempt.number,
+        result=view.result if succeeded else None,
+        error=None if succeeded else view.error or deadline_message(attempt.last_cause),
+        outstanding=view.outstanding(),
+    )
+
+
 @final
 class Executor:
     """Runs workflows as attempts under an admission limit, writing one run log.
@@ -293,6 +271,7 @@ class Executor:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
         self._log: Final = log
+        self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
         # One limit for every run this executor drives; made on first use so
@@ -301,37 +280,39 @@ class Executor:
 
     # ------------------------------------------------------------ logging
 
-    def _append(self, run: str, change: Change) -> None:
+    def _write(self, run: str, change: Change) -> None:
+        """Append, then apply: the log never lags behind the ledger."""
         self._log.append(run, change)
+        ledger = self._ledger
+        ledger.apply_change(run, change)
+        if ledger.violation_count:  # the executor asked the ledger first: a bug
+            raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
 
-    def _move(self, attempt: _Attempt, cause: TransitionCause) -> AttemptState:
-        """Through the kernel, into the log, and only then into memory."""
-        to = transition(attempt.state, cause)
-        self._append(
-            attempt.run,
+    def _move(self, run: str, step: str, cause: TransitionCause) -> AttemptState:
+        """Through the kernel, into the log, and only then into the ledger."""
+        attempt = self._ledger.attempt(run, step)
+        before = attempt.state
+        to = transition(before, cause)
+        self._write(
+            run,
             AttemptTransitioned(
-                step=attempt.step,
-                attempt=attempt.number,
-                from_state=attempt.state,
-                cause=cause,
-                to_state=to,
+                step=step, attempt=attempt.number, from_state=before, cause=cause, to_state=to
             ),
         )
         if self._progress is not None:
             self._progress(
-                f"{attempt.run} {attempt.step}#{attempt.number}:"
-                f" {state_name(attempt.state)} -> {state_name(to)}"
+                f"{run} {step}#{attempt.number}: {state_name(before)} -> {state_name(to)}"
             )
-        attempt.state = to
         return to
 
-    def _intent(self, attempt: _Attempt, name: str, cause: IntentCause) -> None:
+    def _intent(self, run: str, step: str, name: str, cause: IntentCause) -> None:
+        attempt = self._ledger.attempt(run, step)
         current = attempt.intents[name]
         to = intent_transition(current, cause)
-        self._append(
-            attempt.run,
+        self._write(
+            run,
             IntentChanged(
-                step=attempt.step,
+                step=step,
                 attempt=attempt.number,
                 name=name,
                 from_state=current,
@@ -339,63 +320,60 @@ class Executor:
                 to_state=to,
             ),
         )
-        attempt.intents[name] = to
 
-    def _cancel(self, attempt: _Attempt) -> None:
+    def _cancel(self, run: str, step: str) -> None:
         # spec §2: the flag comes from the intent record, never from where the
         # cancellation was caught
-        self._move(attempt, cancel_cause(attempt.intents.values()))
+        self._move(run, step, self._ledger.cancel_cause(run, step))
 
     # ------------------------------------------------------------ one attempt
 
     async def _attempt(
         self,
-        attempt: _Attempt,
+        run: str,
         step: Step,
-        inputs: Mapping[str, JSON],
+        number: int,
+        context: _Context,
         admission: asyncio.Semaphore,
-    ) -> tuple[TransitionCause, JSON, str | None]:
-        """Run a new attempt to a terminal state; return the last cause, result, error."""
-        run, number = attempt.run, attempt.number
-        self._append(run, AttemptCreated(step=step.name, attempt=number))
+    ) -> None:
+        """Run attempt ``number`` of ``step`` to a terminal state (the ledger has it)."""
+        name = step.name
+        self._write(run, AttemptCreated(step=name, attempt=number))
         try:
             if admission.locked():  # a free slot is taken at once, without a timer
                 await _within(step.queue_deadline, admission.acquire())
             else:
                 await admission.acquire()
         except asyncio.TimeoutError:
-            self._move(attempt, QueueDeadlinePassed())
-            return QueueDeadlinePassed(), None, "queue deadline passed"
+            self._move(run, name, QueueDeadlinePassed())
+            return
         except asyncio.CancelledError:
-            self._cancel(attempt)
+            self._cancel(run, name)
             raise
         try:
-            self._move(attempt, Admit())
-            context = StepContext(self, attempt, inputs)
+            self._move(run, name, Admit())
             try:
                 output = await _within(step.step_deadline, _guarded(step.run(context)))
             except asyncio.TimeoutError:
-                self._move(attempt, StepDeadlinePassed())
-                return StepDeadlinePassed(), None, "step deadline passed"
+                self._move(run, name, StepDeadlinePassed())
+                return
             except asyncio.CancelledError:
-                self._cancel(attempt)
+                self._cancel(run, name)
                 raise
             match output:
                 case _Ok():
                     try:
-                        self._append(run, StepResult(step=step.name, attempt=number, value=output.value))
+                        self._write(run, StepResult(step=name, attempt=number, value=output.value))
                     except UnencodableRecord as error:  # nothing was written
                         message = f"the step returned a value the run log cannot encode: {error}"
-                        self._append(run, StepResult(step=step.name, attempt=number, error=message))
-                        self._move(attempt, Fail())
-                        return Fail(), None, message
-                    self._move(attempt, Succeed())
-                    return Succeed(), output.value, None
+                        self._write(run, StepResult(step=name, attempt=number, error=message))
+                        self._move(run, name, Fail())
+                        return
+                    self._move(run, name, Succeed())
                 case _Raised():
                     message = _describe(output.error)
-                    self._append(run, StepResult(step=step.name, attempt=number, error=message))
-                    self._move(attempt, Fail())
-                    return Fail(), None, message
+                    self._write(run, StepResult(step=name, attempt=number, error=message))
+                    self._move(run, name, Fail())
                 case _:
                     assert_never(output)
         finally:
@@ -404,38 +382,22 @@ class Executor:
     # ------------------------------------------------------------ one step
 
     async def _drive(
-        self,
-        run: str,
-        step: Step,
-        inputs: Mapping[str, JSON],
-        admission: asyncio.Semaphore,
-        prior: PriorStep | None,
-        live: dict[str, _Attempt],
+        self, run: str, step: Step, input: JSON, inputs: Mapping[str, JSON], admission: asyncio.Semaphore
     ) -> StepOutcome:
-        """Attempts of one step until it succeeds or must stop (retry policy).
-
-        ``live[step.name]`` is the step's current attempt, so that a cancelled
-        run can still report where each step stood.
-        """
-        number = prior.last_attempt if prior is not None else 0
-        tries = prior.tries if prior is not None else 0
+        """Attempts of one step until it succeeds or may not run again (the ledger says)."""
+        ledger = self._ledger
         while True:
-            number += 1
-            attempt = _Attempt(run=run, step=step.name, number=number, state=Pending())
-            live[step.name] = attempt
-            cause, value, error = await self._attempt(attempt, step, inputs, admission)
-            if _counts_as_try(attempt.state, cause):
-                tries += 1
-            outstanding = attempt.outstanding_keys()
-            if not _retry_allowed(step, attempt.state, cause, tries, outstanding):
-                return StepOutcome(
-                    step=step.name,
-                    state=attempt.state,
-                    attempts=number,
-                    result=value,
-                    error=error,
-                    outstanding=outstanding,
-                )
+            view = ledger.step(run, step.name)
+            number = 1 if view is None else view.attempt.number + 1
+            context = _Context(self, run, step.name, number, input, inputs)
+            await self._attempt(run, step, number, context, admission)
+            view = ledger.step(run, step.name)
+            assert view is not None  # the attempt was created above
+            attempt = view.attempt
+            if not may_run_again(
+                step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+            ):
+                return _outcome(step.name, view)
 
     # ------------------------------------------------------------ one run
 
@@ -446,39 +408,48 @@ class Executor:
         *,
         control: RunControl | None = None,
         prior: Mapping[str, PriorStep] | None = None,
+        input: JSON = None,
     ) -> RunReport:
         """Run ``workflow`` as run ``run`` to its end; return what each step did.
 
-        ``control.cancel()`` cancels the run at any moment. ``prior`` (from
-        recovery) resumes a run already in the log: succeeded steps are not
-        run again (their logged results feed their dependents), other steps
-        continue their attempt numbering. Cancelling the task that awaits this
-        coroutine also cancels the run (the log is closed off first).
+        ``input`` is recorded in the run's start record and handed to every
+        step as ``ctx.input``. ``control.cancel()`` cancels the run at any
+        moment. ``prior`` (from recovery) resumes a run already in the log:
+        succeeded steps are not run again (their logged results feed their
+        dependents), other steps continue their attempt numbering. Cancelling
+        the task that awaits this coroutine also cancels the run (the
+        decision and the run's end are logged first).
         """
         control = control if control is not None else RunControl()
+        ledger = self._ledger
         outcomes: dict[str, StepOutcome] = {}
         if prior is None:
-            self._append(run, RunStarted(workflow=workflow.name))
+            self._write(run, RunStarted(workflow=workflow.name, input=input))
         else:
-            for name, step_prior in prior.items():
+            ledger.resume(run, workflow.name, prior)
+            known = ledger.runs[run]
+            input = known.input if input is None else input
+            for name in prior:
                 step_def = workflow.by_name.get(name)
-                if step_def is not None and not _retry_allowed(
-                    step_def,
-                    step_prior.state,
-                    step_prior.last_cause,
-                    step_prior.tries,
-                    step_prior.outstanding,
+                view = ledger.step(run, name)
+                if step_def is None or view is None:
+                    continue
+                attempt = view.attempt
+                if not may_run_again(
+                    step_def.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
                 ):
-                    outcomes[name] = _outcome_from_prior(name, step_prior)
+                    outcomes[name] = _outcome(name, view)
         if self._admission is None:
             self._admission = asyncio.Semaphore(self._limit)
         admission = self._admission
         tasks: dict[str, asyncio.Task[StepOutcome]] = {}
-        live: dict[str, _Attempt] = {}
         # Scheduling is by counts, not by rescanning: each step waits for the
         # dependencies that have not succeeded yet; a finished task hands its
         # name to `finished` (None: the run was cancelled).
-        unmet = {s.name: {d for d in s.after if not _succeeded(outcomes.get(d))} for s in workflow.steps}
+        unmet = {
+            s.name: {d for d in s.after if d not in outcomes or not has_succeeded(outcomes[d].state)}
+            for s in workflow.steps
+        }
         dependents: dict[str, list[Step]] = {s.name: [] for s in workflow.steps}
         for s in workflow.steps:
             for d in s.after:
@@ -489,12 +460,12 @@ class Executor:
 
         def start(step: Step) -> None:
             inputs = {d: outcomes[d].result for d in step.after}
-            resume_from = prior.get(step.name) if prior is not None else None
-            task = asyncio.ensure_future(self._drive(run, step, inputs, admission, resume_from, live))
+            task = asyncio.ensure_future(self._drive(run, step, input, inputs, admission))
             task.add_done_callback(lambda _: finished.put_nowait(step.name))
             tasks[step.name] = task
 
         failure: BaseException | None = None
+        cancelled = False
         try:
             for step in workflow.steps:
                 if step.name not in outcomes and not unmet[step.name]:
@@ -502,13 +473,21 @@ class Executor:
             while tasks:
                 done = await finished.get()
                 if done is None:
+                    cancelled = True
+                    # spec §4: the decision is a record before any attempt ends for it
+                    self._write(run, RunCancelRequested(reason="RunControl.cancel()"))
                     break
                 outcomes[done] = tasks.pop(done).result()
-                if _succeeded(outcomes[done]):
+                if has_succeeded(outcomes[done].state):
                     for dependent in dependents[done]:
                         unmet[dependent.name].discard(done)
                         if not unmet[dependent.name] and dependent.name not in outcomes:
                             start(dependent)
+        except asyncio.CancelledError as error:
+            failure = error
+            cancelled = True
+            self._write(run, RunCancelRequested(reason="the task driving the run was cancelled"))
+            raise
         except BaseException as error:
             failure = error
             raise
@@ -524,100 +503,19 @@ class Executor:
                 try:
                     outcomes[name] = await task
                 except asyncio.CancelledError:
-                    outcomes[name] = _cancelled_outcome(name, live.get(name))
+                    outcomes[name] = _outcome(name, ledger.step(run, name))
                 except Exception as error:  # noqa: BLE001  # re-raised below
                     step_errors.append(error)
             # run_finished closes a run that ended or was cancelled; after a
             # failure (the log itself failing, most likely) recovery closes it.
-            clean = failure is None or isinstance(failure, asyncio.CancelledError)
-            if clean and not step_errors:
-                self._append(run, RunFinished())
+            if (failure is None or cancelled) and not step_errors:
+                self._write(run, RunFinished())
                 self._log.flush()
             if failure is None and step_errors:
                 raise step_errors[0]
-        return _report(workflow, run, outcomes, control.cancelled)
-
-
-def _cancelled_outcome(name: str, attempt: _Attempt | None) -> StepOutcome:
-    if attempt is None:  # cancelled before its first attempt existed
-        return StepOutcome(step=name, state=None, attempts=0)
-    return StepOutcome(
-        step=name,
-        state=attempt.state,
-        attempts=attempt.number,
-        outstanding=attempt.outstanding_keys(),
-    )
-
-
-def _succeeded(outcome: StepOutcome | None) -> bool:
-    return outcome is not None and isinstance(outcome.state, Succeeded)
-
-
-def _counts_as_try(state: AttemptState, cause: TransitionCause) -> bool:
-    """Did this attempt use up one of the step's max_attempts? (It ran and did not succeed.)"""
-    return isinstance(state, (Failed, TimedOut)) and not isinstance(cause, QueueDeadlinePassed)
-
-
-def _retry_allowed(
-    step: Step,
-    state: AttemptState,
-    cause: TransitionCause | None,
-    tries: int,
-    outstanding: tuple[str, ...],
-) -> bool:
-    """May a new attempt of ``step`` start after one that ended in ``state``? (spec §6)"""
-    match state:
-        case Succeeded() | Indeterminate():
-            return False  # done / never retried: an operator reconciles it
-        case Cancelled():
-            return True  # stopped by decision with nothing outstanding (recovery)
-        case Failed() | TimedOut():
-            if isinstance(cause, QueueDeadlinePassed):
-                return False  # the step never ran; its deadline says it is too late
-            if isinstance(state, TimedOut) and not step.retry.retry_on_timeout:
-                return False
-            if outstanding and not step.retry.effects_idempotent:
-                return False  # the effect may have happened; reconcile, do not resend
-            return tries < step.retry.max_attempts
-        case Pending() | Running():
-            raise AssertionError(f"an attempt in {state!r} has not ended")
-        case _:
-            assert_never(state)
-
-
-def _outcome_from_prior(name: str, prior: PriorStep) -> StepOutcome:
-    error = prior.error
-    if isinstance(prior.last_cause, QueueDeadlinePassed):
-        error = "queue deadline passed"
-    elif isinstance(prior.last_cause, StepDeadlinePassed):
-        error = "step deadline passed"
-    return StepOutcome(
-        step=name,
-        state=prior.state,
-        attempts=prior.last_attempt,
-        result=prior.result,
-        error=error,
-        outstanding=prior.outstanding,
-    )
-
-
-def _report(
-    workflow: Workflow, run: str, outcomes: Mapping[str, StepOutcome], cancelled: bool
-) -> RunReport:
-    steps = tuple(
-        outcomes.get(s.name, StepOutcome(step=s.name, state=None, attempts=0))
-        for s in workflow.steps
-    )
-    status: RunStatus
-    if any(isinstance(s.state, Indeterminate) or s.outstanding for s in steps):
-        status = "needs-reconciliation"
-    elif cancelled:
-        status = "cancelled"
-    elif all(isinstance(s.state, Succeeded) for s in steps):
-        status = "succeeded"
-    else:
-        status = "failed"
-    return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
+        steps = tuple(outcomes.get(s.name, _outcome(s.name, None)) for s in workflow.steps)
+        status = run_status(((s.state, s.outstanding) for s in steps), cancelled)
+        return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
 
 
 @final
@@ -630,6 +528,8 @@ class Job:
     prior: Mapping[str, PriorStep] | None = None
     supervise: Callable[[RunControl], Awaitable[None]] | None = None
     """Plays the outside world (it may call ``control.cancel()``); stopped when the run ends."""
+    input: JSON = None
+    """The run's input (``ctx.input``); recorded in its start record."""
 
 
 def run_jobs(
@@ -647,7 +547,9 @@ def run_jobs(
             asyncio.ensure_future(job.supervise(control)) if job.supervise is not None else None
         )
         try:
-            return await executor.run(job.workflow, job.run, control=control, prior=job.prior)
+            return await executor.run(
+                job.workflow, job.run, control=control, prior=job.prior, input=job.input
+            )
         finally:
             if supervisor is not None:
                 supervisor.cancel()

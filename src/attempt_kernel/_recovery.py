@@ -1,14 +1,18 @@
-"""Recovery after a crash: cut the torn tail, rebuild the runs, end orphans.
+"""Recovery after a crash: a ledger of the log turned into resume points.
 
 Spec §6 (normative in spirit): reopen the log, cut a torn tail (its bytes
-are kept in a side file, never silently dropped), rebuild the state, and end
-each orphaned attempt: a `Running` one with
+are kept in a side file, never silently dropped), rebuild the state (the
+ledger, `_ledger`), and end each orphaned attempt: a `Running` one with
 ``Cancel(intent_dispatched=<is an intent outstanding?>)``, a `Pending` one
-with ``Cancel(intent_dispatched=False)``. What to resume is then the
-executor's business (`PriorStep` per step). No asyncio here.
+with ``Cancel(intent_dispatched=False)``, both asked of the ledger. A run
+whose cancel was decided (a ``run_cancel_requested`` record) is then closed,
+never resumed (spec §4); every other unfinished run is handed back as resume
+points (`PriorStep` per step) for the executor. No asyncio here.
 
-Recovery refuses a log the replayer finds violations in: resuming from a
-state the log does not prove would write more records on top of a lie.
+Recovery refuses a log the ledger finds violations in: resuming from a state
+the log does not prove would write more records on top of a lie. It is
+restartable: stopped at any point, run it again and it goes on from what the
+log then says.
 """
 
 from __future__ import annotations
@@ -19,61 +23,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from typing_extensions import assert_never, final
+from typing_extensions import final
 
-from ._attempt import (
-    AttemptState,
-    Cancelled,
-    Failed,
-    Indeterminate,
-    Pending,
-    QueueDeadlinePassed,
-    Running,
-    Succeeded,
-    TimedOut,
-    TransitionCause,
-    transition,
-)
+from ._attempt import AttemptState, is_terminal, transition
 from ._errors import AttemptKernelError
-from ._intent import cancel_cause, is_outstanding
-from ._replay import Replayer, ReplayReport
-from ._runlog import (
-    JSON,
-    AttemptCreated,
-    AttemptTransitioned,
-    IntentChanged,
-    IntentPlanned,
-    Record,
-    RunFinished,
-    RunLogWriter,
-    RunStarted,
-    StepResult,
-    TornTail,
-    read_log,
-    state_name,
-)
+from ._ledger import Ledger, PriorStep, snapshot
+from ._logfile import RunLogWriter
+from ._records import AttemptTransitioned, RunFinished, TornTail
+from ._replay import feed
+from ._store import Journal
 
 
 @final
 class RecoveryError(AttemptKernelError):
     """The log cannot be recovered as it is (violations, or a run nobody can resume)."""
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PriorStep:
-    """What the log says about one step of a run being resumed."""
-
-    last_attempt: int
-    state: AttemptState
-    last_cause: TransitionCause | None
-    """The cause of the last attempt's last transition (None if it never moved)."""
-    tries: int
-    """Attempts that ran and ended Failed or TimedOut (they count against max_attempts)."""
-    result: JSON = None
-    error: str | None = None
-    outstanding: tuple[str, ...] = ()
-    """Idempotency keys of the last attempt's intents still outstanding."""
 
 
 @final
@@ -84,8 +47,8 @@ class OrphanEnded:
     run: str
     step: str
     attempt: int
-    from_state: str
-    to_state: str
+    from_state: AttemptState
+    to_state: AttemptState
     outstanding: tuple[str, ...]
 
 
@@ -102,152 +65,120 @@ class RecoveredRun:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Recovery:
-    """What `recover_log` did and what is left to resume."""
+    """What recovery did and what is left to resume."""
 
     torn_tail: TornTail | None
     side_file: Path | None
     orphans: tuple[OrphanEnded, ...]
     runs: tuple[RecoveredRun, ...]
+    """Unfinished runs to resume."""
+    closed: tuple[str, ...] = ()
+    """Runs whose cancel was decided before the crash: closed, not resumed."""
 
     @property
     def changed_nothing(self) -> bool:
-        """True when the log needed no cut, no orphan ending and no resume."""
-        return self.torn_tail is None and not self.orphans and not self.runs
-
-
-@dataclass(slots=True)
-class _StepFacts:
-    last_cause: TransitionCause | None = None
-    tries: int = 0
-    result: JSON = None
-    error: str | None = None
-
-
-def _fold(path: Path) -> tuple[Replayer, dict[tuple[str, str], _StepFacts], ReplayReport]:
-    """Replay the log, also keeping what resuming needs (results, tries)."""
-    replayer = Replayer()
-    facts: dict[tuple[str, str], _StepFacts] = {}
-    for item in read_log(path):
-        replayer.feed(item)
-        if not isinstance(item, Record):
-            continue
-        change = item.change
-        match change:
-            case AttemptTransitioned():
-                fact = facts.setdefault((item.run, change.step), _StepFacts())
-                fact.last_cause = change.cause
-                ran_and_failed = isinstance(change.to_state, (Failed, TimedOut)) and not isinstance(
-                    change.cause, QueueDeadlinePassed
-                )
-                fact.tries += ran_and_failed
-            case StepResult():
-                fact = facts.setdefault((item.run, change.step), _StepFacts())
-                fact.result, fact.error = change.value, change.error
-            case AttemptCreated():
-                fact = facts.setdefault((item.run, change.step), _StepFacts())
-                fact.last_cause, fact.result, fact.error = None, None, None
-            case RunFinished():
-                for key in [k for k in facts if k[0] == item.run]:
-                    del facts[key]
-            case RunStarted() | IntentPlanned() | IntentChanged():
-                pass
-            case _:
-                assert_never(change)
-    return replayer, facts, replayer.report()
+        """True when the log needed no cut, no orphan ending, no closing and no resume."""
+        return self.torn_tail is None and not self.orphans and not self.runs and not self.closed
 
 
 _SHOWN: Final = 3
 
 
-def recover_log(path: str | os.PathLike[str], known_workflows: Mapping[str, object]) -> tuple[RunLogWriter, Recovery]:
-    """Recover the log at ``path``; return the open writer and what was done.
+def recover(journal: Journal, known_workflows: Mapping[str, object], *, source: str = "the log") -> Recovery:
+    """Recover a journal already held by this writer (any store, spec §4).
 
-    Takes the writer's lock, cuts a torn tail (kept in a side file), checks
-    the log with the replayer, refuses it if there is a violation or a run
-    whose workflow is not in ``known_workflows``, then ends every orphaned
-    attempt through `transition` and into the log. The caller resumes
-    ``Recovery.runs`` with the returned writer and closes it.
+    Reads it into a ledger, refuses it if there is a violation or an
+    unfinished run whose workflow is not in ``known_workflows`` (nothing is
+    written then), ends every orphaned attempt through `transition` and into
+    the journal, closes the runs whose cancel was decided, and returns the
+    rest to resume. ``source`` names the journal in error messages.
     """
-    writer = RunLogWriter(path, cut_torn_tail=True)
-    try:
-        replayer, facts, report = _fold(Path(path))
-        if not report.valid:
-            shown = "; ".join(f"line {v.line}: {v.reason}" for v in report.violations[:_SHOWN])
+    ledger = Ledger()
+    feed(ledger, journal.read())
+    if ledger.violation_count:
+        shown = "; ".join(f"line {v.line}: {v.reason}" for v in ledger.violations[:_SHOWN])
+        raise RecoveryError(
+            f"{source}: the log has {ledger.violation_count} violation(s) ({shown});"
+            " recovery resumes only a log that obeys the kernel"
+            " (see `attempt-kernel replay`)"
+        )
+    live = ledger.live_runs()
+    for view in live:
+        if view.cancel_requested:
+            continue  # closed below; its workflow is not needed
+        if view.workflow is None:
             raise RecoveryError(
-                f"{path}: the log has {report.violation_count} violation(s) ({shown});"
-                " recovery resumes only a log that obeys the kernel"
-                " (see `attempt-kernel replay`)"
+                f"{source}: run {view.run!r} has no run_started record, so its workflow is"
+                " unknown and it cannot be resumed"
             )
-        # Unfinished runs: those with attempts, and those that only started.
-        live_runs = {**dict.fromkeys(replayer.workflows), **dict.fromkeys(replayer.runs)}
-        for run in live_runs:
-            workflow = replayer.workflows.get(run)
-            if workflow is None:
-                raise RecoveryError(
-                    f"{path}: run {run!r} has no run_started record, so its workflow is"
-                    " unknown and it cannot be resumed"
-                )
-            if workflow not in known_workflows:
-                raise RecoveryError(
-                    f"{path}: run {run!r} belongs to workflow {workflow!r}, which this"
-                    f" program does not know (known: {', '.join(sorted(known_workflows)) or 'none'})"
-                )
-        orphans: list[OrphanEnded] = []
-        runs: list[RecoveredRun] = []
-        for run in live_runs:
-            priors: dict[str, PriorStep] = {}
-            for step, track in replayer.runs.get(run, {}).items():
-                attempt = track.latest
-                fact = facts.get((run, step), _StepFacts())
-                outstanding = tuple(
-                    track.keys[name] for name, s in attempt.intents.items() if is_outstanding(s)
-                )
-                state = attempt.state
-                match state:
-                    case Running() | Pending():
-                        # spec §6: the flag is what the intent record says
-                        cause = cancel_cause(attempt.intents.values())
-                        to = transition(state, cause)
-                        writer.append(
-                            run,
-                            AttemptTransitioned(
-                                step=step,
-                                attempt=attempt.number,
-                                from_state=state,
-                                cause=cause,
-                                to_state=to,
-                            ),
-                        )
-                        orphans.append(
-                            OrphanEnded(
-                                run=run,
-                                step=step,
-                                attempt=attempt.number,
-                                from_state=state_name(state),
-                                to_state=state_name(to),
-                                outstanding=outstanding,
-                            )
-                        )
-                        state, fact.last_cause = to, cause
-                    case Succeeded() | Failed() | Indeterminate() | Cancelled() | TimedOut():
-                        pass
-                    case _:
-                        assert_never(state)
-                priors[step] = PriorStep(
-                    last_attempt=attempt.number,
-                    state=state,
-                    last_cause=fact.last_cause,
-                    tries=fact.tries,
-                    result=fact.result if isinstance(state, Succeeded) else None,
-                    error=fact.error,
+        if view.workflow not in known_workflows:
+            raise RecoveryError(
+                f"{source}: run {view.run!r} belongs to workflow {view.workflow!r}, which this"
+                f" program does not know (known: {', '.join(sorted(known_workflows)) or 'none'})"
+            )
+    orphans: list[OrphanEnded] = []
+    runs: list[RecoveredRun] = []
+    closed: list[str] = []
+    for view in live:
+        run = view.run
+        for name, step in list(view.steps.items()):
+            attempt = step.attempt
+            before = attempt.state
+            if is_terminal(before):
+                continue
+            outstanding = step.outstanding()
+            # spec §6: the flag is what the intent record says
+            cause = ledger.cancel_cause(run, name)
+            to = transition(before, cause)
+            change = AttemptTransitioned(
+                step=name, attempt=attempt.number, from_state=before, cause=cause, to_state=to
+            )
+            journal.append(run, change)
+            ledger.apply_change(run, change)
+            orphans.append(
+                OrphanEnded(
+                    run=run,
+                    step=name,
+                    attempt=attempt.number,
+                    from_state=before,
+                    to_state=to,
                     outstanding=outstanding,
                 )
-            runs.append(RecoveredRun(run=run, workflow=replayer.workflows[run], steps=priors))
-        writer.flush()
+            )
+        if view.cancel_requested:
+            # spec §4: a cancel that was decided is never undone by a crash
+            journal.append(run, RunFinished())
+            ledger.apply_change(run, RunFinished())
+            closed.append(run)
+            continue
+        assert view.workflow is not None  # checked above
+        steps = {name: snapshot(step) for name, step in view.steps.items()}
+        runs.append(RecoveredRun(run=run, workflow=view.workflow, steps=steps))
+    journal.flush()
+    return Recovery(
+        torn_tail=None, side_file=None, orphans=tuple(orphans), runs=tuple(runs), closed=tuple(closed)
+    )
+
+
+def recover_log(
+    path: str | os.PathLike[str], known_workflows: Mapping[str, object]
+) -> tuple[RunLogWriter, Recovery]:
+    """Recover the run log file at ``path``; return the open writer and what was done.
+
+    Takes the writer's lock (a missing file is an error, never created), cuts
+    a torn tail (kept in a side file), then `recover`s it. The caller resumes
+    ``Recovery.runs`` with the returned writer and closes it.
+    """
+    writer = RunLogWriter(path, cut_torn_tail=True, create=False)
+    try:
+        done = recover(writer, known_workflows, source=str(path))
     except BaseException:
         writer.close()
         raise
     return writer, Recovery(
-        torn_tail=writer.cut, side_file=writer.side_file, orphans=tuple(orphans), runs=tuple(runs)
+        torn_tail=writer.cut,
+        side_file=writer.side_file,
+        orphans=done.orphans,
+        runs=done.runs,
+        closed=done.closed,
     )
-

@@ -1,6 +1,11 @@
-"""Renderings of a `ReplayReport`: for people, for machines (JSON), for scrapers.
+"""Renderings of reports: for people, for machines (JSON), for scrapers.
 
 Pure functions from a report to text; the CLI prints what they return.
+Reports carry typed states; only these functions turn them into words.
+Names read from a log (runs, steps, intents, errors) are data, never
+markup: `shown` escapes every character that is not printable (control
+characters, line breaks, lone surrogates), so a name cannot forge a line of
+the report or reach a terminal raw.
 """
 
 from __future__ import annotations
@@ -8,27 +13,35 @@ from __future__ import annotations
 import json
 from typing import Final
 
+from ._codec import state_name
 from ._executor import RunReport
+from ._ledger import OpenAttempt
 from ._recovery import Recovery
-from ._replay import OpenAttempt, ReplayReport
-from ._runlog import state_name
+from ._replay import ReplayReport
 
 SHOWN_VIOLATIONS: Final = 50
 """The text report lists this many violations and counts the rest."""
 
 
+def shown(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1b``, ``\\udc80``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _attempt_line(entry: OpenAttempt) -> str:
-    keys = ", ".join(entry.outstanding) if entry.outstanding else "none recorded"
+    keys = ", ".join(shown(k) for k in entry.outstanding) if entry.outstanding else "none recorded"
     return (
-        f"  run {entry.run} / step {entry.step} / attempt {entry.attempt}"
-        f" ({entry.state} at line {entry.line}): outstanding intent keys: {keys}"
+        f"  run {shown(entry.run)} / step {shown(entry.step)} / attempt {entry.attempt}"
+        f" ({state_name(entry.state)} at line {entry.line}): outstanding intent keys: {keys}"
     )
 
 
 def as_text(report: ReplayReport, source: str) -> str:
     """The report for people."""
-    out = [f"run log: {source}", f"records: {report.records}"]
-    counts = ", ".join(f"{name} {n}" for name, n in report.final_states.items())
+    out = [f"run log: {shown(source)}", f"records: {report.records}"]
+    counts = ", ".join(f"{state_name(s)} {n}" for s, n in report.final_states.items())
     out.append(f"attempts by final state: {counts}")
     out.append(f"unresolved intents (Dispatched, no outcome): {report.unresolved_intents}")
     out.append(f"Indeterminate attempts: {len(report.indeterminate)}")
@@ -41,9 +54,11 @@ def as_text(report: ReplayReport, source: str) -> str:
             f"torn tail: line {tail.line} ({tail.length} bytes from byte {tail.offset}) is an"
             " unterminated write cut short by a crash; every record before it was checked"
         )
+    if report.records == 0:
+        out.append("the log holds no complete record: nothing was recorded")
     out.append(f"violations: {report.violation_count}")
     for v in report.violations[:SHOWN_VIOLATIONS]:
-        out.append(f"  line {v.line}: {v.reason}")
+        out.append(f"  line {v.line}: {shown(v.reason)}")
     hidden = report.violation_count - min(len(report.violations), SHOWN_VIOLATIONS)
     if hidden > 0:
         out.append(f"  ... and {hidden} more (use --json for the kept ones)")
@@ -56,20 +71,20 @@ def _attempt_json(entry: OpenAttempt) -> dict[str, object]:
         "run": entry.run,
         "step": entry.step,
         "attempt": entry.attempt,
-        "state": entry.state,
+        "state": state_name(entry.state),
         "line": entry.line,
         "outstanding_keys": list(entry.outstanding),
     }
 
 
 def as_json(report: ReplayReport, source: str) -> str:
-    """The report for machines: one JSON object."""
+    """The report for machines: one JSON object (ASCII; names escaped by JSON)."""
     tail = report.torn_tail
     doc = {
         "log": source,
         "valid": report.valid,
         "records": report.records,
-        "final_states": report.final_states,
+        "final_states": {state_name(s): n for s, n in report.final_states.items()},
         "unresolved_intents": report.unresolved_intents,
         "indeterminate": [_attempt_json(e) for e in report.indeterminate],
         "to_reconcile": [_attempt_json(e) for e in report.to_reconcile],
@@ -88,8 +103,8 @@ def as_metrics(report: ReplayReport) -> str:
         "# TYPE attempt_kernel_attempts gauge",
         "# HELP attempt_kernel_attempts Attempts in the run log, by final state.",
     ]
-    for name, n in report.final_states.items():
-        out.append(f'attempt_kernel_attempts{{state="{name}"}} {n}')
+    for state, n in report.final_states.items():
+        out.append(f'attempt_kernel_attempts{{state="{state_name(state)}"}} {n}')
     gauges = [
         ("indeterminate", "Attempts that ended Indeterminate (alert when above zero).",
          len(report.indeterminate)),
@@ -114,15 +129,16 @@ def as_metrics(report: ReplayReport) -> str:
 
 def run_text(report: RunReport) -> str:
     """A run's outcome, one line per step, for people."""
-    out = [f"run {report.run} (workflow {report.workflow}):"]
-    width = max((len(s.step) for s in report.steps), default=0)
-    for s in report.steps:
+    out = [f"run {shown(report.run)} (workflow {shown(report.workflow)}):"]
+    names = [shown(s.step) for s in report.steps]
+    width = max((len(n) for n in names), default=0)
+    for name, s in zip(names, report.steps):
         state = "NotStarted" if s.state is None else state_name(s.state)
-        line = f"  {s.step:<{width}}  {state:<13} attempts {s.attempts}"
+        line = f"  {name:<{width}}  {state:<13} attempts {s.attempts}"
         if s.error is not None:
-            line += f"  ({s.error})"
+            line += f"  ({shown(s.error)})"
         if s.outstanding:
-            line += f"  outstanding intent keys: {', '.join(s.outstanding)}"
+            line += f"  outstanding intent keys: {', '.join(shown(k) for k in s.outstanding)}"
         out.append(line)
     out.append(f"run status: {report.status}")
     return "\n".join(out) + "\n"
@@ -132,22 +148,28 @@ def recovery_text(recovery: Recovery, source: str) -> str:
     """What recovery did to the log, for people."""
     if recovery.changed_nothing:
         return (
-            f"recover: nothing to do: {source} ends cleanly and every run in it has"
+            f"recover: nothing to do: {shown(source)} ends cleanly and every run in it has"
             " finished; the log was not changed\n"
         )
-    out = [f"recover: {source}"]
+    out = [f"recover: {shown(source)}"]
     tail = recovery.torn_tail
     if tail is not None:
         out.append(
             f"  cut the torn tail at line {tail.line} ({tail.length} bytes from byte"
-            f" {tail.offset}); its bytes are kept in {recovery.side_file}"
+            f" {tail.offset}); its bytes are kept in {shown(str(recovery.side_file))}"
         )
     for o in recovery.orphans:
-        keys = f" (outstanding intent keys: {', '.join(o.outstanding)})" if o.outstanding else ""
-        out.append(
-            f"  ended orphaned attempt {o.run} / {o.step} #{o.attempt}:"
-            f" {o.from_state} -> {o.to_state}{keys}"
+        keys = (
+            f" (outstanding intent keys: {', '.join(shown(k) for k in o.outstanding)})"
+            if o.outstanding
+            else ""
         )
-    for run in recovery.runs:
-        out.append(f"  resuming run {run.run} (workflow {run.workflow})")
+        out.append(
+            f"  ended orphaned attempt {shown(o.run)} / {shown(o.step)} #{o.attempt}:"
+            f" {state_name(o.from_state)} -> {state_name(o.to_state)}{keys}"
+        )
+    for run in recovery.closed:
+        out.append(f"  closed run {shown(run)}: its cancel was decided before the crash; not resumed")
+    for r in recovery.runs:
+        out.append(f"  resuming run {shown(r.run)} (workflow {shown(r.workflow)})")
     return "\n".join(out) + "\n"

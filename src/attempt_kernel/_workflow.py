@@ -9,21 +9,23 @@ is just a value (an ``async def`` the executor awaits).
 
 from __future__ import annotations
 
+import graphlib
 import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
 
 from typing_extensions import TypeAlias, final
 
+from ._context import StepContext
 from ._errors import AttemptKernelError
-from ._runlog import JSON
+from ._records import JSON
 
-if TYPE_CHECKING:
-    from ._executor import StepContext
+StepFunction: TypeAlias = Callable[[StepContext], Awaitable[JSON]]
+"""What a step runs: an async function of its context, returning a JSON value.
 
-StepFunction: TypeAlias = Callable[["StepContext"], Awaitable[JSON]]
-"""What a step runs: an async function of its context, returning a JSON value."""
+`JSON`'s containers are read-only (`Mapping`, `Sequence`), so an
+``async def f(ctx: StepContext) -> dict[str, int]`` is a `StepFunction`.
+"""
 
 
 @final
@@ -123,35 +125,35 @@ def load_workflow(name: str, steps: Iterable[Step]) -> Workflow:
     return Workflow(name=name, steps=_dependencies_first(name, by_name), by_name=by_name)
 
 
-_WHITE: Final = 0
-_GREY: Final = 1
-_BLACK: Final = 2
-
-
 def _dependencies_first(workflow: str, steps: Mapping[str, Step]) -> tuple[Step, ...]:
-    """Depth-first topological order; a back edge is a cycle, reported in order."""
-    color = dict.fromkeys(steps, _WHITE)
+    """Steps in declaration order, each moved after its dependencies.
+
+    graphlib finds a cycle (reported in order); the order itself is a
+    depth-first walk from each step in the order they were declared, so a
+    workflow declared dependencies-first keeps its order (reports list its
+    steps as written).
+    """
+    try:
+        graphlib.TopologicalSorter({name: step.after for name, step in steps.items()}).prepare()
+    except graphlib.CycleError as error:
+        cycle: list[str] = list(reversed(error.args[1]))
+        raise WorkflowError(
+            f"workflow {workflow!r}: dependency cycle " + " -> ".join(cycle)
+        ) from None
     order: list[Step] = []
+    placed: set[str] = set()
     for root in steps:
-        if color[root] != _WHITE:
+        if root in placed:
             continue
-        path = [root]
-        stack = [iter(steps[root].after)]
-        color[root] = _GREY
+        placed.add(root)
+        stack = [(root, iter(steps[root].after))]
         while stack:
-            dep = next(stack[-1], None)
+            name, deps = stack[-1]
+            dep = next(deps, None)
             if dep is None:
-                done = path.pop()
                 stack.pop()
-                color[done] = _BLACK
-                order.append(steps[done])
-            elif color[dep] == _GREY:
-                cycle = [*path[path.index(dep) :], dep]
-                raise WorkflowError(
-                    f"workflow {workflow!r}: dependency cycle " + " -> ".join(cycle)
-                )
-            elif color[dep] == _WHITE:
-                color[dep] = _GREY
-                path.append(dep)
-                stack.append(iter(steps[dep].after))
+                order.append(steps[name])
+            elif dep not in placed:
+                placed.add(dep)
+                stack.append((dep, iter(steps[dep].after)))
     return tuple(order)

@@ -1,0 +1,547 @@
+"""The run-log codec: one line of JSON per record, checksummed (spec §4).
+
+Owns the wire form and nothing else: no file, no lock, no kernel rule. The
+format is documented in ``docs/run-log.md``.
+
+One table, `Kind`, holds every record's ``type`` tag; the encoder writes a
+change's tag from it and the decoder reads a tag back through it, then
+matches on the `Kind` (closed by ``assert_never``). A tag that is not in the
+table, or that is not a string at all, is a corruption error that names it;
+nothing falls through to a default kind. Names of states and causes go the
+same way: exhaustive encoders, and decoding tables built from them.
+
+Decoding is strict JSON: a duplicate key in an object, ``NaN`` or an
+infinite number is corruption, even under a valid checksum, because the
+writer never produces them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import zlib
+from collections.abc import Callable
+from typing import Final, NoReturn, cast
+
+from typing_extensions import assert_never, final
+
+from ._attempt import (
+    ALL_CAUSES,
+    ALL_STATES,
+    Admit,
+    AttemptState,
+    Cancel,
+    Cancelled,
+    Fail,
+    Failed,
+    Indeterminate,
+    Pending,
+    QueueDeadlinePassed,
+    Running,
+    StepDeadlinePassed,
+    Succeed,
+    Succeeded,
+    TimedOut,
+    TransitionCause,
+)
+from ._errors import AttemptKernelError
+from ._intent import (
+    ALL_INTENT_CAUSES,
+    ALL_INTENT_STATES,
+    Abandon,
+    Abandoned,
+    Confirm,
+    Confirmed,
+    Dispatch,
+    Dispatched,
+    IntentCause,
+    IntentState,
+    Planned,
+    Reject,
+    Rejected,
+)
+from ._records import (
+    JSON,
+    AttemptCreated,
+    AttemptTransitioned,
+    Change,
+    CorruptLine,
+    IntentChanged,
+    IntentPlanned,
+    Record,
+    RunCancelRequested,
+    RunFinished,
+    RunStarted,
+    StepResult,
+)
+
+SCHEMA_VERSION: Final = 1
+"""The version written in every record's ``v`` field; the reader accepts only it."""
+
+MAX_LINE_BYTES: Final = 1 << 20
+"""A longer line is reported as corruption (it is never loaded whole)."""
+
+# ,"crc":"xxxxxxxx"}\n closes every line; the checksum covers the line with
+# that tail replaced by "}" (the record's JSON without its crc field).
+_CRC_OPEN: Final = b',"crc":"'
+_TAIL_LEN: Final = len(_CRC_OPEN) + 8 + len(b'"}\n')
+
+
+class RunLogError(AttemptKernelError):
+    """A run log cannot be opened, read or written."""
+
+
+@final
+class UnencodableRecord(RunLogError):
+    """A change holds a value that JSON cannot carry (nothing was written)."""
+
+
+# --------------------------------------------------------------------------
+# The tag table
+# --------------------------------------------------------------------------
+
+
+@final
+class Kind(enum.Enum):
+    """Every record ``type`` tag: the one table the encoder and decoder share."""
+
+    RUN_STARTED = "run_started"
+    RUN_CANCEL_REQUESTED = "run_cancel_requested"
+    CREATED = "created"
+    TRANSITION = "transition"
+    INTENT_PLANNED = "intent_planned"
+    INTENT = "intent"
+    RESULT = "result"
+    RUN_FINISHED = "run_finished"
+
+
+def kind_of(change: Change) -> Kind:
+    """The tag a change is written under."""
+    match change:
+        case RunStarted():
+            return Kind.RUN_STARTED
+        case RunCancelRequested():
+            return Kind.RUN_CANCEL_REQUESTED
+        case AttemptCreated():
+            return Kind.CREATED
+        case AttemptTransitioned():
+            return Kind.TRANSITION
+        case IntentPlanned():
+            return Kind.INTENT_PLANNED
+        case IntentChanged():
+            return Kind.INTENT
+        case StepResult():
+            return Kind.RESULT
+        case RunFinished():
+            return Kind.RUN_FINISHED
+        case _:
+            assert_never(change)
+
+
+_KIND_BY_TAG: Final[dict[str, Kind]] = {k.value: k for k in Kind}
+
+# --------------------------------------------------------------------------
+# Names of states and causes, exhaustive in both directions
+# --------------------------------------------------------------------------
+
+
+def state_name(state: AttemptState) -> str:
+    """The name an attempt state is written under."""
+    match state:
+        case Pending():
+            return "Pending"
+        case Running():
+            return "Running"
+        case Succeeded():
+            return "Succeeded"
+        case Failed():
+            return "Failed"
+        case Indeterminate():
+            return "Indeterminate"
+        case Cancelled():
+            return "Cancelled"
+        case TimedOut():
+            return "TimedOut"
+        case _:
+            assert_never(state)
+
+
+def cause_name(cause: TransitionCause) -> str:
+    """The name a cause is written under (Cancel's flag is a field of its own)."""
+    match cause:
+        case Admit():
+            return "Admit"
+        case Succeed():
+            return "Succeed"
+        case Fail():
+            return "Fail"
+        case Cancel():
+            return "Cancel"
+        case QueueDeadlinePassed():
+            return "QueueDeadlinePassed"
+        case StepDeadlinePassed():
+            return "StepDeadlinePassed"
+        case _:
+            assert_never(cause)
+
+
+def intent_state_name(state: IntentState) -> str:
+    """The name an intent state is written under."""
+    match state:
+        case Planned():
+            return "Planned"
+        case Dispatched():
+            return "Dispatched"
+        case Confirmed():
+            return "Confirmed"
+        case Rejected():
+            return "Rejected"
+        case Abandoned():
+            return "Abandoned"
+        case _:
+            assert_never(state)
+
+
+def intent_cause_name(cause: IntentCause) -> str:
+    """The name an intent cause is written under."""
+    match cause:
+        case Dispatch():
+            return "Dispatch"
+        case Confirm():
+            return "Confirm"
+        case Reject():
+            return "Reject"
+        case Abandon():
+            return "Abandon"
+        case _:
+            assert_never(cause)
+
+
+def _flag(cause: TransitionCause) -> bool | None:
+    match cause:
+        case Cancel():
+            return cause.intent_dispatched
+        case Admit() | Succeed() | Fail() | QueueDeadlinePassed() | StepDeadlinePassed():
+            return None
+        case _:
+            assert_never(cause)
+
+
+# Decoding tables, built from the encoders above (never written by hand).
+_STATES: Final[dict[str, AttemptState]] = {state_name(s): s for s in ALL_STATES}
+_CAUSES: Final[dict[tuple[str, bool | None], TransitionCause]] = {
+    (cause_name(c), _flag(c)): c for c in ALL_CAUSES
+}
+_INTENT_STATES: Final[dict[str, IntentState]] = {
+    intent_state_name(s): s for s in ALL_INTENT_STATES
+}
+_INTENT_CAUSES: Final[dict[str, IntentCause]] = {
+    intent_cause_name(c): c for c in ALL_INTENT_CAUSES
+}
+
+# --------------------------------------------------------------------------
+# Encoder
+# --------------------------------------------------------------------------
+
+# Strings are escaped by the json module's own C escaper; the rest of each
+# line is a fixed template. This writes byte for byte what
+# json.dumps(fields, separators=(",", ":")) writes (a test holds it to that),
+# at a third of the cost, which matters because encoding is most of an
+# append's CPU time.
+_q: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
+_dumps: Final = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+# Names and tags by class, taken from the exhaustive encoders above: a dict
+# lookup is cheaper than walking a match's class patterns on every append.
+_STATE_NAME: Final = {type(s): state_name(s) for s in ALL_STATES}
+_INTENT_STATE_NAME: Final = {type(s): intent_state_name(s) for s in ALL_INTENT_STATES}
+_INTENT_CAUSE_NAME: Final = {type(c): intent_cause_name(c) for c in ALL_INTENT_CAUSES}
+_CAUSE_JSON: Final = {
+    (type(c), _flag(c)): f'"{cause_name(c)}"'
+    + ("" if _flag(c) is None else f',"intent_dispatched":{"true" if _flag(c) else "false"}')
+    for c in ALL_CAUSES
+}
+_T_STARTED: Final = Kind.RUN_STARTED.value
+_T_CANCEL: Final = Kind.RUN_CANCEL_REQUESTED.value
+_T_CREATED: Final = Kind.CREATED.value
+_T_TRANSITION: Final = Kind.TRANSITION.value
+_T_PLANNED: Final = Kind.INTENT_PLANNED.value
+_T_INTENT: Final = Kind.INTENT.value
+_T_RESULT: Final = Kind.RESULT.value
+_T_FINISHED: Final = Kind.RUN_FINISHED.value
+
+
+def _change_json(change: Change) -> str:
+    match change:
+        case RunStarted():
+            head = f',"type":"{_T_STARTED}","workflow":{_q(change.workflow)}'
+            if change.input is None:
+                return head + "}"
+            return f'{head},"input":{_dumps(change.input)}}}'
+        case RunCancelRequested():
+            return f',"type":"{_T_CANCEL}","reason":{_q(change.reason)}}}'
+        case AttemptCreated():
+            return f',"type":"{_T_CREATED}","step":{_q(change.step)},"attempt":{change.attempt:d}}}'
+        case AttemptTransitioned():
+            cause = change.cause
+            return (
+                f',"type":"{_T_TRANSITION}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+                f',"from":"{_STATE_NAME[type(change.from_state)]}"'
+                f',"cause":{_CAUSE_JSON[type(cause), _flag(cause)]}'
+                f',"to":"{_STATE_NAME[type(change.to_state)]}"}}'
+            )
+        case IntentPlanned():
+            return (
+                f',"type":"{_T_PLANNED}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+                f',"intent":{_q(change.name)},"key":{_q(change.key)}}}'
+            )
+        case IntentChanged():
+            return (
+                f',"type":"{_T_INTENT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+                f',"intent":{_q(change.name)}'
+                f',"from":"{_INTENT_STATE_NAME[type(change.from_state)]}"'
+                f',"cause":"{_INTENT_CAUSE_NAME[type(change.cause)]}"'
+                f',"to":"{_INTENT_STATE_NAME[type(change.to_state)]}"}}'
+            )
+        case StepResult():
+            head = f',"type":"{_T_RESULT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+            if change.error is None:
+                return f'{head},"ok":true,"value":{_dumps(change.value)}}}'
+            return f'{head},"ok":false,"error":{_q(change.error)}}}'
+        case RunFinished():
+            return f',"type":"{_T_FINISHED}"}}'
+        case _:
+            assert_never(change)
+
+
+def encode_record(seq: int, time_us: int, run: str, change: Change) -> bytes:
+    """One complete line (ending in a newline) for the record.
+
+    Raises `UnencodableRecord` if a value cannot be written as strict JSON
+    (a set, an object, NaN, ...).
+    """
+    try:
+        body = (
+            f'{{"v":{SCHEMA_VERSION},"seq":{seq:d},"time_us":{time_us:d},"run":{_q(run)}'
+            + _change_json(change)
+        ).encode()
+    except (TypeError, ValueError, RecursionError) as error:
+        raise UnencodableRecord(
+            f"record seq {seq} of run {run!r} cannot be written as JSON: {error}"
+        ) from None
+    return b'%s%s%08x"}\n' % (body[:-1], _CRC_OPEN, zlib.crc32(body))
+
+
+# --------------------------------------------------------------------------
+# Decoder
+# --------------------------------------------------------------------------
+
+
+class _Bad(Exception):
+    """Internal: why a line fails to decode (becomes a CorruptLine)."""
+
+
+def _str(obj: dict[str, object], field: str) -> str:
+    value = obj.get(field)
+    if type(value) is not str or not value:
+        raise _Bad(f"field {field!r} must be a non-empty string, got {_shown(value)}")
+    return value
+
+
+def _int(obj: dict[str, object], field: str) -> int:
+    value = obj.get(field)
+    if type(value) is not int or value < 1:
+        raise _Bad(f"field {field!r} must be a positive integer, got {_shown(value)}")
+    return value
+
+
+def _shown(value: object) -> str:
+    """A value from a bad line, for an error message: repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _name(obj: dict[str, object], field: str) -> str | None:
+    value = obj.get(field)
+    return value if type(value) is str else None
+
+
+def _state(obj: dict[str, object], field: str) -> AttemptState:
+    name = _name(obj, field)
+    state = None if name is None else _STATES.get(name)
+    if state is None:
+        raise _Bad(f"unknown attempt state {_shown(obj.get(field))} in field {field!r}")
+    return state
+
+
+def _intent_state(obj: dict[str, object], field: str) -> IntentState:
+    name = _name(obj, field)
+    state = None if name is None else _INTENT_STATES.get(name)
+    if state is None:
+        raise _Bad(f"unknown intent state {_shown(obj.get(field))} in field {field!r}")
+    return state
+
+
+def _cause(obj: dict[str, object]) -> TransitionCause:
+    name = _name(obj, "cause")
+    if name == "Cancel":
+        flag = obj.get("intent_dispatched")
+        if type(flag) is not bool:
+            raise _Bad(f"a Cancel needs a boolean 'intent_dispatched', got {_shown(flag)}")
+        key: tuple[str, bool | None] = ("Cancel", flag)
+    elif "intent_dispatched" in obj:
+        raise _Bad(f"'intent_dispatched' belongs to a Cancel, not to cause {_shown(obj.get('cause'))}")
+    else:
+        key = ("" if name is None else name, None)
+    cause = _CAUSES.get(key)
+    if cause is None:
+        raise _Bad(f"unknown cause {_shown(obj.get('cause'))} in field 'cause'")
+    return cause
+
+
+def _decode_change(obj: dict[str, object]) -> Change:
+    tag = _name(obj, "type")
+    kind = None if tag is None else _KIND_BY_TAG.get(tag)
+    if kind is None:
+        raise _Bad(f"unknown record type {_shown(obj.get('type'))} in field 'type'")
+    match kind:
+        case Kind.RUN_STARTED:
+            # json.loads yields only JSON values
+            return RunStarted(workflow=_str(obj, "workflow"), input=cast(JSON, obj.get("input")))
+        case Kind.RUN_CANCEL_REQUESTED:
+            reason = obj.get("reason", "")
+            if type(reason) is not str:
+                raise _Bad(f"field 'reason' must be a string, got {_shown(reason)}")
+            return RunCancelRequested(reason=reason)
+        case Kind.RUN_FINISHED:
+            return RunFinished()
+        case Kind.CREATED:
+            return AttemptCreated(step=_str(obj, "step"), attempt=_int(obj, "attempt"))
+        case Kind.TRANSITION:
+            return AttemptTransitioned(
+                step=_str(obj, "step"),
+                attempt=_int(obj, "attempt"),
+                from_state=_state(obj, "from"),
+                cause=_cause(obj),
+                to_state=_state(obj, "to"),
+            )
+        case Kind.INTENT_PLANNED:
+            return IntentPlanned(
+                step=_str(obj, "step"),
+                attempt=_int(obj, "attempt"),
+                name=_str(obj, "intent"),
+                key=_str(obj, "key"),
+            )
+        case Kind.INTENT:
+            cname = _name(obj, "cause")
+            icause = None if cname is None else _INTENT_CAUSES.get(cname)
+            if icause is None:
+                raise _Bad(f"unknown intent cause {_shown(obj.get('cause'))} in field 'cause'")
+            return IntentChanged(
+                step=_str(obj, "step"),
+                attempt=_int(obj, "attempt"),
+                name=_str(obj, "intent"),
+                from_state=_intent_state(obj, "from"),
+                cause=icause,
+                to_state=_intent_state(obj, "to"),
+            )
+        case Kind.RESULT:
+            step, attempt = _str(obj, "step"), _int(obj, "attempt")
+            ok = obj.get("ok")
+            if ok is True:
+                return StepResult(step=step, attempt=attempt, value=cast(JSON, obj.get("value")))
+            if ok is False:
+                return StepResult(step=step, attempt=attempt, error=_str(obj, "error"))
+            raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
+        case _:
+            assert_never(kind)
+
+
+class _NotStrict(ValueError):
+    """Internal: valid JSON to Python's parser, but not strict JSON."""
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise _NotStrict(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise _NotStrict(f"{text} overflows to infinity")
+    return value
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _NotStrict(f"duplicate key {_shown(key)} in an object")
+            seen.add(key)
+    return obj
+
+
+# Strict JSON: the hooks run only for objects, NaN/Infinity and floats.
+_parse: Final = json.JSONDecoder(
+    object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite
+).raw_decode
+
+# The reader builds one Record per line. A frozen dataclass's __init__ pays
+# about 100 ns per field to get past its own __setattr__ guard; setting the
+# slots through their descriptors builds the same value (a test holds it
+# equal to Record(...)) in less than half the time.
+_slots = vars(Record)  # the slot descriptors, typed Any
+_set_line: Final[Callable[[Record, int], None]] = _slots["line"].__set__
+_set_seq: Final[Callable[[Record, int], None]] = _slots["seq"].__set__
+_set_time: Final[Callable[[Record, int], None]] = _slots["time_us"].__set__
+_set_run: Final[Callable[[Record, str], None]] = _slots["run"].__set__
+_set_change: Final[Callable[[Record, Change], None]] = _slots["change"].__set__
+
+
+def _new_record(line: int, seq: int, time_us: int, run: str, change: Change) -> Record:
+    record: Record = object.__new__(Record)
+    _set_line(record, line)
+    _set_seq(record, seq)
+    _set_time(record, time_us)
+    _set_run(record, run)
+    _set_change(record, change)
+    return record
+
+
+def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
+    """Decode one complete line (with its newline) into a record, or say why not."""
+    if len(raw) < _TAIL_LEN or raw[-_TAIL_LEN : -_TAIL_LEN + len(_CRC_OPEN)] != _CRC_OPEN:
+        return CorruptLine(line=line, reason="no checksum at the end of the line")
+    # crc32 of the line with its tail replaced by "}", computed without a copy
+    crc = zlib.crc32(b"}", zlib.crc32(memoryview(raw)[:-_TAIL_LEN]))
+    # Compared as written (lowercase hex), so that no altered byte goes unseen.
+    if raw[-11:] != b'%08x"}\n' % crc:
+        return CorruptLine(line=line, reason="checksum mismatch (the line was altered)")
+    try:
+        text = raw.decode()
+        # The whole line parses; a JSON text ending in "}" can only be an object.
+        obj: dict[str, object]
+        obj, end = _parse(text)
+        if end != len(text) - 1:
+            raise ValueError("trailing data")
+    except _NotStrict as error:
+        return CorruptLine(line=line, reason=f"not strict JSON: {error}")
+    except (ValueError, RecursionError):
+        # RecursionError: pathologically nested brackets must not escape.
+        return CorruptLine(line=line, reason="not valid JSON")
+    version = obj.get("v")
+    if version != SCHEMA_VERSION or type(version) is not int:
+        return CorruptLine(
+            line=line,
+            reason=f"unsupported schema version {_shown(version)} (this reader knows {SCHEMA_VERSION})",
+        )
+    try:
+        seq = _int(obj, "seq")
+        stamp = obj.get("time_us")
+        if type(stamp) is not int or stamp < 0:
+            raise _Bad(f"field 'time_us' must be a non-negative integer, got {_shown(stamp)}")
+        return _new_record(line, seq, stamp, _str(obj, "run"), _decode_change(obj))
+    except _Bad as bad:
+        return CorruptLine(line=line, reason=str(bad))

@@ -1,0 +1,670 @@
+"""The ledger: where every run, step, attempt and intent stands (spec §8).
+
+Theory of operation
+-------------------
+The executor (which writes a log), the replayer (which reads one) and
+recovery (which resumes one) keep one model of run state, and this is it.
+h11's ``_state.py`` calls this "Rule 2": the side that sends and the side
+that receives feed the *same* state object. Here the executor builds a
+change by asking the ledger (`attempt`, `cancel_cause`), appends it to the
+log, then `apply`s it; the replayer `apply`s each record it reads; recovery
+applies a whole log and turns the result into resume points.
+
+House rules:
+
+1. Every change goes through the kernel: an attempt's moves through
+   `transition`, an intent's through `intent_transition`. The ledger never
+   decides a state by itself.
+2. Every rule *derived* from the tables lives here, once, as a ``match``
+   closed by ``assert_never``: what counts as a try (`counts_as_try`), when a
+   step may get another attempt (`may_run_again`), which idempotency keys are
+   outstanding (`StepView.outstanding`), when an attempt needs an operator
+   (`needs_reconciliation`), how a run ended (`run_status`). Everything else
+   asks; nothing else classifies states.
+3. A change that contradicts what the ledger knows is a *violation*, kept
+   with the line it came from; the ledger then adopts what the change says,
+   so one bad record gives one violation, not a cascade. The executor never
+   produces one (it asks before it writes); if it did, that is a bug and it
+   stops.
+4. Memory follows live runs, not log length: when a run finishes its steps
+   are dropped; its id, workflow and status stay (a few dozen bytes).
+
+No I/O, no clock, no asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final, Literal
+
+from typing_extensions import TypeAlias, assert_never, final
+
+from ._attempt import (
+    ALL_STATES,
+    PENDING,
+    Admit,
+    AttemptState,
+    Cancel,
+    Cancelled,
+    Fail,
+    Failed,
+    IllegalTransition,
+    Indeterminate,
+    Pending,
+    QueueDeadlinePassed,
+    Running,
+    StepDeadlinePassed,
+    Succeed,
+    Succeeded,
+    TimedOut,
+    TransitionCause,
+    is_terminal,
+    transition,
+)
+from ._codec import state_name
+from ._intent import (
+    DISPATCHED,
+    PLANNED,
+    IllegalIntentTransition,
+    IntentState,
+    cancel_cause,
+    intent_dispatched,
+    intent_transition,
+    is_outstanding,
+)
+from ._records import (
+    JSON,
+    AttemptCreated,
+    AttemptTransitioned,
+    Change,
+    IntentChanged,
+    IntentPlanned,
+    Record,
+    RunCancelRequested,
+    RunFinished,
+    RunStarted,
+    StepResult,
+)
+from ._workflow import RetryPolicy
+
+MAX_VIOLATIONS_KEPT: Final = 1000
+"""Violations beyond this many are counted, not kept (a garbage file has one per line)."""
+
+RunStatus: TypeAlias = Literal["succeeded", "failed", "cancelled", "needs-reconciliation"]
+"""How a run ended. ``needs-reconciliation``: some step ended Indeterminate or
+with an intent outstanding; an operator must ask the downstream systems."""
+
+# --------------------------------------------------------------------------
+# The derived rules (rule 2 of the module docstring)
+# --------------------------------------------------------------------------
+
+
+def counts_as_try(state: AttemptState, cause: TransitionCause | None) -> bool:
+    """Did an attempt that ended in ``state`` by ``cause`` use up one of ``max_attempts``?
+
+    Only an attempt that ran and did not succeed counts: `Failed`, or
+    `TimedOut` by its step deadline. A queue timeout never ran; a cancelled
+    or `Indeterminate` attempt was stopped from outside, not by the step.
+    """
+    match state:
+        case Failed():
+            return True
+        case TimedOut():
+            match cause:
+                case StepDeadlinePassed():
+                    return True
+                case QueueDeadlinePassed() | None:
+                    return False
+                case Admit() | Succeed() | Fail() | Cancel():
+                    return False  # not a way into TimedOut: the kernel refuses it
+                case _:
+                    assert_never(cause)
+        case Pending() | Running() | Succeeded() | Indeterminate() | Cancelled():
+            return False
+        case _:
+            assert_never(state)
+
+
+def needs_reconciliation(state: AttemptState, outstanding: tuple[str, ...]) -> bool:
+    """Must an operator ask the downstream systems before this step goes on?
+
+    `Indeterminate` always (spec §2). Any other ended attempt when one of
+    its intents is still outstanding (spec §6: the effect may have happened).
+    A live attempt is not judged yet.
+    """
+    match state:
+        case Indeterminate():
+            return True
+        case Failed() | TimedOut() | Succeeded() | Cancelled():
+            return bool(outstanding)
+        case Pending() | Running():
+            return False
+        case _:
+            assert_never(state)
+
+
+def may_run_again(
+    policy: RetryPolicy,
+    state: AttemptState,
+    cause: TransitionCause | None,
+    tries: int,
+    outstanding: tuple[str, ...],
+) -> bool:
+    """May a new attempt of a step start after one that ended in ``state``? (spec §6)
+
+    ``cause`` moved the attempt into ``state``; ``tries`` counts the step's
+    attempts that `counts_as_try`; ``outstanding`` are the ended attempt's
+    intents still `Dispatched`. Whether the run itself was cancelled is the
+    caller's question (`RunView.cancel_requested`).
+    """
+    match state:
+        case Succeeded() | Indeterminate():
+            return False  # done / never retried: an operator reconciles it
+        case Cancelled():
+            return True  # stopped with nothing outstanding (by the table): may run again
+        case Failed() | TimedOut():
+            match cause:
+                case QueueDeadlinePassed():
+                    return False  # the step never ran; its deadline says it is too late
+                case StepDeadlinePassed():
+                    if not policy.retry_on_timeout:
+                        return False
+                case Fail() | None:
+                    pass
+                case Admit() | Succeed() | Cancel():
+                    return False  # not a way into Failed/TimedOut: the kernel refuses it
+                case _:
+                    assert_never(cause)
+            if outstanding and not policy.effects_idempotent:
+                return False  # the effect may have happened; reconcile, do not resend
+            return tries < policy.max_attempts
+        case Pending() | Running():
+            raise AssertionError(f"an attempt in {state!r} has not ended")
+        case _:
+            assert_never(state)
+
+
+def has_succeeded(state: AttemptState | None) -> bool:
+    """Did the step's last attempt succeed (so its dependents may start)?"""
+    match state:
+        case Succeeded():
+            return True
+        case (
+            Pending() | Running() | Failed() | Indeterminate() | Cancelled() | TimedOut() | None
+        ):
+            return False
+        case _:
+            assert_never(state)
+
+
+def deadline_message(cause: TransitionCause | None) -> str | None:
+    """The error a step reports when its last attempt ended by a deadline."""
+    match cause:
+        case QueueDeadlinePassed():
+            return "queue deadline passed"
+        case StepDeadlinePassed():
+            return "step deadline passed"
+        case Admit() | Succeed() | Fail() | Cancel() | None:
+            return None
+        case _:
+            assert_never(cause)
+
+
+def run_status(
+    steps: Iterable[tuple[AttemptState | None, tuple[str, ...]]], cancelled: bool
+) -> RunStatus:
+    """How a run ended, from each step's last state (None: never started) and
+    outstanding keys, and whether its cancel was decided."""
+    all_succeeded = True
+    for state, outstanding in steps:
+        if state is not None and needs_reconciliation(state, outstanding):
+            return "needs-reconciliation"
+        all_succeeded = all_succeeded and has_succeeded(state)
+    if cancelled:
+        return "cancelled"
+    return "succeeded" if all_succeeded else "failed"
+
+
+# --------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------
+
+
+@final
+@dataclass(slots=True)
+class AttemptView:
+    """Where one attempt stands. Owned and changed by the ledger only."""
+
+    number: int
+    state: AttemptState
+    last_cause: TransitionCause | None = None
+    """The cause of its last transition (None while it never moved)."""
+    intents: dict[str, IntentState] = field(default_factory=dict)
+    """Its intents' states, by intent name, in the order they were planned."""
+
+
+@final
+@dataclass(slots=True)
+class StepView:
+    """Where one step of a run stands: its latest attempt and what it left."""
+
+    name: str
+    attempt: AttemptView
+    """The step's latest attempt."""
+    tries: int = 0
+    """Attempts that `counts_as_try`."""
+    result: JSON = None
+    """The latest attempt's returned value, once it returned."""
+    error: str | None = None
+    """The latest attempt's error, once it raised."""
+    keys: dict[str, str] = field(default_factory=dict)
+    """Idempotency key of each intent name, stable across attempts."""
+
+    def outstanding(self) -> tuple[str, ...]:
+        """Keys of the latest attempt's intents still `Dispatched` (reconcile these)."""
+        keys = self.keys
+        return tuple(keys[n] for n, s in self.attempt.intents.items() if is_outstanding(s))
+
+
+@final
+@dataclass(slots=True)
+class RunView:
+    """Where one run stands."""
+
+    run: str
+    workflow: str | None = None
+    """From its run_started record (None if the log has none)."""
+    input: JSON = None
+    cancel_requested: bool = False
+    """A decision to cancel the run is recorded: no new attempt may start."""
+    finished: bool = False
+    steps: dict[str, StepView] = field(default_factory=dict)
+    """Its steps, in the order they first appeared (dropped once it finished)."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PriorStep:
+    """What a log says about one step of a run being resumed (a `StepView` frozen)."""
+
+    last_attempt: int
+    state: AttemptState
+    last_cause: TransitionCause | None
+    """The cause of the last attempt's last transition (None if it never moved)."""
+    tries: int
+    """Attempts that ran and ended Failed or TimedOut (`counts_as_try`)."""
+    result: JSON = None
+    error: str | None = None
+    outstanding: tuple[str, ...] = ()
+    """Idempotency keys of the last attempt's intents still outstanding."""
+    intents: Mapping[str, IntentState] = field(default_factory=lambda: MappingProxyType({}))
+    """The last attempt's intent states, by intent name."""
+    keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """The idempotency key of each intent name the step has used."""
+
+
+def snapshot(step: StepView) -> PriorStep:
+    """Freeze a step's view into a resume point."""
+    attempt = step.attempt
+    return PriorStep(
+        last_attempt=attempt.number,
+        state=attempt.state,
+        last_cause=attempt.last_cause,
+        tries=step.tries,
+        result=step.result if has_succeeded(attempt.state) else None,
+        error=step.error,
+        outstanding=step.outstanding(),
+        intents=MappingProxyType(dict(attempt.intents)),
+        keys=MappingProxyType(dict(step.keys)),
+    )
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Violation:
+    """A line of the log that breaks a rule, and which rule."""
+
+    line: int
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenAttempt:
+    """An attempt that ended needing reconciliation: ask about these keys."""
+
+    run: str
+    step: str
+    attempt: int
+    state: AttemptState
+    line: int
+    outstanding: tuple[str, ...]
+    """Idempotency keys of the intents still ``Dispatched`` when it ended."""
+
+
+@final
+class Ledger:
+    """One model of where every run, step, attempt and intent stands.
+
+    Feed it every change of a log, in order: `apply` for records read from a
+    log (their line numbers go into violations), `apply_change` for a change
+    the caller has just appended. Ask it with `attempt`, `step`, `runs`,
+    `cancel_cause` and the derived rules of this module.
+    """
+
+    def __init__(self) -> None:
+        self.runs: Final[dict[str, RunView]] = {}
+        """Every run seen, finished or not (finished ones without their steps)."""
+        self.last_seq = 0
+        self.records = 0
+        self.unresolved_intents = 0
+        """Intents now `Dispatched` with no recorded outcome."""
+        self.indeterminate: Final[list[OpenAttempt]] = []
+        self.to_reconcile: Final[list[OpenAttempt]] = []
+        """Attempts that ended in another state with intents outstanding."""
+        self.violations: Final[list[Violation]] = []
+        self.violation_count = 0
+        # Keyed by state class: hashing a dataclass instance runs Python code.
+        self._counts: Final[dict[type, int]] = {type(s): 0 for s in ALL_STATES}
+        self._expect_seq: int | None = 1
+        self._line = 0
+
+    # ------------------------------------------------------------ questions
+
+    def final_states(self) -> dict[AttemptState, int]:
+        """How many attempts are in each state now, in the order of spec §2."""
+        return {s: self._counts[type(s)] for s in ALL_STATES}
+
+    def run(self, run: str) -> RunView | None:
+        """The run's view, or None if the ledger has not seen it."""
+        return self.runs.get(run)
+
+    def live_runs(self) -> list[RunView]:
+        """Runs that have not finished, in the order they first appeared."""
+        return [view for view in self.runs.values() if not view.finished]
+
+    def step(self, run: str, step: str) -> StepView | None:
+        """The step's view, or None if it has no attempt yet (or its run finished)."""
+        view = self.runs.get(run)
+        return None if view is None else view.steps.get(step)
+
+    def attempt(self, run: str, step: str) -> AttemptView:
+        """The step's latest attempt; it must exist (the executor's question)."""
+        return self.runs[run].steps[step].attempt
+
+    def cancel_cause(self, run: str, step: str) -> Cancel:
+        """The Cancel that ends the step's latest attempt: its flag comes from
+        the intent record (spec §2), never from where a cancel was caught."""
+        return cancel_cause(self.attempt(run, step).intents.values())
+
+    # ------------------------------------------------------------ seeding
+
+    def resume(self, run: str, workflow: str, steps: Mapping[str, PriorStep]) -> None:
+        """Take up a run from its resume points (what recovery found in the log)."""
+        view = self.runs.setdefault(run, RunView(run=run, workflow=workflow))
+        for name, prior in steps.items():
+            intents = dict(prior.intents)
+            keys = dict(prior.keys)
+            for key in prior.outstanding:
+                # A resume point built by hand may list keys without intents:
+                # keep them outstanding, never forget an unresolved effect.
+                if key not in (keys.get(n) for n in intents):
+                    intents[key], keys[key] = DISPATCHED, key
+            view.steps[name] = StepView(
+                name=name,
+                attempt=AttemptView(
+                    number=prior.last_attempt,
+                    state=prior.state,
+                    last_cause=prior.last_cause,
+                    intents=intents,
+                ),
+                tries=prior.tries,
+                result=prior.result,
+                error=prior.error,
+                keys=keys,
+            )
+
+    # ------------------------------------------------------------ feeding
+
+    def _violate(self, reason: str) -> None:
+        self.violation_count += 1
+        if len(self.violations) < MAX_VIOLATIONS_KEPT:
+            self.violations.append(Violation(line=self._line, reason=reason))
+
+    def corrupt(self, line: int, reason: str) -> None:
+        """A line that is no record at all: a violation; the sequence check resumes after it."""
+        self._line = line
+        self._violate(f"corrupt line: {reason}")
+        self._expect_seq = None
+
+    def apply(self, record: Record) -> None:
+        """Check one record read from a log and update the model."""
+        self.records += 1
+        self._line = record.line
+        expect = self._expect_seq
+        if expect is not None and record.seq != expect:
+            kind = "a gap" if record.seq > expect else "a repeat"
+            self._violate(f"sequence number {record.seq} where {expect} was expected ({kind})")
+        self._expect_seq = record.seq + 1
+        self.last_seq = record.seq
+        self._change(record.run, record.change)
+
+    def apply_change(self, run: str, change: Change) -> None:
+        """Apply a change the caller has just appended (no line number to report)."""
+        self._line = 0
+        self._change(run, change)
+
+    def _change(self, run: str, change: Change) -> None:
+        view = self.runs.get(run)
+        if view is not None and view.finished:
+            self._violate(f"record for run {run!r} after the run finished")
+            return
+        match change:
+            case RunStarted():
+                if view is not None:
+                    self._violate(f"run {run!r} started twice (or after its records)")
+                    view.workflow, view.input = change.workflow, change.input
+                else:
+                    self.runs[run] = RunView(run=run, workflow=change.workflow, input=change.input)
+            case RunCancelRequested():
+                if view is None:
+                    view = self.runs[run] = RunView(run=run)
+                view.cancel_requested = True
+            case AttemptCreated():
+                self._created(run, view, change)
+            case AttemptTransitioned():
+                self._transitioned(run, change)
+            case IntentPlanned():
+                self._planned(run, change)
+            case IntentChanged():
+                self._intent_changed(run, change)
+            case StepResult():
+                step = self._live_step(run, change.step, change.attempt, "a step result")
+                if step is not None:
+                    step.result, step.error = change.value, change.error
+            case RunFinished():
+                self._run_finished(run, view)
+            case _:
+                assert_never(change)
+
+    def _created(self, run: str, view: RunView | None, change: AttemptCreated) -> None:
+        if view is None:
+            view = self.runs[run] = RunView(run=run)
+        where = f"step {change.step!r} of run {run!r}"
+        if view.cancel_requested:
+            self._violate(
+                f"attempt {change.attempt} of {where} created after the run's cancel was"
+                " requested; a cancelled run starts no attempt"
+            )
+        step = view.steps.get(change.step)
+        attempt = AttemptView(number=change.attempt, state=PENDING)
+        if step is None:
+            if change.attempt != 1:
+                self._violate(f"attempt {change.attempt} of {where} created before attempt 1")
+            view.steps[change.step] = StepView(name=change.step, attempt=attempt)
+        else:
+            previous = step.attempt
+            if not is_terminal(previous.state):
+                self._violate(
+                    f"attempt {change.attempt} of {where} created while attempt"
+                    f" {previous.number} is still {state_name(previous.state)}"
+                )
+            elif change.attempt != previous.number + 1:
+                self._violate(
+                    f"attempt {change.attempt} of {where} created after attempt"
+                    f" {previous.number} (expected {previous.number + 1})"
+                )
+            step.attempt = attempt
+            step.result = step.error = None
+        self._counts[Pending] += 1
+
+    def _step(self, run: str, name: str, number: int) -> StepView | None:
+        view = self.runs.get(run)
+        step = None if view is None else view.steps.get(name)
+        if step is None or step.attempt.number != number:
+            latest = "none" if step is None else str(step.attempt.number)
+            self._violate(
+                f"attempt {number} of step {name!r} of run {run!r} was never created"
+                f" or is not the step's latest attempt (latest: {latest})"
+            )
+            return None
+        return step
+
+    def _live_step(self, run: str, name: str, number: int, what: str) -> StepView | None:
+        step = self._step(run, name, number)
+        if step is None:
+            return None
+        state = step.attempt.state
+        if type(state) is not Running:
+            self._violate(
+                f"{what} for attempt {number} of step {name!r}, which is"
+                f" {state_name(state)}; only a Running attempt has them"
+            )
+            return None
+        return step
+
+    def _transitioned(self, run: str, change: AttemptTransitioned) -> None:
+        step = self._step(run, change.step, change.attempt)
+        if step is None:
+            return
+        attempt = step.attempt
+        # States carry no data: same class, same state.
+        if type(attempt.state) is not type(change.from_state):
+            self._violate(
+                f"transition {state_name(change.from_state)} -> {state_name(change.to_state)}"
+                f" of attempt {change.attempt} of step {change.step!r} starts from"
+                f" {state_name(change.from_state)}, but the attempt is {state_name(attempt.state)}"
+            )
+        else:
+            try:
+                expected = transition(change.from_state, change.cause)
+            except IllegalTransition as error:
+                self._violate(str(error))
+            else:
+                if type(expected) is not type(change.to_state):
+                    self._violate(
+                        f"{change.cause!r} from {state_name(change.from_state)} goes to"
+                        f" {state_name(expected)}, but the record says"
+                        f" {state_name(change.to_state)}"
+                    )
+            if type(change.cause) is Cancel:
+                self._check_cancel(change.cause, attempt)
+        self._move(run, step, change.cause, change.to_state)
+
+    def _check_cancel(self, cause: Cancel, attempt: AttemptView) -> None:
+        # spec §3: intent_dispatched is true exactly when an intent is outstanding
+        actual = intent_dispatched(attempt.intents.values())
+        if cause.intent_dispatched == actual:
+            return
+        if actual:
+            names = ", ".join(n for n, s in attempt.intents.items() if is_outstanding(s))
+            self._violate(
+                f"Cancel(intent_dispatched=False) while intent {names} is outstanding"
+                " (Dispatched, unresolved): the attempt must end Indeterminate"
+            )
+        else:
+            self._violate(
+                "Cancel(intent_dispatched=True) but no intent of the attempt is"
+                " outstanding: it must end Cancelled, not Indeterminate"
+            )
+
+    def _move(self, run: str, step: StepView, cause: TransitionCause, to: AttemptState) -> None:
+        attempt = step.attempt
+        counts = self._counts
+        counts[type(attempt.state)] -= 1
+        counts[type(to)] += 1
+        attempt.state = to
+        attempt.last_cause = cause
+        step.tries += counts_as_try(to, cause)
+        if not is_terminal(to):
+            return
+        outstanding = step.outstanding()
+        if needs_reconciliation(to, outstanding):
+            entry = OpenAttempt(
+                run=run,
+                step=step.name,
+                attempt=attempt.number,
+                state=to,
+                line=self._line,
+                outstanding=outstanding,
+            )
+            (self.indeterminate if type(to) is Indeterminate else self.to_reconcile).append(entry)
+
+    def _planned(self, run: str, change: IntentPlanned) -> None:
+        step = self._live_step(run, change.step, change.attempt, f"intent {change.name!r}")
+        if step is None:
+            return
+        intents = step.attempt.intents
+        if change.name in intents:
+            self._violate(f"intent {change.name!r} planned twice in one attempt")
+            return
+        known = step.keys.setdefault(change.name, change.key)
+        if known != change.key:
+            self._violate(
+                f"intent {change.name!r} of step {change.step!r} changed its idempotency key"
+                f" between attempts ({known!r}, now {change.key!r}); keys must be stable"
+            )
+            step.keys[change.name] = change.key
+        intents[change.name] = PLANNED
+
+    def _intent_changed(self, run: str, change: IntentChanged) -> None:
+        step = self._live_step(run, change.step, change.attempt, f"intent {change.name!r}")
+        if step is None:
+            return
+        intents = step.attempt.intents
+        current = intents.get(change.name)
+        if current is None:
+            self._violate(f"intent {change.name!r} changes before it was planned")
+            return
+        if type(current) is not type(change.from_state):
+            self._violate(
+                f"intent {change.name!r} change starts from {change.from_state!r},"
+                f" but the intent is {current!r}"
+            )
+        else:
+            try:
+                expected = intent_transition(current, change.cause)
+            except IllegalIntentTransition as error:
+                self._violate(str(error))
+            else:
+                if type(expected) is not type(change.to_state):
+                    self._violate(
+                        f"{change.cause!r} from {current!r} goes to {expected!r},"
+                        f" but the record says {change.to_state!r}"
+                    )
+        self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
+        intents[change.name] = change.to_state
+
+    def _run_finished(self, run: str, view: RunView | None) -> None:
+        if view is None:
+            view = self.runs[run] = RunView(run=run)
+        for name, step in view.steps.items():
+            if not is_terminal(step.attempt.state):
+                self._violate(
+                    f"run {run!r} finished while attempt {step.attempt.number} of step"
+                    f" {name!r} is still {state_name(step.attempt.state)}"
+                )
+        view.finished = True
+        view.steps = {}

@@ -1,0 +1,428 @@
+"""The file store: the run log as a file, with its reader, writer, lock and torn tail.
+
+Owns bytes on disk and nothing else: the wire form is `_codec`'s, and it
+applies no kernel rule (that is the ledger's). It never rewrites what is
+written; the one change ever made to bytes already in a log is recovery's
+cut of a torn tail, whose bytes are first kept in a side file.
+
+Only regular files are run logs: a FIFO, a device or a directory is refused
+before anything reads or writes it (reading a FIFO would block forever and
+``/dev/zero`` never ends).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO, Final, Protocol
+
+from typing_extensions import Self, assert_never, final
+
+from ._codec import MAX_LINE_BYTES, RunLogError, decode_line, encode_record
+from ._records import Change, CorruptLine, LogItem, Record, TornTail
+
+DEFAULT_BATCH: Final = 64
+"""Appends between two fsyncs when the caller does not choose."""
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+@final
+class LogOpenError(RunLogError):
+    """The log file is missing, is not a regular file, or cannot be opened."""
+
+
+@final
+class LogReadError(RunLogError):
+    """Reading the log failed part-way (an I/O error from the device)."""
+
+
+@final
+class LogLocked(RunLogError):
+    """Another writer holds the log; two processes must not write one log."""
+
+
+@final
+class LogNeedsRecovery(RunLogError):
+    """The log ends in a torn tail or holds corruption; recover it before appending."""
+
+
+@final
+class LogWriteFailed(RunLogError):
+    """A write or fsync failed; the writer refuses appends until the log is reopened."""
+
+
+# --------------------------------------------------------------------------
+# Reader
+# --------------------------------------------------------------------------
+
+
+def _not_a_log(path: Path, mode: int) -> LogOpenError:
+    if stat.S_ISDIR(mode):
+        what = "a directory"
+    elif stat.S_ISFIFO(mode):
+        what = "a FIFO (named pipe)"
+    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        what = "a device"
+    elif stat.S_ISSOCK(mode):
+        what = "a socket"
+    else:
+        what = "not a regular file"
+    return LogOpenError(f"{path}: is {what}, not a run log (a run log is a regular file)")
+
+
+def _open_fd(path: Path, flags: int, doing: str) -> int:
+    """Open ``path`` without blocking and make sure it is a regular file.
+
+    O_NONBLOCK keeps ``open`` from waiting for a FIFO's other end; the flag
+    is cleared again once the file is known to be regular.
+    """
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        raise LogOpenError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise LogOpenError(f"{path}: is a directory, not a run log") from None
+    except OSError as error:
+        if error.errno == errno.ENXIO:  # a FIFO with no reader, opened for writing
+            raise LogOpenError(f"{path}: is a FIFO (named pipe), not a run log") from None
+        raise LogOpenError(f"{path}: cannot open {doing}: {error.strerror}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_a_log(path, mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_for_reading(path: Path) -> BinaryIO:
+    fd = _open_fd(path, os.O_RDONLY, "for reading")
+    return open(fd, "rb")  # noqa: SIM115  # closed by the reader's finally
+
+
+def _rest_is_nul(stream: BinaryIO) -> bool:
+    while chunk := stream.read(1 << 16):
+        if chunk.strip(b"\x00\n"):
+            return False
+    return True
+
+
+def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
+    """Yield each line of the log at ``path`` as a `Record` or `CorruptLine`.
+
+    Streams: at most one line (capped at `MAX_LINE_BYTES`) is in memory. An
+    unterminated last line, or a tail of NUL bytes, ends the stream with a
+    `TornTail`. Raises `LogOpenError` if the file cannot be opened or is not
+    a regular file (checked before the first read).
+    """
+    stream = _open_for_reading(Path(path))
+    line = 0
+    offset = 0
+    try:
+        while raw := stream.readline(MAX_LINE_BYTES + 1):
+            line += 1
+            start = offset
+            offset += len(raw)
+            if not raw.endswith(b"\n"):
+                if len(raw) <= MAX_LINE_BYTES:
+                    yield TornTail(line=line, offset=start, length=len(raw))
+                    return
+                # Overlong: skip to the end of the line without keeping it.
+                while (more := stream.readline(1 << 16)) and not more.endswith(b"\n"):
+                    offset += len(more)
+                offset += len(more)
+                if not more:
+                    yield TornTail(line=line, offset=start, length=offset - start)
+                    return
+                yield CorruptLine(line=line, reason=f"line longer than {MAX_LINE_BYTES} bytes")
+                continue
+            if raw[0] == 0 and not raw.strip(b"\x00\n"):
+                if _rest_is_nul(stream):
+                    size = os.fstat(stream.fileno()).st_size
+                    yield TornTail(line=line, offset=start, length=size - start)
+                    return
+                yield CorruptLine(line=line, reason="a run of NUL bytes inside the log")
+                continue
+            yield decode_line(raw, line)
+    except OSError as error:
+        raise LogReadError(f"{path}: reading failed after line {line}: {error.strerror}") from error
+    finally:
+        stream.close()
+
+
+# --------------------------------------------------------------------------
+# Writer
+# --------------------------------------------------------------------------
+
+
+def now_us() -> int:
+    """The writer's default clock: microseconds since the Unix epoch."""
+    return time.time_ns() // 1000
+
+
+class FileOps(Protocol):
+    """The two system calls the writer makes (``os.write`` and ``os.fsync`` by
+    default); tests substitute ones that fail."""
+
+    def write(self, fd: int, data: bytes) -> int: ...
+
+    def fsync(self, fd: int) -> None: ...
+
+
+def _scan_for_append(path: Path) -> tuple[int, TornTail | None]:
+    """The last sequence number, and the torn tail if the log ends in one.
+
+    Corruption anywhere is refused: appending after it would bury it.
+    """
+    last = 0
+    for item in read_log(path):
+        match item:
+            case Record():
+                last = item.seq
+            case CorruptLine():
+                raise LogNeedsRecovery(
+                    f"{path}: line {item.line} is corrupt ({item.reason});"
+                    " refusing to append after it"
+                )
+            case TornTail():
+                return last, item
+            case _:
+                assert_never(item)
+    return last, None
+
+
+def _side_file(path: Path, offset: int, data: bytes) -> Path:
+    """Keep ``data`` (a torn tail cut at ``offset``) in a side file; return its path.
+
+    Restartable at any point, and it never destroys evidence: the bytes go
+    to a fresh temporary file that is fsynced, then linked under the first
+    free name among ``<log>.torn-at-<offset>``, ``...-<offset>.2``, ...
+    (``link`` never replaces a file). A side file already holding exactly
+    these bytes (a cut that crashed after keeping them) is reused. A
+    half-written temporary file left by a crash is never read as a side
+    file; it is removed once the bytes are safe under a final name.
+    """
+    base = path.with_name(f"{path.name}.torn-at-{offset}")
+    partial = path.with_name(f".{path.name}.torn-at-{offset}.partial")
+    candidates = (base, *(base.with_name(f"{base.name}.{n}") for n in range(2, 10_000)))
+    for candidate in candidates:
+        try:
+            if candidate.read_bytes() == data:
+                partial.unlink(missing_ok=True)
+                return candidate
+        except FileNotFoundError:
+            break
+        except OSError:  # unreadable or not a file: leave it, take the next name
+            continue
+    with open(partial, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    for candidate in candidates:
+        try:
+            os.link(partial, candidate)
+        except FileExistsError:
+            continue
+        partial.unlink()
+        _fsync_dir(path.parent)
+        return candidate
+    raise LogWriteFailed(f"{path}: no free name for the torn tail's side file near {base}")
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _cut_tail(path: Path, fd: int, tail: TornTail) -> Path:
+    """Keep the torn tail's bytes in a side file, then cut the log before them.
+
+    The cut happens only once the side file is durable, so a crash at any
+    point leaves the bytes in the log, in a side file, or in both; recovery
+    started again simply cuts again.
+    """
+    with open(path, "rb") as log:
+        log.seek(tail.offset)
+        data = log.read()
+    side = _side_file(path, tail.offset, data)
+    os.truncate(fd, tail.offset)
+    os.fsync(fd)
+    return side
+
+
+@final
+class RunLogWriter:
+    """Appends records to a run log; never rewrites what is written.
+
+    Durability: each `append` hands its whole line to the operating system
+    (one ``write`` call) before returning, so a returned record survives a
+    crash of this process. The file is fsynced once every ``batch_size``
+    appends and by `flush` and `close`; after `flush` returns, every returned
+    append survives a crash of the machine too. A failed write or fsync
+    breaks the writer: it raises `LogWriteFailed` and refuses every later
+    append until the log is reopened (a failed fsync is never retried as if
+    nothing happened). Only one writer may hold a log (an exclusive lock).
+
+    A log that ends in a torn tail is refused (`LogNeedsRecovery`) unless
+    ``cut_torn_tail`` is true, as recovery passes: then, under the lock, the
+    tail's bytes are copied to ``<log>.torn-at-<offset>`` (fsynced) and the
+    log is cut where the tail began. That cut is the only change ever made
+    to bytes already in a log.
+
+    With ``create=False`` (recovery passes it) a missing file is an error
+    (`LogOpenError`) instead of a new, empty log.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        batch_size: int = DEFAULT_BATCH,
+        clock: Callable[[], int] = now_us,
+        ops: FileOps | None = None,
+        cut_torn_tail: bool = False,
+        create: bool = True,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.path: Final = Path(path)
+        self._batch: Final = batch_size
+        self._clock: Final = clock
+        # Bound once: the default calls os.write/os.fsync directly, no wrapper.
+        self._write: Final = os.write if ops is None else ops.write
+        self._fsync: Final = os.fsync if ops is None else ops.fsync
+        self._broken: str | None = None
+        self._pending = 0
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+        fd = _open_fd(self.path, flags, "for appending")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LogLocked(
+                f"{self.path}: another process is writing this log; two writers would"
+                " interleave records"
+            ) from None
+        self.cut: TornTail | None = None
+        """The torn tail cut off when opened with ``cut_torn_tail=True``, if any."""
+        self.side_file: Path | None = None
+        """Where the cut bytes were kept."""
+        try:
+            self._seq, tail = _scan_for_append(self.path)
+            if tail is not None and not cut_torn_tail:
+                raise LogNeedsRecovery(
+                    f"{self.path}: line {tail.line} is a torn tail (a crash mid-write);"
+                    " run `attempt-kernel recover` (it keeps the cut bytes aside) before"
+                    " appending"
+                )
+            if tail is not None:
+                self.side_file = _cut_tail(self.path, fd, tail)
+                self.cut = tail
+        except (RunLogError, OSError) as error:
+            os.close(fd)
+            if isinstance(error, RunLogError):
+                raise
+            raise LogWriteFailed(f"{self.path}: cutting the torn tail failed: {error}") from error
+        self._fd: int | None = fd
+
+    @property
+    def last_seq(self) -> int:
+        """The sequence number of the last record in the log (0 when empty)."""
+        return self._seq
+
+    def read(self) -> Iterator[LogItem]:
+        """Read the log from the start (`read_log`), e.g. to rebuild the ledger."""
+        return read_log(self.path)
+
+    def append(self, run: str, change: Change) -> int:
+        """Write one record and return its sequence number (see the class doc)."""
+        if self._broken is not None:
+            raise LogWriteFailed(
+                f"{self.path}: the writer failed earlier ({self._broken}); reopen the"
+                " log (recovery cuts any torn tail) before appending again"
+            )
+        if self._fd is None:
+            raise LogWriteFailed(f"{self.path}: the writer is closed")
+        seq = self._seq + 1
+        data = encode_record(seq, self._clock(), run, change)
+        try:
+            written = self._write(self._fd, data)
+            while written < len(data):  # a short write: go on with the rest
+                n = self._write(self._fd, data[written:])
+                if n <= 0:  # a regular file that takes nothing is full
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                written += n
+        except OSError as error:
+            self._fail(f"write of record seq {seq}", error)
+        self._seq = seq
+        self._pending += 1
+        if self._pending >= self._batch:
+            self.flush()
+        return seq
+
+    def flush(self) -> None:
+        """fsync: every append that has returned is now durable on disk."""
+        if self._fd is None or self._pending == 0:
+            return
+        if self._broken is not None:
+            raise LogWriteFailed(f"{self.path}: the writer failed earlier ({self._broken})")
+        try:
+            self._fsync(self._fd)
+        except OSError as error:
+            self._fail(f"fsync after record seq {self._seq}", error)
+        self._pending = 0
+
+    def _fail(self, what: str, error: OSError) -> None:
+        reason = "the disk is full" if error.errno in (errno.ENOSPC, errno.EFBIG) else error.strerror
+        self._broken = f"{what} failed: {reason}"
+        raise LogWriteFailed(
+            f"{self.path}: {self._broken}; records acknowledged before it stay readable,"
+            " and this writer refuses further appends until the log is reopened"
+        ) from error
+
+    def close(self) -> None:
+        """Flush (if the writer is healthy) and release the log. Idempotent."""
+        if self._fd is None:
+            return
+        try:
+            if self._broken is None:
+                self.flush()
+        finally:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@final
+class FileLog:
+    """A run log file to read (the `LogSource` of the file store); takes no lock."""
+
+    __slots__ = ("path",)
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path: Final = Path(path)
+
+    def read(self) -> Iterator[LogItem]:
+        """Read the log from the start (`read_log`)."""
+        return read_log(self.path)
+
+    def __repr__(self) -> str:
+        return f"FileLog({str(self.path)!r})"

@@ -1,0 +1,179 @@
+"""What a run-log record is: the changes it can carry, and the reader's items.
+
+Pure data, and nothing else: no encoding (that is `_codec`), no storage
+(`_logfile`), no rule of the kernel (`_ledger`). Every class is a closed,
+frozen value, so the ledger can ``match`` over `Change` exhaustively.
+
+Run-level decisions are records too (spec §4): a run's start (its workflow
+and input), a decision to cancel it, and its end. Whatever recovery decides,
+it decides from these alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from typing_extensions import TypeAlias, final
+
+from ._attempt import AttemptState, TransitionCause
+from ._intent import IntentState, IntentCause
+
+JSON: TypeAlias = Union[None, bool, int, float, str, Sequence["JSON"], Mapping[str, "JSON"]]
+"""A value the run log can carry: what a step returns and what it receives.
+
+Containers are `Sequence` and `Mapping` (read-only, hence covariant), so a
+step that returns ``dict[str, int]`` or ``list[str]`` type-checks where a
+`JSON` is expected. Values read back from a log are plain ``dict`` and
+``list``; narrow them with ``isinstance(value, dict)``. A value JSON cannot
+carry (a set, NaN, an object) is refused when it is written.
+"""
+
+# --------------------------------------------------------------------------
+# Changes: what a record says happened
+# --------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStarted:
+    """A run of the workflow named ``workflow`` started with ``input``.
+
+    Recovery resumes the run by that name; steps see ``input`` as ``ctx.input``.
+    """
+
+    workflow: str
+    input: JSON = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunCancelRequested:
+    """Someone decided to cancel the run (spec §4: a decision is a record).
+
+    Written before any attempt is ended for it, so a crash after this record
+    can never resume the run: recovery ends its live attempts and closes it.
+    """
+
+    reason: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptCreated:
+    """Attempt number ``attempt`` of ``step`` was created (in `Pending`)."""
+
+    step: str
+    attempt: int
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptTransitioned:
+    """The attempt moved ``from_state`` --``cause``--> ``to_state``."""
+
+    step: str
+    attempt: int
+    from_state: AttemptState
+    cause: TransitionCause
+    to_state: AttemptState
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntentPlanned:
+    """The attempt planned intent ``name`` with idempotency key ``key``."""
+
+    step: str
+    attempt: int
+    name: str
+    key: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntentChanged:
+    """Intent ``name`` of the attempt moved ``from_state`` --``cause``--> ``to_state``."""
+
+    step: str
+    attempt: int
+    name: str
+    from_state: IntentState
+    cause: IntentCause
+    to_state: IntentState
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepResult:
+    """The attempt's step returned ``value`` (``error`` is None) or raised ``error``."""
+
+    step: str
+    attempt: int
+    value: JSON = None
+    error: str | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunFinished:
+    """The executor is done with the run; no record of it may follow."""
+
+
+Change: TypeAlias = Union[
+    RunStarted,
+    RunCancelRequested,
+    AttemptCreated,
+    AttemptTransitioned,
+    IntentPlanned,
+    IntentChanged,
+    StepResult,
+    RunFinished,
+]
+"""The closed union of record changes."""
+
+# --------------------------------------------------------------------------
+# What a reader yields
+# --------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Record:
+    """One decoded record of a run log."""
+
+    line: int
+    """Where it is: the line number in a file (1-based)."""
+    seq: int
+    time_us: int
+    """When the record was written: microseconds since the Unix epoch (UTC)."""
+    run: str
+    change: Change
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CorruptLine:
+    """A line in the log that is not a valid record; the reader goes on after it."""
+
+    line: int
+    reason: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TornTail:
+    """An unterminated last line (or a tail of NUL bytes): a crash mid-write.
+
+    Everything before ``line`` is complete. ``offset`` is the byte where the
+    torn tail starts; recovery cuts the file there and keeps the bytes aside.
+    """
+
+    line: int
+    offset: int
+    length: int
+
+
+LogItem: TypeAlias = Union[Record, CorruptLine, TornTail]
+"""What a reader yields, record by record."""

@@ -1,0 +1,41 @@
+"""The storage seam (spec §4): what the runtime needs from any journal.
+
+Reading as well as appending goes through it, so that recovery and replay
+can later read a journal that is not a file. `RunLogWriter` and `FileLog`
+(``_logfile``) are the embedded default. No I/O here: only the contracts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from ._records import Change, LogItem
+
+
+class LogSource(Protocol):
+    """A journal that can be read from the start, item by item.
+
+    `read` yields every record in order (and a `CorruptLine` or `TornTail`
+    where a store has them); it may be called more than once.
+    """
+
+    def read(self) -> Iterator[LogItem]: ...
+
+
+class RunLog(Protocol):
+    """What the executor needs from a run log: append a record, make it durable.
+
+    `append` returns the record's sequence number once the record survives a
+    crash of this process (or raises `UnencodableRecord`, writing nothing,
+    for a value JSON cannot carry); after `flush` returns, every appended
+    record survives a crash of the machine.
+    """
+
+    def append(self, run: str, change: Change) -> int: ...
+
+    def flush(self) -> None: ...
+
+
+class Journal(LogSource, RunLog, Protocol):
+    """A run log held by one writer, which can also read it back (recovery does)."""
