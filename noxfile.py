@@ -1,81 +1,98 @@
 """Sessions for attempt-kernel; versions and dependency groups come from pyproject.toml.
 
 `nox` alone runs the gate: tests on every supported Python found on the
-machine, the type check, then mutation testing of the two state machines.
+machine, the type checks (mypy and pyright), the distribution check, then
+mutation testing of the two state machines. `nox -l` lists the sessions and
+runs nothing: importing this file only reads pyproject.toml.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import zipfile
 from pathlib import Path
 
 import nox
 
+nox.needs_version = ">=2025.10.16"  # the oldest that knows nox.options.download_python
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "typecheck", "mutate"]
+# The gate tests on the supported Pythons that are installed: a missing one is
+# skipped, on CI too (nox would fail it there), and never downloaded. The
+# `pythons` session fails the gate when none at all is installed.
+nox.options.error_on_missing_interpreters = False
+nox.options.download_python = "never"
+nox.options.sessions = ["tests", "typecheck", "dist", "mutate"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 SUPPORTED = nox.project.python_versions(PYPROJECT)
 
+# Files whose every mutant must be killed (mutmut reads [tool.mutmut]).
+MUTATED = ("src/attempt_kernel/_attempt.py", "src/attempt_kernel/_intent.py")
 
-def _expose_pyenv_interpreters() -> None:
-    """Put pyenv's installed interpreters on PATH under their ``pythonX.Y`` names.
 
-    pyenv's shims answer only for the selected version; nox looks up
-    ``python3.10`` and friends on PATH, so without this a machine that has
-    all four versions through pyenv would test on one.
+@nox.session(python=False)
+def pythons(session: nox.Session) -> None:
+    """Put pyenv's interpreters on PATH for this nox run; fail unless a supported one is found.
+
+    pyenv's shims answer only for the selected version, and nox looks for
+    ``python3.10`` and friends on PATH, so without this a machine with all
+    four versions through pyenv would test on one. The `tests` sessions
+    require this one, so it runs (once) before them and before nox looks
+    for their interpreters; it changes the PATH of the nox process only.
     """
-    root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
-    bins = sorted(str(p) for p in Path(root).glob("versions/3.*/bin"))
+    root = Path(os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv")))
+    bins = sorted(str(p) for p in root.glob("versions/3.*/bin"))
     os.environ["PATH"] = os.pathsep.join([*bins, os.environ.get("PATH", "")])
-
-
-def _present(versions: list[str]) -> list[str]:
-    """The supported versions whose interpreter exists here (the gate tests each)."""
-    found = [v for v in versions if shutil.which(f"python{v}")]
+    found = [v for v in SUPPORTED if shutil.which(f"python{v}")]
+    missing = [v for v in SUPPORTED if v not in found]
     if not found:
-        raise RuntimeError(f"none of the supported Pythons {versions} is installed")
-    return found
+        session.error(f"none of the supported Pythons {SUPPORTED} is installed (PATH or pyenv)")
+    session.log(f"testing on Python {', '.join(found)}; not installed: {', '.join(missing) or 'none'}")
 
 
-_expose_pyenv_interpreters()
-PYTHONS = _present(SUPPORTED)
-
-
-@nox.session(python=PYTHONS)
+@nox.session(python=SUPPORTED, requires=["pythons"])
 def tests(session: nox.Session) -> None:
     """Run the test suite (pytest + hypothesis) against the installed package."""
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "test"))
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python=PYTHONS[-1])
+@nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict (mypy.ini) over src, tests and noxfile.py."""
+    """mypy --strict and pyright strict over src, tests and noxfile.py; the public API fully typed.
+
+    `pyright --verifytypes` checks the installed package, as a user sees it,
+    and must find every exported symbol completely typed (it exits 1 below
+    100%: checked against a package with one unannotated function).
+    """
     session.install(".", *nox.project.dependency_groups(PYPROJECT, "typecheck"))
     session.run("mypy")
+    session.run("pyright")
+    session.run("pyright", "--verifytypes", "attempt_kernel", "--ignoreexternal")
 
 
-@nox.session(python=PYTHONS[-1])
-def bench(session: nox.Session) -> None:
-    """Benchmarks: print each cost beside a baseline measured in the same run.
+@nox.session
+def dist(session: nox.Session) -> None:
+    """Build the sdist and the wheel, `twine check` them, and find py.typed in the wheel."""
+    session.install("build", "twine")
+    if session.run("python", "--version", silent=True) is None:
+        return  # nox --install-only: nothing runs, so there is nothing to check
+    shutil.rmtree("dist", ignore_errors=True)
+    session.run("python", "-m", "build")
+    files = sorted(glob.glob("dist/*"))
+    session.run("twine", "check", "--strict", *files)
+    wheels = [f for f in files if f.endswith(".whl")]
+    if len(wheels) != 1 or not any(f.endswith(".tar.gz") for f in files):
+        session.error(f"expected one sdist and one wheel in dist/, found {files}")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        if "attempt_kernel/py.typed" not in wheel.namelist():
+            session.error(f"{wheels[0]} has no attempt_kernel/py.typed: type checkers would ignore it")
 
-    BENCH_TMP picks the folder for the benchmark logs (default: the system's
-    temporary folder); fsync costs depend on the disk under it.
-    """
-    session.install(".")
-    session.run("python", "benchmarks/bench_kernel.py")
-    session.run("python", "benchmarks/bench_runlog.py")
-    session.run("python", "benchmarks/bench_executor.py")
 
-
-# Files whose every mutant must be killed (mutmut reads [tool.mutmut]).
-MUTATED = ("src/attempt_kernel/_attempt.py", "src/attempt_kernel/_intent.py")
-
-
-@nox.session(python=PYTHONS[-1])
+@nox.session
 def mutate(session: nox.Session) -> None:
     """Mutation testing (mutmut) of the kernel and intent modules; any surviving mutant fails."""
     # mutmut runs the tests on its own copy of src/, so the package is not installed.
@@ -92,3 +109,16 @@ def mutate(session: nox.Session) -> None:
     session.log(f"lines excluded with '# pragma: no mutate': {excluded}")
     if not outcomes or alive:
         session.error("mutants not killed:\n" + "\n".join(alive or ["(mutmut reported none)"]))
+
+
+@nox.session(default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks: print each cost beside a baseline measured in the same run.
+
+    BENCH_TMP picks the folder for the benchmark logs (default: the system's
+    temporary folder); fsync costs depend on the disk under it.
+    """
+    session.install(".")
+    session.run("python", "benchmarks/bench_kernel.py")
+    session.run("python", "benchmarks/bench_runlog.py")
+    session.run("python", "benchmarks/bench_executor.py")
