@@ -537,13 +537,17 @@ class Ledger:
         if step is None:
             return None
         state = step.attempt.state
-        if type(state) is not Running:
-            self._violate(
-                f"{what} for attempt {number} of step {name!r}, which is"
-                f" {state_name(state)}; only a Running attempt has them"
-            )
-            return None
-        return step
+        match state:
+            case Running():
+                return step
+            case Pending() | Succeeded() | Failed() | Indeterminate() | Cancelled() | TimedOut():
+                self._violate(
+                    f"{what} for attempt {number} of step {name!r}, which is"
+                    f" {state_name(state)}; only a Running attempt has them"
+                )
+                return None
+            case _:
+                assert_never(state)
 
     def _transitioned(self, run: str, change: AttemptTransitioned) -> None:
         step = self._step(run, change.step, change.attempt)
@@ -569,8 +573,14 @@ class Ledger:
                         f" {state_name(expected)}, but the record says"
                         f" {state_name(change.to_state)}"
                     )
-            if type(change.cause) is Cancel:
-                self._check_cancel(change.cause, attempt)
+            cause = change.cause
+            match cause:
+                case Admit() | Succeed() | Fail() | QueueDeadlinePassed() | StepDeadlinePassed():
+                    pass
+                case Cancel():
+                    self._check_cancel(cause, attempt)
+                case _:
+                    assert_never(cause)
         self._move(run, step, change.cause, change.to_state)
 
     def _check_cancel(self, cause: Cancel, attempt: AttemptView) -> None:
@@ -601,16 +611,23 @@ class Ledger:
         if not is_terminal(to):
             return
         outstanding = step.outstanding()
-        if needs_reconciliation(to, outstanding):
-            entry = OpenAttempt(
-                run=run,
-                step=step.name,
-                attempt=attempt.number,
-                state=to,
-                line=self._line,
-                outstanding=outstanding,
-            )
-            (self.indeterminate if type(to) is Indeterminate else self.to_reconcile).append(entry)
+        if not needs_reconciliation(to, outstanding):
+            return
+        entry = OpenAttempt(
+            run=run,
+            step=step.name,
+            attempt=attempt.number,
+            state=to,
+            line=self._line,
+            outstanding=outstanding,
+        )
+        match to:
+            case Indeterminate():
+                self.indeterminate.append(entry)
+            case Failed() | TimedOut() | Succeeded() | Cancelled() | Pending() | Running():
+                self.to_reconcile.append(entry)
+            case _:
+                assert_never(to)
 
     def _planned(self, run: str, change: IntentPlanned) -> None:
         step = self._live_step(run, change.step, change.attempt, f"intent {change.name!r}")
