@@ -165,7 +165,7 @@ def _recover(args: argparse.Namespace) -> int:
     writer, recovery = recover_log(log_path, WORKFLOWS)
     with writer:
         sys.stdout.write(_report.recovery_text(recovery, log_path))
-        jobs = []
+        jobs: list[Job] = []
         for run in recovery.runs:
             blueprint = WORKFLOWS[run.workflow](0)
             jobs.append(

@@ -144,16 +144,25 @@ class RunControl:
 # --------------------------------------------------------------------------
 
 
+_Effect: TypeAlias = Callable[[str, str, int, str, Perform], Awaitable[JSON]]
+
+
 @final
 class _Context:
-    """The executor's `StepContext`: effects go through the ledger and the log."""
+    """The executor's `StepContext`: effects go through the executor's ledger and log."""
 
-    __slots__ = ("_executor", "run", "step", "attempt", "input", "inputs")
+    __slots__ = ("_effect", "run", "step", "attempt", "input", "inputs")
 
     def __init__(
-        self, executor: Executor, run: str, step: str, attempt: int, input: JSON, inputs: Mapping[str, JSON]
+        self,
+        effect: _Effect,
+        run: str,
+        step: str,
+        attempt: int,
+        input: JSON,
+        inputs: Mapping[str, JSON],
     ) -> None:
-        self._executor = executor
+        self._effect: Final = effect
         self.run: Final = run
         self.step: Final = step
         self.attempt: Final = attempt
@@ -164,24 +173,7 @@ class _Context:
         return idempotency_key(self.run, self.step, name)
 
     async def effect(self, name: str, perform: Perform) -> JSON:
-        ex = self._executor
-        run, step, number = self.run, self.step, self.attempt
-        if name in ex._ledger.attempt(run, step).intents:
-            raise StepError(
-                f"step {step!r} attempt {number}: intent {name!r} is used twice;"
-                " give each effect of a step its own name"
-            )
-        key = self.idempotency_key(name)
-        ex._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
-        ex._intent(run, step, name, Dispatch())
-        ex._log.flush()  # spec §3: Dispatched is durable before the effect is sent
-        try:
-            value = await perform(key)
-        except EffectRejected:
-            ex._intent(run, step, name, Reject())
-            raise
-        ex._intent(run, step, name, Confirm())
-        return value
+        return await self._effect(self.run, self.step, self.attempt, name, perform)
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
         return await asyncio.to_thread(function)
@@ -321,6 +313,25 @@ class Executor:
             ),
         )
 
+    async def _effect(self, run: str, step: str, number: int, name: str, perform: Perform) -> JSON:
+        """`StepContext.effect`: Planned, Dispatched and durable, then sent (spec §3)."""
+        if name in self._ledger.attempt(run, step).intents:
+            raise StepError(
+                f"step {step!r} attempt {number}: intent {name!r} is used twice;"
+                " give each effect of a step its own name"
+            )
+        key = idempotency_key(run, step, name)
+        self._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
+        self._intent(run, step, name, Dispatch())
+        self._log.flush()  # spec §3: Dispatched is durable before the effect is sent
+        try:
+            value = await perform(key)
+        except EffectRejected:
+            self._intent(run, step, name, Reject())
+            raise
+        self._intent(run, step, name, Confirm())
+        return value
+
     def _cancel(self, run: str, step: str) -> None:
         # spec §2: the flag comes from the intent record, never from where the
         # cancellation was caught
@@ -389,7 +400,7 @@ class Executor:
         while True:
             view = ledger.step(run, step.name)
             number = 1 if view is None else view.attempt.number + 1
-            context = _Context(self, run, step.name, number, input, inputs)
+            context = _Context(self._effect, run, step.name, number, input, inputs)
             await self._attempt(run, step, number, context, admission)
             view = ledger.step(run, step.name)
             assert view is not None  # the attempt was created above

@@ -241,7 +241,7 @@ class AttemptView:
     state: AttemptState
     last_cause: TransitionCause | None = None
     """The cause of its last transition (None while it never moved)."""
-    intents: dict[str, IntentState] = field(default_factory=dict)
+    intents: dict[str, IntentState] = field(default_factory=dict[str, IntentState])
     """Its intents' states, by intent name, in the order they were planned."""
 
 
@@ -259,7 +259,7 @@ class StepView:
     """The latest attempt's returned value, once it returned."""
     error: str | None = None
     """The latest attempt's error, once it raised."""
-    keys: dict[str, str] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict[str, str])
     """Idempotency key of each intent name, stable across attempts."""
 
     def outstanding(self) -> tuple[str, ...]:
@@ -280,7 +280,7 @@ class RunView:
     cancel_requested: bool = False
     """A decision to cancel the run is recorded: no new attempt may start."""
     finished: bool = False
-    steps: dict[str, StepView] = field(default_factory=dict)
+    steps: dict[str, StepView] = field(default_factory=dict[str, StepView])
     """Its steps, in the order they first appeared (dropped once it finished)."""
 
 

@@ -36,7 +36,7 @@ def cause_label(cause: TransitionCause) -> str:
 
 def legal_moves() -> list[tuple[AttemptState, TransitionCause, AttemptState]]:
     """Every (from, cause, to) that `transition` accepts, in spec order."""
-    moves = []
+    moves: list[tuple[AttemptState, TransitionCause, AttemptState]] = []
     for state in ALL_STATES:
         for cause in ALL_CAUSES:
             try:
