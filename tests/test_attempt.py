@@ -132,7 +132,7 @@ def test_hand_lists_are_well_formed() -> None:
 
 
 @pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("column", range(7), ids=lambda i: repr(CAUSES[i]))
+@pytest.mark.parametrize("column", range(7), ids=[repr(c) for c in CAUSES])
 def test_every_cell_of_the_grid(state: AttemptState, column: int) -> None:
     """Each of the 49 (state, cause) cells gives the hand-written state or a rejection."""
     assert _outcome(state, CAUSES[column]) == GRID[state][column]
@@ -140,7 +140,7 @@ def test_every_cell_of_the_grid(state: AttemptState, column: int) -> None:
 
 def test_reached_pairs_equal_the_seed_legal_set_exactly() -> None:
     """The (from, to) pairs some cause reaches are the seed's 8; the other 41 none."""
-    reached = set()
+    reached: set[tuple[str, str]] = set()
     for state in STATES:
         for cause in CAUSES:
             result = _outcome(state, cause)
@@ -318,7 +318,7 @@ REASONS: Final[dict[AttemptState, list[str | None]]] = {
 
 
 @pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("column", range(7), ids=lambda i: repr(CAUSES[i]))
+@pytest.mark.parametrize("column", range(7), ids=[repr(c) for c in CAUSES])
 def test_every_rejection_gives_its_reason_and_keeps_its_inputs(
     state: AttemptState, column: int
 ) -> None:
@@ -347,15 +347,15 @@ def test_cancel_refusal_message_names_the_value_and_type() -> None:
 
 def test_remembered_answers_are_the_hand_written_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """Filling the memo afresh gives GRID's 8 legal cells and REASONS' 41 refusals."""
-    from attempt_kernel import _attempt
+    from attempt_kernel import _attempt  # pyright: ignore[reportPrivateUsage]  # the test refills the private memo
 
     next_states: dict[tuple[type, type, bool], AttemptState] = {}
     refused: dict[tuple[type, type, bool], str] = {}
     monkeypatch.setattr(_attempt, "_NEXT", next_states)
     monkeypatch.setattr(_attempt, "_REFUSED", refused)
-    _attempt._remember_answers()
-    expected_next = {}
-    expected_refused = {}
+    _attempt._remember_answers()  # pyright: ignore[reportPrivateUsage]  # the private memo filler is under test
+    expected_next: dict[tuple[type, type, bool], AttemptState] = {}
+    expected_refused: dict[tuple[type, type, bool], str] = {}
     for state in STATES:
         for column, cause in enumerate(CAUSES):
             key = (type(state), type(cause), isinstance(cause, Cancel) and cause.intent_dispatched)

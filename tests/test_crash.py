@@ -45,7 +45,7 @@ class Live:
     """An attempt as the log prefix shows it: state name and intents dispatched."""
 
     state: str = "Pending"
-    dispatched: set[str] = field(default_factory=set)
+    dispatched: set[str] = field(default_factory=set[str])
 
 
 def live_attempts(records: list[Record]) -> dict[tuple[str, int], Live]:

@@ -25,7 +25,7 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel import EffectRejected, Executor, Pending, RunControl, RunReport, Running, StepContext, StepOutcome
-from attempt_kernel._records import JSON, IntentChanged, StepResult
+from attempt_kernel._records import JSON, AttemptTransitioned, IntentChanged, StepResult
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 
 StepFn = Callable[[StepContext], Awaitable[JSON]]
@@ -164,7 +164,11 @@ def test_queue_deadline_times_out_pending_and_is_never_retried(tmp_path: Path) -
     )
     queued = outcome(report, "queued")
     assert (queued.state, queued.attempts, queued.error) == (TimedOut(), 1, "queue deadline passed")
-    causes = [r.change.cause for r in records(tmp_path / "log") if hasattr(r.change, "cause")]
+    causes = [
+        r.change.cause
+        for r in records(tmp_path / "log")
+        if isinstance(r.change, (AttemptTransitioned, IntentChanged))
+    ]
     assert any(type(c).__name__ == "QueueDeadlinePassed" for c in causes)
     assert check.valid
 

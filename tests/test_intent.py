@@ -51,7 +51,7 @@ def _outcome(state: IntentState, cause: IntentCause) -> IntentState | None:
 
 
 @pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("column", range(4), ids=lambda i: repr(CAUSES[i]))
+@pytest.mark.parametrize("column", range(4), ids=[repr(c) for c in CAUSES])
 def test_every_cell_of_the_intent_grid(state: IntentState, column: int) -> None:
     """Each of the 20 (state, cause) cells gives the hand-written state or a rejection."""
     assert _outcome(state, CAUSES[column]) == GRID[state][column]
@@ -157,7 +157,7 @@ REASONS: Final[dict[IntentState, list[str | None]]] = {
 
 
 @pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
-@pytest.mark.parametrize("column", range(4), ids=lambda i: repr(CAUSES[i]))
+@pytest.mark.parametrize("column", range(4), ids=[repr(c) for c in CAUSES])
 def test_every_intent_rejection_gives_its_reason(state: IntentState, column: int) -> None:
     """Each rejected cell raises with the hand-written reason and keeps its inputs."""
     reason = REASONS[state][column]

@@ -111,6 +111,7 @@ def test_torn_tail_is_cut_and_kept_in_a_side_file(tmp_path: Path) -> None:
     writer.close()
     assert recovery.torn_tail is not None and recovery.torn_tail.offset == offset
     assert recovery.side_file == tmp_path / f"crash-4.jsonl.torn-at-{offset}"
+    assert recovery.side_file is not None
     assert recovery.side_file.read_bytes() == b'{"v":1,"seq":5,"ti'
     assert path.read_bytes().startswith(b"".join(lines[:4]))
     assert replay(path).torn_tail is None

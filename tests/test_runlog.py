@@ -357,7 +357,7 @@ def test_failed_write_breaks_the_writer_and_keeps_acknowledged_records(n: int, t
     """The n-th write fails: it raises, later appends are refused, records 1..n-1 stay."""
     path = tmp_path / "log"
     log = RunLogWriter(path, ops=FailingOps(fail_write_at=n), batch_size=2)
-    acknowledged = []
+    acknowledged: list[int] = []
     with pytest.raises(LogWriteFailed, match=f"write of record seq {n} failed"):
         for i in range(1, 20):
             acknowledged.append(log.append("r", AttemptCreated(step=f"s{i}", attempt=1)))
@@ -452,7 +452,7 @@ def test_fast_record_builder_equals_the_dataclass_constructor() -> None:
     """The reader's descriptor-based builder makes exactly Record(...), still frozen."""
     from dataclasses import FrozenInstanceError
 
-    from attempt_kernel._codec import _new_record
+    from attempt_kernel._codec import _new_record  # pyright: ignore[reportPrivateUsage]  # the private fast builder is under test
 
     built = _new_record(3, 4, 5, "run", RunFinished())
     assert built == Record(line=3, seq=4, time_us=5, run="run", change=RunFinished())

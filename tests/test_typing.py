@@ -1,9 +1,12 @@
-"""Typing tests: checked by mypy (the gate), and imported by pytest.
+"""Typing tests: checked by mypy (the gate) and pyright, and imported by pytest.
 
 `assert_type` lines pin the public signatures. The ``# type: ignore[code]``
 lines are negative tests: with ``warn_unused_ignores`` on, mypy fails the
-gate if one of these misuses ever stops being an error.
+gate if one of these misuses ever stops being an error. pyright honours the
+same comments (``enableTypeIgnoreComments``) and, with the file-level
+``reportUnnecessaryTypeIgnoreComment`` below, fails the same way.
 """
+# pyright: reportUnnecessaryTypeIgnoreComment=true
 
 from __future__ import annotations
 
@@ -40,7 +43,7 @@ def describe(state: AttemptState) -> str:
             assert_never(state)
 
 
-def _signatures() -> None:
+def _signatures() -> None:  # pyright: ignore[reportUnusedFunction]  # never called: only type-checked
     """Never called: only type-checked."""
     assert_type(transition(Pending(), Admit()), AttemptState)
     assert_type(is_terminal(Running()), bool)
@@ -50,7 +53,7 @@ def _signatures() -> None:
     assert_type(error.reason, str)
 
 
-def _misuses() -> None:
+def _misuses() -> None:  # pyright: ignore[reportUnusedFunction]  # never called: only type-checked
     """Never called: each line must stay a type error."""
     transition("Running", Admit())  # type: ignore[arg-type]
     transition(Running(), "Succeed")  # type: ignore[arg-type]
