@@ -15,6 +15,7 @@ from logs import fixed_clock, indeterminate_changes, simple_changes, write_log
 from attempt_kernel import (
     Abandon,
     Abandoned,
+    Admit,
     AttemptCreated,
     AttemptTransitioned,
     Cancel,
@@ -26,6 +27,7 @@ from attempt_kernel import (
     LogNeedsRecovery,
     LogOpenError,
     LogWriteFailed,
+    Pending,
     Planned,
     Record,
     Running,
@@ -36,7 +38,7 @@ from attempt_kernel import (
     UnencodableRecord,
     read_log,
 )
-from attempt_kernel._codec import MAX_LINE_BYTES, encode_record
+from attempt_kernel._codec import MAX_LINE_BYTES, decode_line, encode_record
 
 
 def _line(body: str) -> bytes:
@@ -459,3 +461,44 @@ def test_fast_record_builder_equals_the_dataclass_constructor() -> None:
     assert repr(built) == "Record(line=3, seq=4, time_us=5, run='run', change=RunFinished())"
     with pytest.raises(FrozenInstanceError):
         built.seq = 9  # type: ignore[misc]
+
+
+def test_fast_change_builders_make_exactly_the_dataclass_values() -> None:
+    """The decoder's descriptor-based builders equal the classes called as usual."""
+    from dataclasses import FrozenInstanceError
+
+    from attempt_kernel._codec import _new_created, _new_transition  # pyright: ignore[reportPrivateUsage]  # the private fast builders are under test
+
+    transition_change = _new_transition("s", 2, Pending(), Admit(), Running())
+    assert transition_change == AttemptTransitioned(
+        step="s", attempt=2, from_state=Pending(), cause=Admit(), to_state=Running()
+    )
+    assert repr(_new_created("s", 2)) == "AttemptCreated(step='s', attempt=2)"
+    assert _new_created("s", 2) == AttemptCreated(step="s", attempt=2)
+    with pytest.raises(FrozenInstanceError):
+        transition_change.attempt = 3  # type: ignore[misc]
+
+
+DECODED_VALUES: list[tuple[str, object]] = [
+    ('"a\\":b"', 'a":b'),  # a string holding '":' (the key count is off; still valid)
+    ('{"k":"x\\":y","n":[{"m":1},{"m":2}]}', {"k": 'x":y', "n": [{"m": 1}, {"m": 2}]}),
+    ("[[[{}]]]", [[[{}]]]),
+]
+
+
+@pytest.mark.parametrize(("value_json", "expected"), DECODED_VALUES)
+def test_values_that_look_like_extra_keys_still_decode(value_json: str, expected: object) -> None:
+    """The fast duplicate-key check falls back to the exact one, which accepts these."""
+    body = f'{{"v":1,"seq":1,"time_us":1,"run":"r","type":"result","step":"s","attempt":1,"ok":true,"value":{value_json}}}'
+    raw = body[:-1].encode() + b',"crc":"%08x"}\n' % zlib.crc32(body.encode())
+    decoded = decode_line(raw, 1)
+    assert isinstance(decoded, Record) and isinstance(decoded.change, StepResult)
+    assert decoded.change.value == expected
+
+
+def test_a_duplicate_key_deep_in_a_value_is_corruption() -> None:
+    """A repeated key three levels down is found, with a valid checksum."""
+    body = '{"v":1,"seq":1,"time_us":1,"run":"r","type":"result","step":"s","attempt":1,"ok":true,"value":[{"a":[{"b":1,"b":1}]}]}'
+    raw = body[:-1].encode() + b',"crc":"%08x"}\n' % zlib.crc32(body.encode())
+    decoded = decode_line(raw, 7)
+    assert decoded == CorruptLine(line=7, reason="not strict JSON: duplicate key 'b' in an object")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import json
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final, NoReturn, cast
 
 from typing_extensions import assert_never, final
@@ -343,16 +343,16 @@ class _Bad(Exception):
 
 def _str(obj: dict[str, object], field: str) -> str:
     value = obj.get(field)
-    if type(value) is not str or not value:
-        raise _Bad(f"field {field!r} must be a non-empty string, got {_shown(value)}")
-    return value
+    if type(value) is str and value:
+        return value
+    raise _Bad(f"field {field!r} must be a non-empty string, got {_shown(value)}")
 
 
 def _int(obj: dict[str, object], field: str) -> int:
     value = obj.get(field)
-    if type(value) is not int or value < 1:
-        raise _Bad(f"field {field!r} must be a positive integer, got {_shown(value)}")
-    return value
+    if type(value) is int and value > 0:
+        return value
+    raise _Bad(f"field {field!r} must be a positive integer, got {_shown(value)}")
 
 
 def _shown(value: object) -> str:
@@ -367,8 +367,8 @@ def _name(obj: dict[str, object], field: str) -> str | None:
 
 
 def _state(obj: dict[str, object], field: str) -> AttemptState:
-    name = _name(obj, field)
-    state = None if name is None else _STATES.get(name)
+    name = obj.get(field)
+    state = _STATES.get(name) if type(name) is str else None
     if state is None:
         raise _Bad(f"unknown attempt state {_shown(obj.get(field))} in field {field!r}")
     return state
@@ -400,38 +400,30 @@ def _cause(obj: dict[str, object]) -> TransitionCause:
 
 
 def _decode_change(obj: dict[str, object]) -> Change:
-    tag = _name(obj, "type")
-    kind = None if tag is None else _KIND_BY_TAG.get(tag)
+    tag = obj.get("type")
+    kind = _KIND_BY_TAG.get(tag) if type(tag) is str else None
     if kind is None:
         raise _Bad(f"unknown record type {_shown(obj.get('type'))} in field 'type'")
+    # Arms in the order of how often each kind occurs in a log.
     match kind:
-        case Kind.RUN_STARTED:
-            # json.loads yields only JSON values
-            return RunStarted(workflow=_str(obj, "workflow"), input=cast(JSON, obj.get("input")))
-        case Kind.RUN_CANCEL_REQUESTED:
-            reason = obj.get("reason", "")
-            if type(reason) is not str:
-                raise _Bad(f"field 'reason' must be a string, got {_shown(reason)}")
-            return RunCancelRequested(reason=reason)
-        case Kind.RUN_FINISHED:
-            return RunFinished()
-        case Kind.CREATED:
-            return AttemptCreated(step=_str(obj, "step"), attempt=_int(obj, "attempt"))
         case Kind.TRANSITION:
-            return AttemptTransitioned(
-                step=_str(obj, "step"),
-                attempt=_int(obj, "attempt"),
-                from_state=_state(obj, "from"),
-                cause=_cause(obj),
-                to_state=_state(obj, "to"),
+            return _new_transition(
+                _str(obj, "step"),
+                _int(obj, "attempt"),
+                _state(obj, "from"),
+                _cause(obj),
+                _state(obj, "to"),
             )
-        case Kind.INTENT_PLANNED:
-            return IntentPlanned(
-                step=_str(obj, "step"),
-                attempt=_int(obj, "attempt"),
-                name=_str(obj, "intent"),
-                key=_str(obj, "key"),
-            )
+        case Kind.CREATED:
+            return _new_created(_str(obj, "step"), _int(obj, "attempt"))
+        case Kind.RESULT:
+            step, attempt = _str(obj, "step"), _int(obj, "attempt")
+            ok = obj.get("ok")
+            if ok is True:
+                return StepResult(step=step, attempt=attempt, value=cast(JSON, obj.get("value")))
+            if ok is False:
+                return StepResult(step=step, attempt=attempt, error=_str(obj, "error"))
+            raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
         case Kind.INTENT:
             cname = _name(obj, "cause")
             icause = None if cname is None else _INTENT_CAUSES.get(cname)
@@ -445,14 +437,23 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 cause=icause,
                 to_state=_intent_state(obj, "to"),
             )
-        case Kind.RESULT:
-            step, attempt = _str(obj, "step"), _int(obj, "attempt")
-            ok = obj.get("ok")
-            if ok is True:
-                return StepResult(step=step, attempt=attempt, value=cast(JSON, obj.get("value")))
-            if ok is False:
-                return StepResult(step=step, attempt=attempt, error=_str(obj, "error"))
-            raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
+        case Kind.INTENT_PLANNED:
+            return IntentPlanned(
+                step=_str(obj, "step"),
+                attempt=_int(obj, "attempt"),
+                name=_str(obj, "intent"),
+                key=_str(obj, "key"),
+            )
+        case Kind.RUN_STARTED:
+            # json.loads yields only JSON values
+            return RunStarted(workflow=_str(obj, "workflow"), input=cast(JSON, obj.get("input")))
+        case Kind.RUN_CANCEL_REQUESTED:
+            reason = obj.get("reason", "")
+            if type(reason) is not str:
+                raise _Bad(f"field 'reason' must be a string, got {_shown(reason)}")
+            return RunCancelRequested(reason=reason)
+        case Kind.RUN_FINISHED:
+            return RunFinished()
         case _:
             assert_never(kind)
 
@@ -483,21 +484,76 @@ def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return obj
 
 
-# Strict JSON: the hooks run only for objects, NaN/Infinity and floats.
-_parse: Final = json.JSONDecoder(
+# Strict JSON. NaN/Infinity and floats go through hooks (rare in records).
+# Duplicate keys: checking every object with object_pairs_hook costs a
+# Python call per object, a quarter of replay's time; instead a line is
+# parsed with plain dicts and its keys counted. Every key ends in '":' in
+# the text, so the text holds at least as many '":' as the parsed objects
+# hold keys, and exactly as many only when no key is repeated (a repeat
+# loses a key) and no string holds '\":' (which adds one). Any other count
+# parses the line again with the pair hook, which decides.
+_parse: Final = json.JSONDecoder(parse_constant=_no_constant, parse_float=_finite).raw_decode
+_parse_checking_keys: Final = json.JSONDecoder(
     object_pairs_hook=_unique_keys, parse_constant=_no_constant, parse_float=_finite
 ).raw_decode
 
-# The reader builds one Record per line. A frozen dataclass's __init__ pays
-# about 100 ns per field to get past its own __setattr__ guard; setting the
-# slots through their descriptors builds the same value (a test holds it
-# equal to Record(...)) in less than half the time.
+
+def _keys_in(value: object) -> int:
+    """How many keys the objects nested in a parsed JSON ``value`` hold."""
+    if type(value) is dict:
+        obj = cast("dict[str, object]", value)
+        n = len(obj)
+        items: Iterable[object] = obj.values()
+    elif type(value) is list:
+        n, items = 0, cast("list[object]", value)
+    else:
+        return 0
+    for item in items:
+        n += _keys_in(item)
+    return n
+
+
+# The reader builds one Record per line, and most lines carry a transition
+# or a creation. A frozen dataclass's __init__ pays about 100 ns per field to
+# get past its own __setattr__ guard; setting the slots through their
+# descriptors builds the same value (a test holds each equal to the class
+# called as usual) in less than half the time.
 _slots = vars(Record)  # the slot descriptors, typed Any
 _set_line: Final[Callable[[Record, int], None]] = _slots["line"].__set__
 _set_seq: Final[Callable[[Record, int], None]] = _slots["seq"].__set__
 _set_time: Final[Callable[[Record, int], None]] = _slots["time_us"].__set__
 _set_run: Final[Callable[[Record, str], None]] = _slots["run"].__set__
 _set_change: Final[Callable[[Record, Change], None]] = _slots["change"].__set__
+
+
+_transition_slots = vars(AttemptTransitioned)
+_set_t_step: Final[Callable[[AttemptTransitioned, str], None]] = _transition_slots["step"].__set__
+_set_t_attempt: Final[Callable[[AttemptTransitioned, int], None]] = _transition_slots["attempt"].__set__
+_set_t_from: Final[Callable[[AttemptTransitioned, AttemptState], None]] = _transition_slots["from_state"].__set__
+_set_t_cause: Final[Callable[[AttemptTransitioned, TransitionCause], None]] = _transition_slots["cause"].__set__
+_set_t_to: Final[Callable[[AttemptTransitioned, AttemptState], None]] = _transition_slots["to_state"].__set__
+_created_slots = vars(AttemptCreated)
+_set_c_step: Final[Callable[[AttemptCreated, str], None]] = _created_slots["step"].__set__
+_set_c_attempt: Final[Callable[[AttemptCreated, int], None]] = _created_slots["attempt"].__set__
+
+
+def _new_transition(
+    step: str, attempt: int, from_state: AttemptState, cause: TransitionCause, to_state: AttemptState
+) -> AttemptTransitioned:
+    change: AttemptTransitioned = object.__new__(AttemptTransitioned)
+    _set_t_step(change, step)
+    _set_t_attempt(change, attempt)
+    _set_t_from(change, from_state)
+    _set_t_cause(change, cause)
+    _set_t_to(change, to_state)
+    return change
+
+
+def _new_created(step: str, attempt: int) -> AttemptCreated:
+    change: AttemptCreated = object.__new__(AttemptCreated)
+    _set_c_step(change, step)
+    _set_c_attempt(change, attempt)
+    return change
 
 
 def _new_record(line: int, seq: int, time_us: int, run: str, change: Change) -> Record:
@@ -526,6 +582,13 @@ def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
         obj, end = _parse(text)
         if end != len(text) - 1:
             raise ValueError("trailing data")
+        keys = raw.count(b'":')
+        if keys != len(obj):
+            nested = obj.get("value")
+            if nested is None:
+                nested = obj.get("input")
+            if keys != len(obj) + _keys_in(nested):
+                obj, end = _parse_checking_keys(text)
     except _NotStrict as error:
         return CorruptLine(line=line, reason=f"not strict JSON: {error}")
     except (ValueError, RecursionError):
@@ -537,11 +600,14 @@ def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
             line=line,
             reason=f"unsupported schema version {_shown(version)} (this reader knows {SCHEMA_VERSION})",
         )
+    seq, stamp, run = obj.get("seq"), obj.get("time_us"), obj.get("run")
     try:
-        seq = _int(obj, "seq")
-        stamp = obj.get("time_us")
-        if type(stamp) is not int or stamp < 0:
+        if not (type(seq) is int and seq > 0):
+            seq = _int(obj, "seq")  # raises, naming the field
+        if not (type(stamp) is int and stamp >= 0):
             raise _Bad(f"field 'time_us' must be a non-negative integer, got {_shown(stamp)}")
-        return _new_record(line, seq, stamp, _str(obj, "run"), _decode_change(obj))
+        if not (type(run) is str and run):
+            run = _str(obj, "run")  # raises, naming the field
+        return _new_record(line, seq, stamp, run, _decode_change(obj))
     except _Bad as bad:
         return CorruptLine(line=line, reason=str(bad))

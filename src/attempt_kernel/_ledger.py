@@ -607,10 +607,10 @@ class Ledger:
         counts[type(to)] += 1
         attempt.state = to
         attempt.last_cause = cause
-        step.tries += counts_as_try(to, cause)
         if not is_terminal(to):
-            return
-        outstanding = step.outstanding()
+            return  # Admit: nothing was tried or left yet
+        step.tries += counts_as_try(to, cause)
+        outstanding = step.outstanding() if attempt.intents else ()
         if not needs_reconciliation(to, outstanding):
             return
         entry = OpenAttempt(
