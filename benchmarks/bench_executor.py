@@ -42,7 +42,7 @@ from attempt_kernel import (
 )
 from attempt_kernel import Job, StepContext, run_jobs
 from attempt_kernel import JSON
-from attempt_kernel._workflow import Step, load_workflow
+from attempt_kernel import Step, load_workflow
 
 
 async def noop(ctx: StepContext) -> JSON:

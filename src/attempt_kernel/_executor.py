@@ -524,7 +524,9 @@ class Executor:
                 self._log.flush()
             if failure is None and step_errors:
                 raise step_errors[0]
-        steps = tuple(outcomes.get(s.name, _outcome(s.name, None)) for s in workflow.steps)
+        steps = tuple(
+            outcomes[s.name] if s.name in outcomes else _outcome(s.name, None) for s in workflow.steps
+        )
         status = run_status(((s.state, s.outstanding) for s in steps), cancelled)
         return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
 

@@ -264,8 +264,11 @@ class StepView:
 
     def outstanding(self) -> tuple[str, ...]:
         """Keys of the latest attempt's intents still `Dispatched` (reconcile these)."""
+        intents = self.attempt.intents
+        if not intents:
+            return ()
         keys = self.keys
-        return tuple(keys[n] for n, s in self.attempt.intents.items() if is_outstanding(s))
+        return tuple(keys[n] for n, s in intents.items() if is_outstanding(s))
 
 
 @final
@@ -610,7 +613,7 @@ class Ledger:
         if not is_terminal(to):
             return  # Admit: nothing was tried or left yet
         step.tries += counts_as_try(to, cause)
-        outstanding = step.outstanding() if attempt.intents else ()
+        outstanding = step.outstanding()
         if not needs_reconciliation(to, outstanding):
             return
         entry = OpenAttempt(
