@@ -145,6 +145,61 @@ def test_eighth_state_also_breaks_the_codec(tmp_path: Path) -> None:
     assert codec_lines & set(_function_span(codec, "state_name")), result.stdout
 
 
+LEDGER_RULES = ("counts_as_try", "needs_reconciliation", "may_run_again", "has_succeeded")
+
+
+@pytest.mark.slow
+def test_eighth_state_fails_mypy_in_every_ledger_rule(tmp_path: Path) -> None:
+    """The derived rules of the ledger (spec §8) are exhaustive too: each one fails."""
+    kernel = _copy_package(tmp_path)
+    _add_member(kernel, "AttemptState", EIGHTH_STATE, "Paused")
+    result = _mypy(tmp_path)
+    ledger = tmp_path / "src" / "attempt_kernel" / "_ledger.py"
+    lines = set(_error_lines(result.stdout, "_ledger.py"))
+    for rule in LEDGER_RULES:
+        assert lines & set(_function_span(ledger, rule)), (rule, result.stdout)
+
+
+def _pyright(cwd: Path) -> subprocess.CompletedProcess[str]:
+    # Strict, on the copied package only, with the project's Python floor.
+    (cwd / "pyrightconfig.json").write_text(
+        '{"include": ["src"], "typeCheckingMode": "strict", "pythonVersion": "3.10"}'
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "pyright", "--pythonpath", sys.executable],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_unmodified_copy_passes_pyright(tmp_path: Path) -> None:
+    """The control: the package as it is has no pyright strict error."""
+    _copy_package(tmp_path)
+    result = _pyright(tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 errors" in result.stdout
+
+
+@pytest.mark.slow
+def test_eighth_state_fails_pyright_in_the_kernel_and_every_ledger_rule(tmp_path: Path) -> None:
+    """pyright strict, like mypy, reports the unhandled state at each match."""
+    kernel = _copy_package(tmp_path)
+    _add_member(kernel, "AttemptState", EIGHTH_STATE, "Paused")
+    result = _pyright(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    pattern = re.compile(r"(_\w+\.py):(\d+):\d+ - error")
+    found = [(m.group(1), int(m.group(2))) for m in pattern.finditer(result.stdout)]
+    in_kernel = {n for f, n in found if f == KERNEL}
+    assert in_kernel & set(_function_span(kernel, "transition")), result.stdout
+    ledger = tmp_path / "src" / "attempt_kernel" / "_ledger.py"
+    in_ledger = {n for f, n in found if f == "_ledger.py"}
+    for rule in LEDGER_RULES:
+        assert in_ledger & set(_function_span(ledger, rule)), (rule, result.stdout)
+
+
 # ---------------------------------------------------------------- structure
 
 
