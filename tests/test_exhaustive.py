@@ -205,7 +205,7 @@ def test_eighth_state_fails_pyright_in_the_kernel_and_every_ledger_rule(tmp_path
 
 def wildcard_violations(source: str, filename: str = "<src>") -> list[str]:
     """Every match arm that is irrefutable but is not a final assert_never(subject)."""
-    problems = []
+    problems: list[str] = []
     for node in ast.walk(ast.parse(source)):
         if not isinstance(node, ast.Match):
             continue
