@@ -61,7 +61,7 @@ def test_run_log_doc_example_lines_are_real_records() -> None:
 def test_executor_doc_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """docs/executor.md's example runs and prints what its comments say."""
     doc = (README.parent / "docs" / "executor.md").read_text()
-    [block] = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
+    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[0]
     exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "succeeded"
@@ -81,3 +81,26 @@ def test_readme_demo_output_is_what_the_demo_prints(
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
     assert "$ attempt-kernel demo\n" + out + "```" in README.read_text()
+
+
+def test_the_fake_context_example_tests_a_step_without_the_executor(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/executor.md's unit-test example runs and prints what its comments say."""
+    doc = (README.parent / "docs" / "executor.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[1]
+    exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "{'order': 'order-7', 'sent': {'message_id': '<test-key-email-receipt@mail.example>'}}",
+        "['email-receipt']",
+    ]
+
+
+def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
+    """No example escapes running: README has one python block, executor.md two (run above)."""
+    counts = {
+        path.name: len(re.findall(r"```python\n", path.read_text()))
+        for path in [README, *sorted((README.parent / "docs").glob("*.md"))]
+    }
+    assert {name: n for name, n in counts.items() if n} == {"README.md": 1, "executor.md": 2}
