@@ -283,6 +283,8 @@ class RunView:
     cancel_requested: bool = False
     """A decision to cancel the run is recorded: no new attempt may start."""
     finished: bool = False
+    status: RunStatus | None = None
+    """How it ended (`run_status`), once its run_finished record is applied."""
     steps: dict[str, StepView] = field(default_factory=dict[str, StepView])
     """Its steps, in the order they first appeared (dropped once it finished)."""
 
@@ -687,4 +689,8 @@ class Ledger:
                     f" {name!r} is still {state_name(step.attempt.state)}"
                 )
         view.finished = True
+        view.status = run_status(
+            ((step.attempt.state, step.outstanding()) for step in view.steps.values()),
+            view.cancel_requested,
+        )
         view.steps = {}

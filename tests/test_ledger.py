@@ -1,0 +1,198 @@
+"""The ledger's derived rules, written out by hand from spec §2, §6 and §8.
+
+Each rule is a function of states and causes; the expected answers below
+are typed in from the spec's tables, never computed by the code under test.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+from pathlib import Path
+
+import pytest
+from logs import indeterminate_changes, simple_changes, write_log
+
+from attempt_kernel import (
+    Admit,
+    AttemptState,
+    Cancel,
+    Cancelled,
+    Fail,
+    Failed,
+    Indeterminate,
+    Pending,
+    QueueDeadlinePassed,
+    RetryPolicy,
+    RunCancelRequested,
+    RunFinished,
+    RunStarted,
+    Running,
+    StepDeadlinePassed,
+    Succeed,
+    Succeeded,
+    TimedOut,
+    TransitionCause,
+    read_log,
+)
+from attempt_kernel._ledger import (
+    Ledger,
+    counts_as_try,
+    may_run_again,
+    needs_reconciliation,
+    run_status,
+)
+from attempt_kernel._replay import feed
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "attempt_kernel"
+
+# (state, the cause that reached it) -> counts against max_attempts?
+TRIES: list[tuple[AttemptState, TransitionCause | None, bool]] = [
+    (Pending(), None, False),
+    (Running(), Admit(), False),
+    (Succeeded(), Succeed(), False),
+    (Failed(), Fail(), True),
+    (TimedOut(), StepDeadlinePassed(), True),
+    (TimedOut(), QueueDeadlinePassed(), False),  # it never ran
+    (Cancelled(), Cancel(intent_dispatched=False), False),
+    (Indeterminate(), Cancel(intent_dispatched=True), False),
+]
+
+
+@pytest.mark.parametrize(("state", "cause", "expected"), TRIES)
+def test_counts_as_try(state: AttemptState, cause: TransitionCause | None, expected: bool) -> None:
+    """Only an attempt that ran and did not succeed uses up a try."""
+    assert counts_as_try(state, cause) is expected
+
+
+RECONCILE: list[tuple[AttemptState, tuple[str, ...], bool]] = [
+    (Pending(), (), False),
+    (Running(), ("k",), False),  # live: not judged yet
+    (Succeeded(), (), False),
+    (Succeeded(), ("k",), True),
+    (Failed(), (), False),
+    (Failed(), ("k",), True),
+    (TimedOut(), (), False),
+    (TimedOut(), ("k",), True),
+    (Cancelled(), (), False),
+    (Indeterminate(), (), True),
+    (Indeterminate(), ("k",), True),
+]
+
+
+@pytest.mark.parametrize(("state", "outstanding", "expected"), RECONCILE)
+def test_needs_reconciliation(state: AttemptState, outstanding: tuple[str, ...], expected: bool) -> None:
+    """Indeterminate always; another ended attempt when an intent is outstanding."""
+    assert needs_reconciliation(state, outstanding) is expected
+
+
+ONCE = RetryPolicy(max_attempts=1)
+THRICE = RetryPolicy(max_attempts=3)
+NO_TIMEOUT_RETRY = RetryPolicy(max_attempts=3, retry_on_timeout=False)
+IDEMPOTENT = RetryPolicy(max_attempts=3, effects_idempotent=True)
+
+AGAIN: list[tuple[RetryPolicy, AttemptState, TransitionCause | None, int, tuple[str, ...], bool]] = [
+    (THRICE, Succeeded(), Succeed(), 0, (), False),
+    (THRICE, Indeterminate(), Cancel(intent_dispatched=True), 0, ("k",), False),
+    (ONCE, Cancelled(), Cancel(intent_dispatched=False), 5, (), True),  # a cancel is no try
+    (THRICE, Failed(), Fail(), 1, (), True),
+    (THRICE, Failed(), Fail(), 3, (), False),  # out of tries
+    (ONCE, Failed(), Fail(), 1, (), False),
+    (THRICE, Failed(), Fail(), 1, ("k",), False),  # the effect may have happened
+    (IDEMPOTENT, Failed(), Fail(), 1, ("k",), True),  # same key again, downstream dedups
+    (THRICE, TimedOut(), StepDeadlinePassed(), 1, (), True),
+    (NO_TIMEOUT_RETRY, TimedOut(), StepDeadlinePassed(), 1, (), False),
+    (THRICE, TimedOut(), QueueDeadlinePassed(), 0, (), False),  # too late, never ran
+    (THRICE, TimedOut(), StepDeadlinePassed(), 1, ("k",), False),
+    (IDEMPOTENT, TimedOut(), StepDeadlinePassed(), 2, ("k",), True),
+    (IDEMPOTENT, TimedOut(), StepDeadlinePassed(), 3, ("k",), False),
+]
+
+
+@pytest.mark.parametrize(("policy", "state", "cause", "tries", "outstanding", "expected"), AGAIN)
+def test_may_run_again(
+    policy: RetryPolicy,
+    state: AttemptState,
+    cause: TransitionCause | None,
+    tries: int,
+    outstanding: tuple[str, ...],
+    expected: bool,
+) -> None:
+    """Spec §6: retry policy, outstanding intents and idempotent effects decide."""
+    assert may_run_again(policy, state, cause, tries, outstanding) is expected
+
+
+@pytest.mark.parametrize("state", [Pending(), Running()])
+def test_may_run_again_refuses_a_live_attempt(state: AttemptState) -> None:
+    """Asking about an attempt that has not ended is a caller's bug, said loudly."""
+    with pytest.raises(AssertionError, match="has not ended"):
+        may_run_again(THRICE, state, None, 0, ())
+
+
+def test_run_status_by_hand() -> None:
+    """needs-reconciliation beats cancelled beats failed; all succeeded is succeeded."""
+    ok = (Succeeded(), ())
+    assert run_status([ok, ok], cancelled=False) == "succeeded"
+    assert run_status([ok, (None, ())], cancelled=False) == "failed"
+    assert run_status([ok, (Failed(), ())], cancelled=False) == "failed"
+    assert run_status([ok, (Cancelled(), ())], cancelled=True) == "cancelled"
+    assert run_status([(Indeterminate(), ("k",)), ok], cancelled=True) == "needs-reconciliation"
+    assert run_status([(Failed(), ("k",))], cancelled=False) == "needs-reconciliation"
+
+
+def test_a_finished_run_keeps_its_status_not_its_steps(tmp_path: Path) -> None:
+    """After run_finished the ledger holds the run's id, workflow and status only."""
+    log = write_log(
+        tmp_path / "log", [RunStarted(workflow="wf"), *simple_changes(), RunFinished()]
+    )
+    ledger = Ledger()
+    feed(ledger, read_log(log))
+    view = ledger.run("r")
+    assert view is not None and view.finished and view.workflow == "wf"
+    assert view.status == "succeeded" and view.steps == {}
+
+
+def test_a_cancelled_run_that_finished_is_cancelled(tmp_path: Path) -> None:
+    """A run whose cancel was decided ends `cancelled` unless something needs an operator."""
+    changes = [RunStarted(workflow="wf"), *simple_changes(), RunCancelRequested(), RunFinished()]
+    ledger = Ledger()
+    feed(ledger, read_log(write_log(tmp_path / "log", changes)))
+    view = ledger.run("r")
+    assert view is not None and view.status == "cancelled"
+    changes = [RunStarted(workflow="wf"), *indeterminate_changes(), RunCancelRequested(), RunFinished()]
+    ledger = Ledger()
+    feed(ledger, read_log(write_log(tmp_path / "log2", changes)))
+    view = ledger.run("r")
+    assert view is not None and view.status == "needs-reconciliation"
+
+
+def test_an_attempt_created_after_the_cancel_is_a_violation(tmp_path: Path) -> None:
+    """Spec §4: a cancelled run starts no attempt; the ledger names the line."""
+    changes = [RunStarted(workflow="wf"), RunCancelRequested(), *simple_changes()]
+    ledger = Ledger()
+    feed(ledger, read_log(write_log(tmp_path / "log", changes)))
+    [violation] = ledger.violations
+    assert violation.line == 3
+    assert "created after the run's cancel was requested" in violation.reason
+
+
+def _imports(module: Path) -> set[str]:
+    """The sibling modules ``module`` imports (``from ._x import ...``), at any depth."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(module.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            found.add(node.module)
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+@pytest.mark.source
+def test_the_package_has_no_import_cycle() -> None:
+    """Imports flow one way (kernel, records, ledger, stores, runtime, CLI): no cycle."""
+    graph = {p.stem: _imports(p) for p in SRC.glob("_*.py")}
+    graph.pop("__main__", None)
+    order = list(graphlib.TopologicalSorter(graph).static_order())  # raises CycleError
+    assert order.index("_attempt") < order.index("_ledger") < order.index("_executor")
+    assert order.index("_workflow") < order.index("_executor")
+    assert "_executor" not in graph["_workflow"] and "_executor" not in graph["_context"]
