@@ -362,6 +362,9 @@ class Executor:
             self._cancel(run, name)
             raise
         try:
+            if self._ledger.runs[run].cancel_requested:
+                self._cancel(run, name)  # admitted just as the run was cancelled
+                return
             self._move(run, name, Admit())
             try:
                 output = await _within(step.step_deadline, _guarded(step.run(context)))
@@ -405,9 +408,11 @@ class Executor:
             view = ledger.step(run, step.name)
             assert view is not None  # the attempt was created above
             attempt = view.attempt
-            if not may_run_again(
+            if ledger.runs[run].cancel_requested or not may_run_again(
                 step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
             ):
+                # A cancelled run starts no attempt, even where the cancellation
+                # of this task was lost (3.10's wait_for can swallow one).
                 return _outcome(step.name, view)
 
     # ------------------------------------------------------------ one run
