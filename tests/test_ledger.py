@@ -19,6 +19,7 @@ from attempt_kernel import (
     Cancel,
     Cancelled,
     Fail,
+    IllegalTransition,
     Failed,
     Indeterminate,
     Pending,
@@ -196,3 +197,31 @@ def test_the_package_has_no_import_cycle() -> None:
     assert order.index("_attempt") < order.index("_ledger") < order.index("_executor")
     assert order.index("_workflow") < order.index("_executor")
     assert "_executor" not in graph["_workflow"] and "_executor" not in graph["_context"]
+
+
+def test_a_proposed_move_is_applied_and_an_illegal_one_is_refused() -> None:
+    """propose_move goes through the kernel; what it proposed is what apply_change applies."""
+    ledger = Ledger()
+    for change in [RunStarted(workflow="wf"), *simple_changes()[:2]]:  # created, admitted
+        ledger.apply_change("r", change)
+    with pytest.raises(IllegalTransition):
+        ledger.propose_move("r", "s", Admit())  # already Running
+    proposed = ledger.propose_move("r", "s", Fail())
+    assert (proposed.from_state, proposed.to_state) == (Running(), Failed())
+    ledger.apply_change("r", proposed)
+    step = ledger.step("r", "s")
+    assert step is not None and step.attempt.state == Failed() and step.tries == 1
+    assert ledger.violation_count == 0
+
+
+def test_a_stale_proposal_is_checked_like_any_change() -> None:
+    """A proposal whose append failed is never applied unchecked later: an equal but
+    different change goes through every check (here: it no longer starts from Running)."""
+    ledger = Ledger()
+    for change in [RunStarted(workflow="wf"), *simple_changes()[:2]]:
+        ledger.apply_change("r", change)
+    stale = ledger.propose_move("r", "s", Fail())  # its append "failed": never applied
+    ledger.apply_change("r", ledger.propose_move("r", "s", Succeed()))
+    ledger.apply_change("r", stale)
+    [violation] = ledger.violations
+    assert "starts from Running, but the attempt is Succeeded" in violation.reason

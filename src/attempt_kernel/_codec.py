@@ -272,16 +272,8 @@ _T_FINISHED: Final = Kind.RUN_FINISHED.value
 
 
 def _change_json(change: Change) -> str:
+    # Arms in the order of how often each change is written.
     match change:
-        case RunStarted():
-            head = f',"type":"{_T_STARTED}","workflow":{_q(change.workflow)}'
-            if change.input is None:
-                return head + "}"
-            return f'{head},"input":{_dumps(change.input)}}}'
-        case RunCancelRequested():
-            return f',"type":"{_T_CANCEL}","reason":{_q(change.reason)}}}'
-        case AttemptCreated():
-            return f',"type":"{_T_CREATED}","step":{_q(change.step)},"attempt":{change.attempt:d}}}'
         case AttemptTransitioned():
             cause = change.cause
             return (
@@ -290,11 +282,13 @@ def _change_json(change: Change) -> str:
                 f',"cause":{_CAUSE_JSON[type(cause), _flag(cause)]}'
                 f',"to":"{_STATE_NAME[type(change.to_state)]}"}}'
             )
-        case IntentPlanned():
-            return (
-                f',"type":"{_T_PLANNED}","step":{_q(change.step)},"attempt":{change.attempt:d}'
-                f',"intent":{_q(change.name)},"key":{_q(change.key)}}}'
-            )
+        case AttemptCreated():
+            return f',"type":"{_T_CREATED}","step":{_q(change.step)},"attempt":{change.attempt:d}}}'
+        case StepResult():
+            head = f',"type":"{_T_RESULT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+            if change.error is None:
+                return f'{head},"ok":true,"value":{_dumps(change.value)}}}'
+            return f'{head},"ok":false,"error":{_q(change.error)}}}'
         case IntentChanged():
             return (
                 f',"type":"{_T_INTENT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
@@ -303,11 +297,18 @@ def _change_json(change: Change) -> str:
                 f',"cause":"{_INTENT_CAUSE_NAME[type(change.cause)]}"'
                 f',"to":"{_INTENT_STATE_NAME[type(change.to_state)]}"}}'
             )
-        case StepResult():
-            head = f',"type":"{_T_RESULT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
-            if change.error is None:
-                return f'{head},"ok":true,"value":{_dumps(change.value)}}}'
-            return f'{head},"ok":false,"error":{_q(change.error)}}}'
+        case IntentPlanned():
+            return (
+                f',"type":"{_T_PLANNED}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+                f',"intent":{_q(change.name)},"key":{_q(change.key)}}}'
+            )
+        case RunStarted():
+            head = f',"type":"{_T_STARTED}","workflow":{_q(change.workflow)}'
+            if change.input is None:
+                return head + "}"
+            return f'{head},"input":{_dumps(change.input)}}}'
+        case RunCancelRequested():
+            return f',"type":"{_T_CANCEL}","reason":{_q(change.reason)}}}'
         case RunFinished():
             return f',"type":"{_T_FINISHED}"}}'
         case _:

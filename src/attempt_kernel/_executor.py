@@ -35,7 +35,6 @@ from ._attempt import (
     StepDeadlinePassed,
     Succeed,
     TransitionCause,
-    transition,
 )
 from ._codec import UnencodableRecord, state_name
 from ._context import Perform
@@ -54,7 +53,6 @@ from ._ledger import (
 from ._records import (
     JSON,
     AttemptCreated,
-    AttemptTransitioned,
     Change,
     IntentChanged,
     IntentPlanned,
@@ -282,20 +280,14 @@ class Executor:
 
     def _move(self, run: str, step: str, cause: TransitionCause) -> AttemptState:
         """Through the kernel, into the log, and only then into the ledger."""
-        attempt = self._ledger.attempt(run, step)
-        before = attempt.state
-        to = transition(before, cause)
-        self._write(
-            run,
-            AttemptTransitioned(
-                step=step, attempt=attempt.number, from_state=before, cause=cause, to_state=to
-            ),
-        )
+        change = self._ledger.propose_move(run, step, cause)
+        self._write(run, change)
         if self._progress is not None:
             self._progress(
-                f"{run} {step}#{attempt.number}: {state_name(before)} -> {state_name(to)}"
+                f"{run} {step}#{change.attempt}:"
+                f" {state_name(change.from_state)} -> {state_name(change.to_state)}"
             )
-        return to
+        return change.to_state
 
     def _intent(self, run: str, step: str, name: str, cause: IntentCause) -> None:
         attempt = self._ledger.attempt(run, step)

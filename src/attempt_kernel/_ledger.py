@@ -375,6 +375,7 @@ class Ledger:
         self._counts: Final[dict[type, int]] = {type(s): 0 for s in ALL_STATES}
         self._expect_seq: int | None = 1
         self._line = 0
+        self._proposed: AttemptTransitioned | None = None
 
     # ------------------------------------------------------------ questions
 
@@ -457,16 +458,58 @@ class Ledger:
         self._change(record.run, record.change)
 
     def apply_change(self, run: str, change: Change) -> None:
-        """Apply a change the caller has just appended (no line number to report)."""
+        """Apply a change the caller has just appended (no line number to report).
+
+        A transition that `propose_move` built a moment ago from this very
+        ledger is applied without being checked again: the kernel checked it
+        when it was proposed, against the state it now moves.
+        """
         self._line = 0
+        proposed = self._proposed
+        if proposed is not None and change is proposed:
+            self._proposed = None
+            step = self.runs[run].steps[proposed.step]
+            self._move(run, step, proposed.cause, proposed.to_state)
+            return
         self._change(run, change)
+
+    def propose_move(self, run: str, step: str, cause: TransitionCause) -> AttemptTransitioned:
+        """The change that ``cause`` makes to the step's latest attempt, through `transition`.
+
+        Raises `IllegalTransition` (and nothing is proposed) for a pair the
+        table refuses. The caller appends the change, then `apply_change`s it.
+        """
+        attempt = self.runs[run].steps[step].attempt
+        before = attempt.state
+        change = AttemptTransitioned(
+            step=step,
+            attempt=attempt.number,
+            from_state=before,
+            cause=cause,
+            to_state=transition(before, cause),
+        )
+        self._proposed = change
+        return change
 
     def _change(self, run: str, change: Change) -> None:
         view = self.runs.get(run)
         if view is not None and view.finished:
             self._violate(f"record for run {run!r} after the run finished")
             return
+        # Arms in the order of how often each change occurs in a log.
         match change:
+            case AttemptTransitioned():
+                self._transitioned(run, change)
+            case AttemptCreated():
+                self._created(run, view, change)
+            case StepResult():
+                step = self._live_step(run, change.step, change.attempt, "a step result")
+                if step is not None:
+                    step.result, step.error = change.value, change.error
+            case IntentChanged():
+                self._intent_changed(run, change)
+            case IntentPlanned():
+                self._planned(run, change)
             case RunStarted():
                 if view is not None:
                     self._violate(f"run {run!r} started twice (or after its records)")
@@ -477,18 +520,6 @@ class Ledger:
                 if view is None:
                     view = self.runs[run] = RunView(run=run)
                 view.cancel_requested = True
-            case AttemptCreated():
-                self._created(run, view, change)
-            case AttemptTransitioned():
-                self._transitioned(run, change)
-            case IntentPlanned():
-                self._planned(run, change)
-            case IntentChanged():
-                self._intent_changed(run, change)
-            case StepResult():
-                step = self._live_step(run, change.step, change.attempt, "a step result")
-                if step is not None:
-                    step.result, step.error = change.value, change.error
             case RunFinished():
                 self._run_finished(run, view)
             case _:
