@@ -74,7 +74,8 @@ def test_recover_unknown_workflow_exits_2(tmp_path: Path, capsys: pytest.Capture
     before = log.read_bytes()
     assert main(["recover", str(log)]) == 2
     err = capsys.readouterr().err
-    assert "workflow 'payroll', which this program does not know (known: trip-planner)" in err
+    assert "workflow 'payroll', which this program was not given (given: trip-planner);" in err
+    assert "pass it with --workflows MODULE:ATTR" in err
     assert log.read_bytes() == before
 
 

@@ -37,7 +37,11 @@ EXPECTED_PUBLIC = {
     "Executor", "Job", "RunControl", "RunReport", "RunStatus", "StepOutcome", "run_jobs",
     # recovery
     "recover", "recover_log", "Recovery", "RecoveredRun", "PriorStep", "OrphanEnded",
-    "RecoveryError",
+    "RecoveryError", "Asked", "RECONCILER_DEADLINE",
+    # operating runs (spec §7, §9)
+    "IntentReconciled", "DomainStateSet", "RunStopRequested", "RunResumed",
+    "EffectFinding", "EffectHappened", "EffectNotHappened", "EffectUnknown", "Reconciler",
+    "RunRefused", "RunsStopped", "RunStanding", "resume_log", "Resumed", "Supervisor",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.

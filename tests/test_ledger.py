@@ -76,14 +76,14 @@ RECONCILE: list[tuple[AttemptState, tuple[str, ...], bool]] = [
     (TimedOut(), (), False),
     (TimedOut(), ("k",), True),
     (Cancelled(), (), False),
-    (Indeterminate(), (), True),
+    (Indeterminate(), (), False),  # reconciled: stays Indeterminate, needs nobody
     (Indeterminate(), ("k",), True),
 ]
 
 
 @pytest.mark.parametrize(("state", "outstanding", "expected"), RECONCILE)
 def test_needs_reconciliation(state: AttemptState, outstanding: tuple[str, ...], expected: bool) -> None:
-    """Indeterminate always; another ended attempt when an intent is outstanding."""
+    """An ended attempt while an intent is outstanding (Indeterminate until reconciled)."""
     assert needs_reconciliation(state, outstanding) is expected
 
 
@@ -95,6 +95,7 @@ IDEMPOTENT = RetryPolicy(max_attempts=3, effects_idempotent=True)
 AGAIN: list[tuple[RetryPolicy, AttemptState, TransitionCause | None, int, tuple[str, ...], bool]] = [
     (THRICE, Succeeded(), Succeed(), 0, (), False),
     (THRICE, Indeterminate(), Cancel(intent_dispatched=True), 0, ("k",), False),
+    (ONCE, Indeterminate(), Cancel(intent_dispatched=True), 1, (), True),  # reconciled; no try
     (ONCE, Cancelled(), Cancel(intent_dispatched=False), 5, (), True),  # a cancel is no try
     (THRICE, Failed(), Fail(), 1, (), True),
     (THRICE, Failed(), Fail(), 3, (), False),  # out of tries

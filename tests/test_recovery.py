@@ -96,7 +96,7 @@ def test_finished_log_changes_nothing_and_says_so(tmp_path: Path) -> None:
     """A log that ends cleanly with every run finished is left byte for byte."""
     path = crashed(tmp_path, full_log(tmp_path), 10_000)
     before = path.read_bytes()
-    writer, recovery = recover_log(path, {"w": None})
+    writer, recovery = recover_log(path, {"w": World().workflow()})
     writer.close()
     assert recovery.changed_nothing and recovery.runs == ()
     assert path.read_bytes() == before
@@ -107,7 +107,7 @@ def test_torn_tail_is_cut_and_kept_in_a_side_file(tmp_path: Path) -> None:
     lines = full_log(tmp_path)
     path = crashed(tmp_path, lines, 4, torn=b'{"v":1,"seq":5,"ti')
     offset = len(b"".join(lines[:4]))
-    writer, recovery = recover_log(path, {"w": None})
+    writer, recovery = recover_log(path, {"w": World().workflow()})
     writer.close()
     assert recovery.torn_tail is not None and recovery.torn_tail.offset == offset
     assert recovery.side_file == tmp_path / f"crash-4.jsonl.torn-at-{offset}"
@@ -160,7 +160,7 @@ def test_pending_orphan_is_cancelled_with_false(tmp_path: Path) -> None:
     lines = full_log(tmp_path)
     n = index_of(lines, b'"type":"created","step":"pay"')
     path = crashed(tmp_path, lines, n)
-    writer, recovery = recover_log(path, {"w": None})
+    writer, recovery = recover_log(path, {"w": World().workflow()})
     writer.close()
     assert [(o.step, o.from_state, o.to_state) for o in recovery.orphans] == [("pay", Pending(), Cancelled())]
     last = [i for i in read_log(path) if isinstance(i, Record)][-1].change
@@ -186,8 +186,8 @@ def test_unknown_workflow_is_refused_and_nothing_is_written(tmp_path: Path) -> N
     """A run of a workflow this program does not know cannot be resumed."""
     path = crashed(tmp_path, full_log(tmp_path), 6)
     before = path.read_bytes()
-    with pytest.raises(RecoveryError, match="belongs to workflow 'w', which this program does not know"):
-        recover_log(path, {"other": None})
+    with pytest.raises(RecoveryError, match="belongs to workflow 'w', which this program was not given"):
+        recover_log(path, {"other": load_workflow("other", [Step(name="x", run=World().workflow().steps[0].run)])})
     assert path.read_bytes() == before
 
 
@@ -195,7 +195,7 @@ def test_run_without_run_started_is_refused(tmp_path: Path) -> None:
     """A live run that never said its workflow cannot be resumed."""
     path = write_log(tmp_path / "log", simple_changes()[:2])
     with pytest.raises(RecoveryError, match="has no run_started record"):
-        recover_log(path, {"w": None})
+        recover_log(path, {"w": World().workflow()})
 
 
 def test_log_with_violations_is_refused(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_log_with_violations_is_refused(tmp_path: Path) -> None:
     path = write_log(tmp_path / "log", [RunStarted(workflow="w"), *simple_changes()[:1], *simple_changes()[3:]])
     before = path.read_bytes()
     with pytest.raises(RecoveryError, match="violation"):
-        recover_log(path, {"w": None})
+        recover_log(path, {"w": World().workflow()})
     assert path.read_bytes() == before
 
 
@@ -214,7 +214,7 @@ def test_corrupt_log_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_bytes(b"".join(lines))
     with pytest.raises(LogNeedsRecovery, match="line 3 is corrupt"):
-        recover_log(path, {"w": None})
+        recover_log(path, {"w": World().workflow()})
 
 
 def test_every_crash_point_recovers_to_a_valid_log(tmp_path: Path) -> None:

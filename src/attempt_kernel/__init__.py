@@ -32,10 +32,17 @@ from ._executor import EffectRejected as EffectRejected
 from ._executor import Executor as Executor
 from ._executor import Job as Job
 from ._executor import RunControl as RunControl
+from ._executor import RunRefused as RunRefused
 from ._executor import RunReport as RunReport
+from ._executor import RunsStopped as RunsStopped
 from ._executor import StepError as StepError
 from ._executor import StepOutcome as StepOutcome
 from ._executor import run_jobs as run_jobs
+from ._findings import EffectFinding as EffectFinding
+from ._findings import EffectHappened as EffectHappened
+from ._findings import EffectNotHappened as EffectNotHappened
+from ._findings import EffectUnknown as EffectUnknown
+from ._findings import Reconciler as Reconciler
 from ._intent import Abandon as Abandon
 from ._intent import Abandoned as Abandoned
 from ._intent import Confirm as Confirm
@@ -55,6 +62,7 @@ from ._intent import intent_transition as intent_transition
 from ._intent import is_outstanding as is_outstanding
 from ._ledger import OpenAttempt as OpenAttempt
 from ._ledger import PriorStep as PriorStep
+from ._ledger import RunStanding as RunStanding
 from ._ledger import RunStatus as RunStatus
 from ._ledger import Violation as Violation
 from ._logfile import FileLog as FileLog
@@ -69,17 +77,23 @@ from ._records import AttemptCreated as AttemptCreated
 from ._records import AttemptTransitioned as AttemptTransitioned
 from ._records import Change as Change
 from ._records import CorruptLine as CorruptLine
+from ._records import DomainStateSet as DomainStateSet
 from ._records import IntentChanged as IntentChanged
 from ._records import IntentPlanned as IntentPlanned
+from ._records import IntentReconciled as IntentReconciled
 from ._records import JSON as JSON
 from ._records import LogItem as LogItem
 from ._records import Record as Record
 from ._records import RunCancelRequested as RunCancelRequested
 from ._records import RunFinished as RunFinished
+from ._records import RunResumed as RunResumed
 from ._records import RunStarted as RunStarted
+from ._records import RunStopRequested as RunStopRequested
 from ._records import StepResult as StepResult
 from ._records import TornTail as TornTail
+from ._recovery import Asked as Asked
 from ._recovery import OrphanEnded as OrphanEnded
+from ._recovery import RECONCILER_DEADLINE as RECONCILER_DEADLINE
 from ._recovery import RecoveredRun as RecoveredRun
 from ._recovery import Recovery as Recovery
 from ._recovery import RecoveryError as RecoveryError
@@ -87,6 +101,9 @@ from ._recovery import recover as recover
 from ._recovery import recover_log as recover_log
 from ._replay import ReplayReport as ReplayReport
 from ._replay import replay as replay
+from ._resume import Resumed as Resumed
+from ._resume import Supervisor as Supervisor
+from ._resume import resume_log as resume_log
 from ._store import Journal as Journal
 from ._store import LogSource as LogSource
 from ._store import RunLog as RunLog
@@ -101,6 +118,7 @@ __all__ = [
     "Abandon",
     "Abandoned",
     "Admit",
+    "Asked",
     "AttemptCreated",
     "AttemptKernelError",
     "AttemptState",
@@ -113,7 +131,12 @@ __all__ = [
     "CorruptLine",
     "Dispatch",
     "Dispatched",
+    "DomainStateSet",
+    "EffectFinding",
+    "EffectHappened",
+    "EffectNotHappened",
     "EffectRejected",
+    "EffectUnknown",
     "Executor",
     "Fail",
     "Failed",
@@ -124,6 +147,7 @@ __all__ = [
     "IntentCause",
     "IntentChanged",
     "IntentPlanned",
+    "IntentReconciled",
     "IntentState",
     "JSON",
     "Job",
@@ -142,6 +166,8 @@ __all__ = [
     "Planned",
     "PriorStep",
     "QueueDeadlinePassed",
+    "RECONCILER_DEADLINE",
+    "Reconciler",
     "Record",
     "RecoveredRun",
     "Recovery",
@@ -149,6 +175,7 @@ __all__ = [
     "Reject",
     "Rejected",
     "ReplayReport",
+    "Resumed",
     "RetryPolicy",
     "RunCancelRequested",
     "RunControl",
@@ -156,10 +183,15 @@ __all__ = [
     "RunLog",
     "RunLogError",
     "RunLogWriter",
+    "RunRefused",
     "RunReport",
+    "RunResumed",
+    "RunStanding",
     "RunStarted",
     "RunStatus",
+    "RunStopRequested",
     "Running",
+    "RunsStopped",
     "SCHEMA_VERSION",
     "Step",
     "StepContext",
@@ -170,6 +202,7 @@ __all__ = [
     "StepResult",
     "Succeed",
     "Succeeded",
+    "Supervisor",
     "TimedOut",
     "TornTail",
     "TransitionCause",
@@ -188,6 +221,7 @@ __all__ = [
     "recover",
     "recover_log",
     "replay",
+    "resume_log",
     "run_jobs",
     "transition",
 ]

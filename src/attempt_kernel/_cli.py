@@ -1,15 +1,21 @@
-"""The ``attempt-kernel`` command line: argparse in, text out.
+"""The ``attempt-kernel`` command line: argparse in, text out, one handler per command.
 
-Exit codes: 0 success (a valid log), 1 a log with violations, 2 a usage or
-I/O error (argparse's convention for usage errors), 141 when the reader of
+Exit codes: 0 success (a valid log, a run that succeeded), 1 a log with
+violations or a run that did not succeed, 2 a usage or I/O error
+(argparse's convention for usage errors), 130 and 143 when SIGINT or
+SIGTERM stopped runs gracefully (128 + the signal), 141 when the reader of
 the output went away (a closed pipe). Names from a log are escaped where
-they are printed.
+they are printed. Reading commands (``replay``, ``runs``, ``show``) work on
+a log another process is writing; writing ones are refused by its lock.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import importlib
 import io
+import json
 import os
 import signal
 import sys
@@ -17,21 +23,33 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 from . import _report, _table
-from ._demo import TRIP_PLANNER, WORKFLOWS
+from ._codec import RunLogError
+from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
-from ._executor import Job, run_jobs
-from ._recovery import recover_log
+from ._executor import Job, RunsStopped, recorded_report, run_jobs
+from ._history import run_history
+from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
+from ._ledger import Ledger, RunView
+from ._logfile import FileLog, RunLogWriter, read_log
+from ._records import JSON, IntentPlanned, IntentReconciled, Record, RunStarted
+from ._recovery import Recovery
 from ._replay import replay
 from ._report import shown
-from ._codec import RunLogError
-from ._logfile import RunLogWriter
-from ._records import Record, RunStarted
+from ._resume import Supervisor, resume_log
+from ._workflow import Workflow
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
+EXIT_NOT_SUCCEEDED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_BROKEN_PIPE: Final = 141
 """128 + SIGPIPE, what a shell reports for a writer whose reader went away."""
+GRACE: Final = 5.0
+"""Seconds live attempts get after SIGINT/SIGTERM before they are ended."""
+
+
+class _Usage(AttemptKernelError):
+    """Internal: a wrong argument found after parsing (exit 2, message as is)."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -85,17 +103,84 @@ def _parser() -> argparse.ArgumentParser:
         "--seed", type=int, default=0, metavar="S",
         help="seed for the simulated tools' latencies (default 0)",
     )  # fmt: skip
+    run = commands.add_parser(
+        "run",
+        help="run your own workflow (MODULE:ATTR) and write its log",
+        description="Import the workflow MODULE:ATTR (a Workflow from load_workflow; the "
+        "current folder is on the import path), run it once, append its records to the "
+        "log, and print its report. SIGINT/SIGTERM stop it gracefully: no new attempt, "
+        f"{GRACE:g} s of grace, then live attempts end as recovery would end them, and "
+        "the run stays unfinished for `recover`. Exit 0 if the run succeeded, 1 if not, "
+        "2 for usage or I/O errors, 130/143 when stopped by SIGINT/SIGTERM.",
+    )
+    run.add_argument("target", metavar="MODULE:ATTR", help="the workflow, e.g. flows:orders")
+    run.add_argument(
+        "--log", metavar="PATH",
+        help="run log to append to (default: <workflow name>.jsonl; created if missing)",
+    )  # fmt: skip
+    run.add_argument(
+        "--run", metavar="ID", dest="run_id",
+        help="the run's id (default: <workflow>-<n>, the next free number in the log)",
+    )  # fmt: skip
+    run.add_argument(
+        "--input", metavar="JSON", help="the run's input, as JSON (steps see it as ctx.input)"
+    )
     recover = commands.add_parser(
         "recover",
         help="recover a log after a crash and resume its unfinished runs",
-        description="Cut a torn tail (its bytes are kept in a side file), end every "
-        "orphaned attempt (Running: Cancel with the intent record's answer; Pending: "
-        "Cancel(intent_dispatched=False)), resume unfinished runs (Succeeded steps are "
-        "not run again, Cancelled ones get a new attempt, Indeterminate ones are left "
-        "for reconciliation), then replay the log. Exit 0 if valid, 1 if not, 2 for "
-        "usage or I/O errors or a log that cannot be recovered.",
+        description="Cut a torn tail (its bytes are kept in a side file), ask the steps' "
+        "reconcilers about effects a crash left outstanding, end every orphaned attempt "
+        "(Running: Cancel with the intent record's answer; Pending: "
+        "Cancel(intent_dispatched=False)), close runs whose cancel was decided, resume "
+        "the others (Succeeded steps are not run again, Cancelled ones get a new attempt, "
+        "Indeterminate ones wait for reconciliation), then replay the log. Exit 0 if "
+        "valid, 1 if not, 2 for usage or I/O errors or a log that cannot be recovered, "
+        "130/143 when stopped by SIGINT/SIGTERM.",
     )
     recover.add_argument("log", metavar="LOG", help="path of the run log to recover")
+    recover.add_argument(
+        "--workflows", nargs="+", default=[], metavar="MODULE:ATTR",
+        help="your workflows, beside the built-in demo's",
+    )  # fmt: skip
+    runs = commands.add_parser(
+        "runs",
+        help="list the runs in a log and where each stands",
+        description="One line per run: id, workflow, status (running, interrupted, "
+        "succeeded, failed, cancelled, needs-reconciliation), attempts, start and end "
+        "time (UTC), domain state. The log is only read. Exit 0, or 2 for usage or I/O "
+        "errors.",
+    )
+    runs.add_argument("log", metavar="LOG", help="path of a run log")
+    runs.add_argument("--json", action="store_true", help="print one JSON object")
+    show = commands.add_parser(
+        "show",
+        help="show one run step by step",
+        description="The run's attempts with their states, causes and times, results "
+        "(shortened) and errors, intents with their keys and states, and who reconciled "
+        "what. The log is only read. Exit 0, or 2 for usage or I/O errors or an unknown run.",
+    )
+    show.add_argument("log", metavar="LOG", help="path of a run log")
+    show.add_argument("run", metavar="RUN", help="the run's id")
+    show.add_argument("--json", action="store_true", help="print one JSON object")
+    reconcile = commands.add_parser(
+        "reconcile",
+        help="resolve an outstanding intent after asking the downstream system",
+        description="Record that the effect under KEY is known to have happened "
+        "(--confirmed, with its --result if known) or not (--rejected). The attempt "
+        "keeps its state; once no intent of the step is outstanding, `recover` resumes "
+        "the run and the step gets a new attempt (confirmed results reused, rejected "
+        "effects sent again). Exit 0, or 2 for an unknown key, a key that is not "
+        "outstanding, or other usage or I/O errors (nothing is written then).",
+    )
+    reconcile.add_argument("log", metavar="LOG", help="path of the run log")
+    reconcile.add_argument("--key", required=True, metavar="KEY", help="the intent's idempotency key")
+    answer = reconcile.add_mutually_exclusive_group(required=True)
+    answer.add_argument("--confirmed", action="store_true", help="the effect happened")
+    answer.add_argument("--rejected", action="store_true", help="the effect did not happen")
+    reconcile.add_argument(
+        "--result", metavar="JSON", help="with --confirmed: the effect's result, as JSON"
+    )
+    reconcile.add_argument("--note", default="", metavar="TEXT", help="why, for the record")
     return parser
 
 
@@ -130,13 +215,73 @@ def _progress() -> Callable[[str], None] | None:
     """One line per state change on stderr, when a person is watching it."""
     if not sys.stderr.isatty():
         return None
-    return lambda line: print(f"  .. {line}", file=sys.stderr, flush=True)
+    return lambda line: print(f"  .. {shown(line)}", file=sys.stderr, flush=True)
+
+
+def _json_argument(text: str, flag: str) -> JSON:
+    """Strict JSON from the command line, or a usage error naming the position."""
+
+    def no_constant(name: str) -> JSON:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value: JSON = json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as error:
+        raise _Usage(
+            f"{flag} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"
+            f" (character {error.pos})"
+        ) from None
+    except ValueError as error:
+        raise _Usage(f"{flag} is not JSON: {error}") from None
+    return value
+
+
+def load_target(target: str) -> Workflow:
+    """The workflow an import path ``MODULE:ATTR`` names (the current folder first).
+
+    Raises an error naming the module and the attribute when the module does
+    not import, has no such attribute, or the attribute is not a `Workflow`.
+    """
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise _Usage(f"{target!r} is not MODULE:ATTR (for example flows:orders)")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # noqa: BLE001  # whatever the user's module raises
+        raise _Usage(
+            f"cannot import module {module_name!r} (for {target}):"
+            f" {type(error).__name__}: {error}"
+        ) from None
+    value: object = module
+    for part in attr.split("."):
+        if not hasattr(value, part):
+            raise _Usage(f"module {module_name!r} has no attribute {attr!r}")
+        value = getattr(value, part)
+    if not isinstance(value, Workflow):
+        raise _Usage(
+            f"{target} is a {type(value).__name__}, not a Workflow; make it with"
+            " attempt_kernel.load_workflow(...)"
+        )
+    return value
 
 
 def _replay_and_print(log: str) -> int:
     report = replay(log)
     sys.stdout.write("\n" + _report.as_text(report, log))
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
+
+
+def _stopped(command: str, error: RunsStopped, resume: str) -> int:
+    runs = ", ".join(shown(r.run) for r in error.reports) or "none"
+    name = signal.Signals(error.signal).name
+    print(
+        f"attempt-kernel {command}: stopped by {name}; unfinished run(s) {runs} can be"
+        f" resumed with `{resume}`",
+        file=sys.stderr,
+    )
+    return 128 + error.signal
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -151,30 +296,219 @@ def _demo(args: argparse.Namespace) -> int:
         )  # fmt: skip
         run = f"trip-{existing + 1}"
         print(f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(log_path)}", flush=True)
-        [outcome] = run_jobs(
-            log,
-            [Job(workflow=blueprint.workflow, run=run, supervise=blueprint.supervise)],
-            progress=_progress(),
-        )
+        try:
+            [outcome] = run_jobs(
+                log,
+                [Job(workflow=blueprint.workflow, run=run, supervise=blueprint.supervise)],
+                progress=_progress(),
+                stop_on_signals=True,
+                grace=GRACE,
+            )
+        except RunsStopped as error:
+            return _stopped("demo", error, f"attempt-kernel recover {log_path}")
     sys.stdout.write(_report.run_text(outcome))
     return _replay_and_print(log_path)
 
 
+def _next_run_id(log: RunLogWriter, workflow: str) -> str:
+    """``<workflow>-<n>``: one more than the runs of that workflow in the log."""
+    ledger = Ledger()
+    ledger.feed(log.read())
+    taken = set(ledger.runs)
+    n = 1 + sum(1 for view in ledger.runs.values() if view.workflow == workflow)
+    while f"{workflow}-{n}" in taken:
+        n += 1
+    return f"{workflow}-{n}"
+
+
+def _run(args: argparse.Namespace) -> int:
+    target: str = args.target
+    workflow = load_target(target)
+    run_input = None if args.input is None else _json_argument(args.input, "--input")
+    log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
+    with RunLogWriter(log_path) as log:
+        run: str = args.run_id if args.run_id is not None else _next_run_id(log, workflow.name)
+        if not run:
+            raise _Usage("--run needs a non-empty id")
+        ledger = Ledger()
+        ledger.feed(log.read())
+        known = ledger.run(run)
+        if known is not None:
+            if not known.finished:
+                raise _Usage(
+                    f"run {run!r} is already in {log_path} and has not finished; resume it"
+                    f" with `attempt-kernel recover {log_path} --workflows {target}`"
+                )
+            if known.workflow != workflow.name:
+                raise _Usage(
+                    f"run {run!r} in {log_path} belongs to workflow {known.workflow!r},"
+                    f" not {workflow.name!r}; pick another --run"
+                )
+            print(
+                f"run {shown(run)} already finished in {shown(log_path)}; nothing was run"
+                " again. Its recorded report:",
+                flush=True,
+            )
+            report = recorded_report(log, workflow, run)
+            sys.stdout.write(_report.run_text(report))
+            return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
+        print(f"run: run {shown(run)} of workflow {shown(workflow.name)}, appending to {shown(log_path)}", flush=True)
+        try:
+            [report] = run_jobs(
+                log,
+                [Job(workflow=workflow, run=run, input=run_input)],
+                progress=_progress(),
+                stop_on_signals=True,
+                grace=GRACE,
+            )
+        except RunsStopped as error:
+            return _stopped("run", error, f"attempt-kernel recover {log_path} --workflows {target}")
+    sys.stdout.write(_report.run_text(report))
+    return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
+
+
 def _recover(args: argparse.Namespace) -> int:
     log_path: str = args.log
-    writer, recovery = recover_log(log_path, WORKFLOWS)
-    with writer:
+    targets: list[str] = args.workflows
+    demo: Blueprint = WORKFLOWS[TRIP_PLANNER](0)
+    workflows = [demo.workflow]
+    for target in targets:
+        workflow = load_target(target)
+        if workflow.name in (w.name for w in workflows):
+            raise _Usage(f"two workflows are named {workflow.name!r} (the demo's, or given twice)")
+        workflows.append(workflow)
+    supervisors: dict[str, Supervisor] = {TRIP_PLANNER: demo.supervise}
+
+    def print_recovery(recovery: Recovery) -> None:
         sys.stdout.write(_report.recovery_text(recovery, log_path))
-        jobs: list[Job] = []
-        for run in recovery.runs:
-            blueprint = WORKFLOWS[run.workflow](0)
-            jobs.append(
-                Job(workflow=blueprint.workflow, run=run.run, prior=run.steps,
-                    supervise=blueprint.supervise)
-            )  # fmt: skip
-        for outcome in run_jobs(writer, jobs, progress=_progress()) if jobs else []:
-            sys.stdout.write(_report.run_text(outcome))
+        sys.stdout.flush()
+
+    extra = "".join(f" --workflows {t}" for t in targets)
+    try:
+        resumed = resume_log(
+            log_path,
+            workflows,
+            supervisors=supervisors,
+            progress=_progress(),
+            stop_on_signals=True,
+            grace=GRACE,
+            on_recovered=print_recovery,
+        )
+    except RunsStopped as error:
+        return _stopped("recover", error, f"attempt-kernel recover {log_path}{extra}")
+    for report in resumed.reports:
+        sys.stdout.write(_report.run_text(report))
     return _replay_and_print(log_path)
+
+
+def _writer_holds(path: str) -> bool:
+    """Does another process hold the log's writer lock right now?"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _runs(args: argparse.Namespace) -> int:
+    log_path: str = args.log
+    ledger = Ledger()
+    ledger.feed(FileLog(log_path).read())
+    live = _writer_holds(log_path)
+    views: list[RunView] = list(ledger.runs.values())
+    rows = [_report.RunRow.of(view, live) for view in views]
+    if args.json:
+        sys.stdout.write(_report.runs_json(rows, log_path, ledger.violation_count))
+    else:
+        sys.stdout.write(_report.runs_text(rows, log_path, ledger.violation_count))
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> int:
+    log_path: str = args.log
+    run: str = args.run
+    history = run_history(read_log(log_path), run)
+    if history is None:
+        raise _Usage(f"no run {run!r} in {log_path} (`attempt-kernel runs {log_path}` lists them)")
+    live = _writer_holds(log_path) and history.standing == "interrupted"
+    if args.json:
+        sys.stdout.write(_report.show_json(history, live))
+    else:
+        sys.stdout.write(_report.show_text(history, live))
+    return EXIT_OK
+
+
+def _reconcile(args: argparse.Namespace) -> int:
+    log_path: str = args.log
+    key: str = args.key
+    if args.result is not None and not args.confirmed:
+        raise _Usage("--result goes with --confirmed (a rejected effect has no result)")
+    result = None if args.result is None else _json_argument(args.result, "--result")
+    with RunLogWriter(log_path, create=False) as log:
+        ledger = Ledger()
+        planned = False
+        items = list(log.read())
+        ledger.feed(items)
+        for item in items:
+            if isinstance(item, Record) and isinstance(item.change, IntentPlanned):
+                planned = planned or item.change.key == key
+        if ledger.violation_count:
+            first = ledger.violations[0]
+            raise _Usage(
+                f"{log_path} breaks the kernel's rules (line {first.line}: {first.reason});"
+                " nothing was written (see `attempt-kernel replay`)"
+            )
+        found = None
+        for view in ledger.runs.values():
+            for step in view.steps.values():
+                for name, state in step.attempt.intents.items():
+                    if step.keys.get(name) == key:
+                        found = (view, step, name, state)
+        if found is None:
+            if planned:
+                raise _Usage(f"intent {key!r} is not outstanding: its outcome is already recorded")
+            raise _Usage(f"no intent with key {key!r} in {log_path}")
+        view, step, name, state = found
+        if not is_outstanding(state):
+            raise _Usage(
+                f"intent {key!r} ({name!r} of step {step.name!r}) is not outstanding: it is"
+                f" {type(state).__name__}"
+            )
+        change = IntentReconciled(
+            step=step.name,
+            attempt=step.attempt.number,
+            name=name,
+            key=key,
+            from_state=DISPATCHED,
+            cause=Confirm() if args.confirmed else Reject(),
+            to_state=CONFIRMED if args.confirmed else REJECTED,
+            result=result,
+            by="operator",
+            note=args.note,
+        )
+        log.append(view.run, change)
+        ledger.apply_change(view.run, change)
+        log.flush()
+        left = view.outstanding()
+    verdict = "Confirmed (it happened)" if args.confirmed else "Rejected (it did not happen)"
+    print(
+        f"reconcile: intent {shown(name)} of run {shown(view.run)} / step {shown(step.name)}"
+        f" #{step.attempt.number} ({shown(key)}) is now {verdict}"
+    )
+    if left:
+        print(f"  still outstanding in run {shown(view.run)}: {', '.join(shown(k) for k in left)}")
+    else:
+        print(
+            f"  nothing of run {shown(view.run)} is outstanding now; `attempt-kernel recover"
+            f" {shown(log_path)}` resumes it"
+        )
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -194,13 +528,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+_HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
+    "demo": _demo,
+    "run": _run,
+    "recover": _recover,
+    "runs": _runs,
+    "show": _show,
+    "reconcile": _reconcile,
+}
+
+
 def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
-    if args.command == "table":
+    command: str = args.command
+    if command == "table":
         render = {"markdown": _table.markdown, "mermaid": _table.mermaid, "dot": _table.dot}
         sys.stdout.write(render[args.format]())
         return EXIT_OK
-    if args.command == "replay":
+    if command == "replay":
         try:
             report = replay(args.log)
         except RunLogError as error:
@@ -213,10 +558,11 @@ def _main(argv: Sequence[str] | None) -> int:
         else:
             sys.stdout.write(_report.as_text(report, args.log))
         return EXIT_OK if report.valid else EXIT_VIOLATIONS
-    if args.command in ("demo", "recover"):
-        try:
-            return _demo(args) if args.command == "demo" else _recover(args)
-        except AttemptKernelError as error:
-            print(f"attempt-kernel {args.command}: error: {shown(str(error))}", file=sys.stderr)
-            return EXIT_USAGE
-    raise AssertionError(f"unhandled command {args.command!r}")  # argparse forbids it
+    handler = _HANDLERS.get(command)
+    if handler is None:  # argparse forbids it
+        raise AssertionError(f"unhandled command {command!r}")
+    try:
+        return handler(args)
+    except AttemptKernelError as error:
+        print(f"attempt-kernel {command}: error: {shown(str(error))}", file=sys.stderr)
+        return EXIT_USAGE

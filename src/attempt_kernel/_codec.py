@@ -66,12 +66,16 @@ from ._records import (
     AttemptTransitioned,
     Change,
     CorruptLine,
+    DomainStateSet,
     IntentChanged,
     IntentPlanned,
+    IntentReconciled,
     Record,
     RunCancelRequested,
     RunFinished,
+    RunResumed,
     RunStarted,
+    RunStopRequested,
     StepResult,
 )
 
@@ -107,10 +111,14 @@ class Kind(enum.Enum):
 
     RUN_STARTED = "run_started"
     RUN_CANCEL_REQUESTED = "run_cancel_requested"
+    RUN_STOP_REQUESTED = "run_stop_requested"
+    RUN_RESUMED = "run_resumed"
     CREATED = "created"
     TRANSITION = "transition"
     INTENT_PLANNED = "intent_planned"
     INTENT = "intent"
+    RECONCILED = "reconciled"
+    DOMAIN_STATE = "domain_state"
     RESULT = "result"
     RUN_FINISHED = "run_finished"
 
@@ -122,6 +130,10 @@ def kind_of(change: Change) -> Kind:
             return Kind.RUN_STARTED
         case RunCancelRequested():
             return Kind.RUN_CANCEL_REQUESTED
+        case RunStopRequested():
+            return Kind.RUN_STOP_REQUESTED
+        case RunResumed():
+            return Kind.RUN_RESUMED
         case AttemptCreated():
             return Kind.CREATED
         case AttemptTransitioned():
@@ -130,6 +142,10 @@ def kind_of(change: Change) -> Kind:
             return Kind.INTENT_PLANNED
         case IntentChanged():
             return Kind.INTENT
+        case IntentReconciled():
+            return Kind.RECONCILED
+        case DomainStateSet():
+            return Kind.DOMAIN_STATE
         case StepResult():
             return Kind.RESULT
         case RunFinished():
@@ -269,6 +285,10 @@ _T_PLANNED: Final = Kind.INTENT_PLANNED.value
 _T_INTENT: Final = Kind.INTENT.value
 _T_RESULT: Final = Kind.RESULT.value
 _T_FINISHED: Final = Kind.RUN_FINISHED.value
+_T_STOP: Final = Kind.RUN_STOP_REQUESTED.value
+_T_RESUMED: Final = Kind.RUN_RESUMED.value
+_T_RECONCILED: Final = Kind.RECONCILED.value
+_T_DOMAIN: Final = Kind.DOMAIN_STATE.value
 
 
 def _change_json(change: Change) -> str:
@@ -290,12 +310,32 @@ def _change_json(change: Change) -> str:
                 return f'{head},"ok":true,"value":{_dumps(change.value)}}}'
             return f'{head},"ok":false,"error":{_q(change.error)}}}'
         case IntentChanged():
-            return (
+            body = (
                 f',"type":"{_T_INTENT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
                 f',"intent":{_q(change.name)}'
                 f',"from":"{_INTENT_STATE_NAME[type(change.from_state)]}"'
                 f',"cause":"{_INTENT_CAUSE_NAME[type(change.cause)]}"'
-                f',"to":"{_INTENT_STATE_NAME[type(change.to_state)]}"}}'
+                f',"to":"{_INTENT_STATE_NAME[type(change.to_state)]}"'
+            )
+            if change.result is None:
+                return body + "}"
+            return f'{body},"result":{_dumps(change.result)}}}'
+        case IntentReconciled():
+            body = (
+                f',"type":"{_T_RECONCILED}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+                f',"intent":{_q(change.name)},"key":{_q(change.key)}'
+                f',"from":"{_INTENT_STATE_NAME[type(change.from_state)]}"'
+                f',"cause":"{_INTENT_CAUSE_NAME[type(change.cause)]}"'
+                f',"to":"{_INTENT_STATE_NAME[type(change.to_state)]}"'
+                f',"by":{_q(change.by)},"note":{_q(change.note)}'
+            )
+            if change.result is None:
+                return body + "}"
+            return f'{body},"result":{_dumps(change.result)}}}'
+        case DomainStateSet():
+            return (
+                f',"type":"{_T_DOMAIN}","step":{_q(change.step)},"attempt":{change.attempt:d}'
+                f',"state":{_q(change.state)}}}'
             )
         case IntentPlanned():
             return (
@@ -304,9 +344,15 @@ def _change_json(change: Change) -> str:
             )
         case RunStarted():
             head = f',"type":"{_T_STARTED}","workflow":{_q(change.workflow)}'
+            if change.domain_states:
+                head += f',"domain_states":[{",".join(_q(n) for n in change.domain_states)}]'
             if change.input is None:
                 return head + "}"
             return f'{head},"input":{_dumps(change.input)}}}'
+        case RunStopRequested():
+            return f',"type":"{_T_STOP}","reason":{_q(change.reason)}}}'
+        case RunResumed():
+            return f',"type":"{_T_RESUMED}"}}'
         case RunCancelRequested():
             return f',"type":"{_T_CANCEL}","reason":{_q(change.reason)}}}'
         case RunFinished():
@@ -383,6 +429,31 @@ def _intent_state(obj: dict[str, object], field: str) -> IntentState:
     return state
 
 
+def _text(obj: dict[str, object], field: str) -> str:
+    """An optional free-text field (empty when absent)."""
+    value = obj.get(field, "")
+    if type(value) is not str:
+        raise _Bad(f"field {field!r} must be a string, got {_shown(value)}")
+    return value
+
+
+def _names(obj: dict[str, object], field: str) -> tuple[str, ...]:
+    """An optional list of non-empty strings (empty when absent)."""
+    value: object = obj.get(field, [])
+    names = cast("list[object]", value) if type(value) is list else None
+    if names is None or not all(type(n) is str and n for n in names):
+        raise _Bad(f"field {field!r} must be a list of non-empty strings, got {_shown(obj.get(field))}")
+    return tuple(cast("list[str]", names))
+
+
+def _intent_cause(obj: dict[str, object]) -> IntentCause:
+    name = obj.get("cause")
+    cause = _INTENT_CAUSES.get(name) if type(name) is str else None
+    if cause is None:
+        raise _Bad(f"unknown intent cause {_shown(name)} in field 'cause'")
+    return cause
+
+
 def _cause(obj: dict[str, object]) -> TransitionCause:
     name = _name(obj, "cause")
     if name == "Cancel":
@@ -426,17 +497,31 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 return StepResult(step=step, attempt=attempt, error=_str(obj, "error"))
             raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
         case Kind.INTENT:
-            cname = _name(obj, "cause")
-            icause = None if cname is None else _INTENT_CAUSES.get(cname)
-            if icause is None:
-                raise _Bad(f"unknown intent cause {_shown(obj.get('cause'))} in field 'cause'")
             return IntentChanged(
                 step=_str(obj, "step"),
                 attempt=_int(obj, "attempt"),
                 name=_str(obj, "intent"),
                 from_state=_intent_state(obj, "from"),
-                cause=icause,
+                cause=_intent_cause(obj),
                 to_state=_intent_state(obj, "to"),
+                result=cast(JSON, obj.get("result")),
+            )
+        case Kind.RECONCILED:
+            return IntentReconciled(
+                step=_str(obj, "step"),
+                attempt=_int(obj, "attempt"),
+                name=_str(obj, "intent"),
+                key=_str(obj, "key"),
+                from_state=_intent_state(obj, "from"),
+                cause=_intent_cause(obj),
+                to_state=_intent_state(obj, "to"),
+                result=cast(JSON, obj.get("result")),
+                by=_str(obj, "by"),
+                note=_text(obj, "note"),
+            )
+        case Kind.DOMAIN_STATE:
+            return DomainStateSet(
+                step=_str(obj, "step"), attempt=_int(obj, "attempt"), state=_str(obj, "state")
             )
         case Kind.INTENT_PLANNED:
             return IntentPlanned(
@@ -446,13 +531,17 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 key=_str(obj, "key"),
             )
         case Kind.RUN_STARTED:
-            # json.loads yields only JSON values
-            return RunStarted(workflow=_str(obj, "workflow"), input=cast(JSON, obj.get("input")))
+            return RunStarted(
+                workflow=_str(obj, "workflow"),
+                input=cast(JSON, obj.get("input")),  # json.loads yields only JSON values
+                domain_states=_names(obj, "domain_states"),
+            )
         case Kind.RUN_CANCEL_REQUESTED:
-            reason = obj.get("reason", "")
-            if type(reason) is not str:
-                raise _Bad(f"field 'reason' must be a string, got {_shown(reason)}")
-            return RunCancelRequested(reason=reason)
+            return RunCancelRequested(reason=_text(obj, "reason"))
+        case Kind.RUN_STOP_REQUESTED:
+            return RunStopRequested(reason=_text(obj, "reason"))
+        case Kind.RUN_RESUMED:
+            return RunResumed()
         case Kind.RUN_FINISHED:
             return RunFinished()
         case _:

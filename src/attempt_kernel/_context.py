@@ -25,10 +25,12 @@ class StepContext(Protocol):
     The executor's context makes every effect write-ahead logged (spec §3):
     ``effect`` records the intent `Planned`, then `Dispatched`, makes the log
     durable, and only then awaits ``perform(idempotency_key)``. If that
-    returns, the intent is `Confirmed`; if it raises `EffectRejected`, the
-    intent is `Rejected` and the error propagates; anything else (another
-    exception, a deadline, a cancellation) leaves it `Dispatched`: the effect
-    may have happened, and the run log says so.
+    returns, the intent is `Confirmed` with the value as its result; if it
+    raises `EffectRejected`, the intent is `Rejected` and the error
+    propagates; anything else (another exception, a deadline, a
+    cancellation) leaves it `Dispatched`: the effect may have happened, and
+    the run log says so. An effect that an earlier attempt of the step
+    confirmed is not sent again: ``effect`` returns its recorded result.
     """
 
     @property
@@ -62,6 +64,12 @@ class StepContext(Protocol):
 
     async def effect(self, name: str, perform: Perform) -> JSON:
         """Perform one external side effect, write-ahead logged as intent ``name``."""
+        ...
+
+    def set_state(self, name: str) -> None:
+        """Set the run's domain step state (spec §7) to ``name``, a state the
+        workflow declares; the executor logs it, and an undeclared name fails
+        the attempt (`StepError`)."""
         ...
 
     async def run_blocking(self, function: Callable[[], T]) -> T:

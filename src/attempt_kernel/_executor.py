@@ -15,11 +15,20 @@ cancellation until it returns. Run blocking work with
 `StepContext.run_blocking`, which moves it to a thread (a thread cannot be
 stopped: when the deadline passes the attempt ends `TimedOut` while the
 thread finishes on its own).
+
+A run id is unique in a log: the executor reads the log it appends to (when
+the store can be read) into its ledger, refuses to start an unfinished run
+again, and answers a finished one with its recorded report. A graceful stop
+(`Executor.stop`, which `run_jobs` wires to SIGINT and SIGTERM) is not a
+cancel (spec §9): no new attempt starts, live attempts get a grace period
+and then end as recovery would end them, and the run stays unfinished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -54,14 +63,17 @@ from ._records import (
     JSON,
     AttemptCreated,
     Change,
+    DomainStateSet,
     IntentChanged,
     IntentPlanned,
     RunCancelRequested,
     RunFinished,
+    RunResumed,
     RunStarted,
+    RunStopRequested,
     StepResult,
 )
-from ._store import RunLog
+from ._store import LogSource, RunLog
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -78,7 +90,14 @@ class EffectRejected(AttemptKernelError):
 
 @final
 class StepError(AttemptKernelError):
-    """A step misused its context (an intent name used twice, ...); the attempt fails."""
+    """A step misused its context (an intent name used twice, an undeclared
+    domain state, ...); the attempt fails."""
+
+
+@final
+class RunRefused(AttemptKernelError):
+    """The run cannot start here: its id is taken by an unfinished run (recover
+    it instead), or the log it would be written to breaks the kernel's rules."""
 
 
 # --------------------------------------------------------------------------
@@ -141,19 +160,20 @@ class RunControl:
 # The executor's step context
 # --------------------------------------------------------------------------
 
-
 _Effect: TypeAlias = Callable[[str, str, int, str, Perform], Awaitable[JSON]]
+_SetState: TypeAlias = Callable[[str, str, int, str], None]
 
 
 @final
 class _Context:
     """The executor's `StepContext`: effects go through the executor's ledger and log."""
 
-    __slots__ = ("_effect", "run", "step", "attempt", "input", "inputs")
+    __slots__ = ("_effect", "_set_state", "run", "step", "attempt", "input", "inputs")
 
     def __init__(
         self,
         effect: _Effect,
+        set_state: _SetState,
         run: str,
         step: str,
         attempt: int,
@@ -161,6 +181,7 @@ class _Context:
         inputs: Mapping[str, JSON],
     ) -> None:
         self._effect: Final = effect
+        self._set_state: Final = set_state
         self.run: Final = run
         self.step: Final = step
         self.attempt: Final = attempt
@@ -172,6 +193,9 @@ class _Context:
 
     async def effect(self, name: str, perform: Perform) -> JSON:
         return await self._effect(self.run, self.step, self.attempt, name, perform)
+
+    def set_state(self, name: str) -> None:
+        self._set_state(self.run, self.step, self.attempt, name)
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
         return await asyncio.to_thread(function)
@@ -241,6 +265,22 @@ def _outcome(name: str, view: StepView | None) -> StepOutcome:
     )
 
 
+def _report(workflow: Workflow, run: str, ledger: Ledger, status: RunStatus) -> RunReport:
+    view = ledger.runs[run]
+    steps = tuple(_outcome(s.name, view.steps.get(s.name)) for s in workflow.steps)
+    return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
+
+
+def recorded_report(log: LogSource, workflow: Workflow, run: str) -> RunReport:
+    """The report of a run that finished in ``log``, rebuilt from its records."""
+    ledger = Ledger(keep=frozenset({run}))
+    ledger.feed(log.read())
+    view = ledger.run(run)
+    if view is None or view.status is None:
+        raise RunRefused(f"run {run!r} has not finished in this log")
+    return _report(workflow, run, ledger, view.status)
+
+
 @final
 class Executor:
     """Runs workflows as attempts under an admission limit, writing one run log.
@@ -249,6 +289,10 @@ class Executor:
     runs this executor drives; the others wait `Pending` (each up to its
     step's ``queue_deadline``). Use one executor per event loop. ``progress``, if
     given, is called with a one-line description of every state change.
+
+    When ``log`` can be read back (a `Journal` such as `RunLogWriter`), the
+    executor reads it first, so that run ids stay unique in it; a log whose
+    records break the kernel's rules is refused (`RunRefused`).
     """
 
     def __init__(
@@ -267,6 +311,18 @@ class Executor:
         # One limit for every run this executor drives; made on first use so
         # that it belongs to the running event loop.
         self._admission: asyncio.Semaphore | None = None
+        self._stop: asyncio.Event | None = None
+        self._grace = 0.0
+        self._stop_reason = ""
+        self._workflows: dict[str, Workflow] = {}
+        if isinstance(log, LogSource):
+            self._ledger.feed(log.read())
+            if self._ledger.violation_count:
+                first = self._ledger.violations[0]
+                raise RunRefused(
+                    f"the log breaks the kernel's rules (line {first.line}: {first.reason});"
+                    " nothing is appended to it (see `attempt-kernel replay`)"
+                )
 
     # ------------------------------------------------------------ logging
 
@@ -289,7 +345,9 @@ class Executor:
             )
         return change.to_state
 
-    def _intent(self, run: str, step: str, name: str, cause: IntentCause) -> None:
+    def _intent(
+        self, run: str, step: str, name: str, cause: IntentCause, result: JSON = None
+    ) -> None:
         attempt = self._ledger.attempt(run, step)
         current = attempt.intents[name]
         to = intent_transition(current, cause)
@@ -302,16 +360,24 @@ class Executor:
                 from_state=current,
                 cause=cause,
                 to_state=to,
+                result=result,
             ),
         )
 
     async def _effect(self, run: str, step: str, number: int, name: str, perform: Perform) -> JSON:
-        """`StepContext.effect`: Planned, Dispatched and durable, then sent (spec §3)."""
-        if name in self._ledger.attempt(run, step).intents:
+        """`StepContext.effect`: Planned, Dispatched and durable, then sent (spec §3).
+
+        An effect an earlier attempt of the step confirmed is not sent again:
+        its recorded result is returned (spec §6: at most once per key).
+        """
+        view = self._ledger.runs[run].steps[step]
+        if name in view.attempt.intents:
             raise StepError(
                 f"step {step!r} attempt {number}: intent {name!r} is used twice;"
                 " give each effect of a step its own name"
             )
+        if name in view.confirmed:
+            return view.confirmed[name]
         key = idempotency_key(run, step, name)
         self._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
         self._intent(run, step, name, Dispatch())
@@ -321,13 +387,57 @@ class Executor:
         except EffectRejected:
             self._intent(run, step, name, Reject())
             raise
-        self._intent(run, step, name, Confirm())
+        try:
+            self._intent(run, step, name, Confirm(), value)
+        except UnencodableRecord as error:  # nothing was written: confirm without it
+            self._intent(run, step, name, Confirm())
+            raise StepError(
+                f"effect {name!r} happened, but returned a value the run log cannot"
+                f" encode ({error}); it is recorded Confirmed without its result"
+            ) from None
         return value
+
+    def _set_state(self, run: str, step: str, number: int, name: str) -> None:
+        """`StepContext.set_state`: a declared domain state, into the log (spec §7)."""
+        declared = self._ledger.runs[run].domain_states
+        if name not in declared:
+            raise StepError(
+                f"step {step!r} attempt {number}: domain state {name!r} is not declared by"
+                f" the workflow (declared: {', '.join(declared) or 'none'})"
+            )
+        self._write(run, DomainStateSet(step=step, attempt=number, state=name))
 
     def _cancel(self, run: str, step: str) -> None:
         # spec §2: the flag comes from the intent record, never from where the
         # cancellation was caught
         self._move(run, step, self._ledger.cancel_cause(run, step))
+
+    def _may_start(self, run: str) -> bool:
+        """No attempt starts in a run whose cancel or stop is recorded."""
+        view = self._ledger.runs[run]
+        return not (view.cancel_requested or view.stop_requested)
+
+    # ------------------------------------------------------------ stopping
+
+    def stop(self, reason: str, *, grace: float = 5.0) -> None:
+        """Stop gracefully (spec §9): not a cancel.
+
+        Each run this executor drives records ``run_stop_requested``; no new
+        attempt starts; live attempts get ``grace`` seconds to end, then end
+        as recovery would end them (``Cancel`` with the intent record's
+        flag). The runs stay unfinished (their reports say ``interrupted``),
+        so that recovery resumes them. Call it from the event loop's thread.
+        """
+        self._grace = grace
+        self._stop_reason = reason
+        if self._stop is None:
+            self._stop = asyncio.Event()
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        """True once `stop` was called."""
+        return self._stop is not None and self._stop.is_set()
 
     # ------------------------------------------------------------ one attempt
 
@@ -354,8 +464,8 @@ class Executor:
             self._cancel(run, name)
             raise
         try:
-            if self._ledger.runs[run].cancel_requested:
-                self._cancel(run, name)  # admitted just as the run was cancelled
+            if not self._may_start(run):
+                self._cancel(run, name)  # admitted just as the run was cancelled or stopped
                 return
             self._move(run, name, Admit())
             try:
@@ -395,16 +505,17 @@ class Executor:
         while True:
             view = ledger.step(run, step.name)
             number = 1 if view is None else view.attempt.number + 1
-            context = _Context(self._effect, run, step.name, number, input, inputs)
+            context = _Context(self._effect, self._set_state, run, step.name, number, input, inputs)
             await self._attempt(run, step, number, context, admission)
             view = ledger.step(run, step.name)
             assert view is not None  # the attempt was created above
             attempt = view.attempt
-            if ledger.runs[run].cancel_requested or not may_run_again(
+            if not self._may_start(run) or not may_run_again(
                 step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
             ):
-                # A cancelled run starts no attempt, even where the cancellation
-                # of this task was lost (3.10's wait_for can swallow one).
+                # A cancelled or stopped run starts no attempt, even where the
+                # cancellation of this task was lost (3.10's wait_for can
+                # swallow one).
                 return _outcome(step.name, view)
 
     # ------------------------------------------------------------ one run
@@ -423,20 +534,40 @@ class Executor:
         ``input`` is recorded in the run's start record and handed to every
         step as ``ctx.input``. ``control.cancel()`` cancels the run at any
         moment. ``prior`` (from recovery) resumes a run already in the log:
-        succeeded steps are not run again (their logged results feed their
-        dependents), other steps continue their attempt numbering. Cancelling
-        the task that awaits this coroutine also cancels the run (the
-        decision and the run's end are logged first).
+        ``run_resumed`` is written, succeeded steps are not run again (their
+        logged results feed their dependents), other steps continue their
+        attempt numbering. Cancelling the task that awaits this coroutine
+        also cancels the run (the decision and the run's end are logged
+        first).
+
+        Run ids are unique in a log the executor could read: starting a run
+        that finished there runs nothing and returns its recorded report;
+        one that has not finished is refused (`RunRefused`: recover it).
         """
         control = control if control is not None else RunControl()
         ledger = self._ledger
         outcomes: dict[str, StepOutcome] = {}
+        known = ledger.run(run)
         if prior is None:
-            self._write(run, RunStarted(workflow=workflow.name, input=input))
+            if known is not None and known.finished:
+                log = self._log
+                if not isinstance(log, LogSource):
+                    raise RunRefused(f"run {run!r} already finished in this log")
+                return recorded_report(log, workflow, run)
+            if known is not None:
+                raise RunRefused(
+                    f"run {run!r} is already in the log and has not finished; recovery"
+                    " resumes it (`attempt-kernel recover LOG`, or `resume_log`)"
+                )
+            self._write(
+                run,
+                RunStarted(workflow=workflow.name, input=input, domain_states=workflow.domain_states),
+            )
         else:
-            ledger.resume(run, workflow.name, prior)
-            known = ledger.runs[run]
-            input = known.input if input is None else input
+            if known is None or not known.steps:
+                ledger.resume(run, workflow.name, prior)
+            self._write(run, RunResumed())
+            input = ledger.runs[run].input if input is None else input
             for name in prior:
                 step_def = workflow.by_name.get(name)
                 view = ledger.step(run, name)
@@ -449,11 +580,13 @@ class Executor:
                     outcomes[name] = _outcome(name, view)
         if self._admission is None:
             self._admission = asyncio.Semaphore(self._limit)
+        if self._stop is None:
+            self._stop = asyncio.Event()
         admission = self._admission
         tasks: dict[str, asyncio.Task[StepOutcome]] = {}
         # Scheduling is by counts, not by rescanning: each step waits for the
         # dependencies that have not succeeded yet; a finished task hands its
-        # name to `finished` (None: the run was cancelled).
+        # name to `finished` ("" : the run was cancelled; None: stopped).
         unmet = {
             s.name: {d for d in s.after if d not in outcomes or not has_succeeded(outcomes[d].state)}
             for s in workflow.steps
@@ -464,7 +597,9 @@ class Executor:
                 dependents[d].append(s)
         finished: asyncio.Queue[str | None] = asyncio.Queue()
         cancel_wait = asyncio.ensure_future(control.wait())
-        cancel_wait.add_done_callback(lambda _: finished.put_nowait(None))
+        cancel_wait.add_done_callback(lambda _: finished.put_nowait(""))
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        stop_wait.add_done_callback(lambda _: finished.put_nowait(None))
 
         def start(step: Step) -> None:
             inputs = {d: outcomes[d].result for d in step.after}
@@ -473,17 +608,24 @@ class Executor:
             tasks[step.name] = task
 
         failure: BaseException | None = None
-        cancelled = False
+        cancelled = stopped = False
         try:
             for step in workflow.steps:
                 if step.name not in outcomes and not unmet[step.name]:
                     start(step)
             while tasks:
                 done = await finished.get()
-                if done is None:
+                if done == "":
                     cancelled = True
                     # spec §4: the decision is a record before any attempt ends for it
                     self._write(run, RunCancelRequested(reason="RunControl.cancel()"))
+                    break
+                if done is None:
+                    stopped = True
+                    self._write(run, RunStopRequested(reason=self._stop_reason))
+                    # spec §9: live attempts get a grace period, then end as
+                    # recovery would end them; nothing new starts meanwhile.
+                    await asyncio.wait(list(tasks.values()), timeout=self._grace)
                     break
                 outcomes[done] = tasks.pop(done).result()
                 if has_succeeded(outcomes[done].state):
@@ -500,10 +642,12 @@ class Executor:
             failure = error
             raise
         finally:
-            # A cancel (control.cancel() or of this coroutine) or a failure: end
-            # every live attempt (each task logs its own Cancel), and await every
-            # task, so none is left behind with an unread exception.
+            # A cancel (control.cancel() or of this coroutine), a stop or a
+            # failure: end every live attempt (each task logs its own Cancel),
+            # and await every task, so none is left behind with an unread
+            # exception.
             cancel_wait.cancel()
+            stop_wait.cancel()
             for task in tasks.values():
                 task.cancel()
             step_errors: list[Exception] = []
@@ -514,17 +658,22 @@ class Executor:
                     outcomes[name] = _outcome(name, ledger.step(run, name))
                 except Exception as error:  # noqa: BLE001  # re-raised below
                     step_errors.append(error)
-            # run_finished closes a run that ended or was cancelled; after a
-            # failure (the log itself failing, most likely) recovery closes it.
-            if (failure is None or cancelled) and not step_errors:
+            # run_finished closes a run that ended or was cancelled; a stopped
+            # run stays unfinished for recovery, and after a failure (the log
+            # itself failing, most likely) recovery closes it.
+            if (failure is None or cancelled) and not stopped and not step_errors:
                 self._write(run, RunFinished())
-                self._log.flush()
+            self._log.flush()
             if failure is None and step_errors:
                 raise step_errors[0]
         steps = tuple(
             outcomes[s.name] if s.name in outcomes else _outcome(s.name, None) for s in workflow.steps
         )
-        status = run_status(((s.state, s.outstanding) for s in steps), cancelled)
+        status: RunStatus = (
+            "interrupted"
+            if stopped
+            else run_status(((s.state, s.outstanding) for s in steps), cancelled)
+        )
         return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
 
 
@@ -542,14 +691,38 @@ class Job:
     """The run's input (``ctx.input``); recorded in its start record."""
 
 
+@final
+class RunsStopped(AttemptKernelError):
+    """`run_jobs` was stopped by a signal; the runs are unfinished, for recovery.
+
+    ``signal`` is the signal's number (``signal.SIGINT``, ``signal.SIGTERM``),
+    ``reports`` what each run had done (status ``interrupted``).
+    """
+
+    def __init__(self, signal_number: int, reports: list[RunReport]) -> None:
+        name = signal.Signals(signal_number).name
+        super().__init__(f"stopped by {name}; the runs are unfinished and recovery resumes them")
+        self.signal: Final = signal_number
+        self.reports: Final = reports
+
+
 def run_jobs(
     log: RunLog,
     jobs: list[Job],
     *,
     admission_limit: int = 8,
     progress: Callable[[str], None] | None = None,
+    stop_on_signals: bool = False,
+    grace: float = 5.0,
 ) -> list[RunReport]:
-    """Drive ``jobs`` concurrently on a new event loop; return their reports in order."""
+    """Drive ``jobs`` concurrently on a new event loop; return their reports in order.
+
+    With ``stop_on_signals``, SIGINT and SIGTERM stop the runs gracefully
+    (`Executor.stop` with ``grace`` seconds) and `RunsStopped` is raised once
+    they are closed off; a second SIGINT exits the process at once (exit
+    130), which recovery handles like a crash.
+    """
+    caught: list[int] = []
 
     async def drive(executor: Executor, job: Job) -> RunReport:
         control = RunControl()
@@ -571,8 +744,26 @@ def run_jobs(
         # included) while restoring the SIGINT handler; a 10,000-step report
         # would cost a noticeable repr.
         executor = Executor(log, admission_limit=admission_limit, progress=progress)
-        tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
-        reports.extend([await task for task in tasks])
+        loop = asyncio.get_running_loop()
+
+        def on_signal(number: int) -> None:
+            if caught:  # the second one: no more grace
+                os._exit(128 + number)
+            caught.append(number)
+            executor.stop(signal.Signals(number).name, grace=grace)
+
+        if stop_on_signals:
+            for number in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(number, on_signal, number)
+        try:
+            tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
+            reports.extend([await task for task in tasks])
+        finally:
+            if stop_on_signals:
+                for number in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(number)
 
     asyncio.run(main())
+    if caught:
+        raise RunsStopped(caught[0], reports)
     return reports

@@ -67,34 +67,57 @@ from ._codec import state_name
 from ._intent import (
     DISPATCHED,
     PLANNED,
+    Abandoned,
+    Confirmed,
+    Dispatched,
     IllegalIntentTransition,
     IntentState,
     cancel_cause,
     intent_dispatched,
     intent_transition,
     is_outstanding,
+    Planned,
+    Rejected,
 )
 from ._records import (
     JSON,
     AttemptCreated,
     AttemptTransitioned,
     Change,
+    CorruptLine,
+    DomainStateSet,
     IntentChanged,
     IntentPlanned,
+    IntentReconciled,
+    LogItem,
     Record,
     RunCancelRequested,
     RunFinished,
+    RunResumed,
     RunStarted,
+    RunStopRequested,
     StepResult,
+    TornTail,
 )
 from ._workflow import RetryPolicy
 
 MAX_VIOLATIONS_KEPT: Final = 1000
 """Violations beyond this many are counted, not kept (a garbage file has one per line)."""
 
-RunStatus: TypeAlias = Literal["succeeded", "failed", "cancelled", "needs-reconciliation"]
+RunStatus: TypeAlias = Literal[
+    "succeeded", "failed", "cancelled", "needs-reconciliation", "interrupted"
+]
 """How a run ended. ``needs-reconciliation``: some step ended Indeterminate or
-with an intent outstanding; an operator must ask the downstream systems."""
+with an intent outstanding; an operator must ask the downstream systems.
+``interrupted``: it was stopped (a signal) and stays unfinished until
+recovery resumes it."""
+
+RunStanding: TypeAlias = Literal[
+    "running", "interrupted", "succeeded", "failed", "cancelled", "needs-reconciliation"
+]
+"""Where a run stands in a log, as `attempt-kernel runs` says it: ``running``
+while a writer holds the log, ``interrupted`` when it is unfinished (or
+reconciled) and recovery resumes it, else how it ended."""
 
 # --------------------------------------------------------------------------
 # The derived rules (rule 2 of the module docstring)
@@ -130,14 +153,13 @@ def counts_as_try(state: AttemptState, cause: TransitionCause | None) -> bool:
 def needs_reconciliation(state: AttemptState, outstanding: tuple[str, ...]) -> bool:
     """Must an operator ask the downstream systems before this step goes on?
 
-    `Indeterminate` always (spec §2). Any other ended attempt when one of
-    its intents is still outstanding (spec §6: the effect may have happened).
-    A live attempt is not judged yet.
+    An ended attempt while one of its intents is still outstanding: an
+    `Indeterminate` one always is until reconciled (spec §2, §9), another one
+    may be (spec §6: the effect may have happened). A live attempt is not
+    judged yet.
     """
     match state:
-        case Indeterminate():
-            return True
-        case Failed() | TimedOut() | Succeeded() | Cancelled():
+        case Indeterminate() | Failed() | TimedOut() | Succeeded() | Cancelled():
             return bool(outstanding)
         case Pending() | Running():
             return False
@@ -160,8 +182,14 @@ def may_run_again(
     caller's question (`RunView.cancel_requested`).
     """
     match state:
-        case Succeeded() | Indeterminate():
-            return False  # done / never retried: an operator reconciles it
+        case Succeeded():
+            return False
+        case Indeterminate():
+            # spec §9: never retried while an intent is outstanding; once every
+            # one is reconciled the step gets a new attempt. The Indeterminate
+            # attempt does not count against max_attempts (it was stopped from
+            # outside, like a cancel).
+            return not outstanding
         case Cancelled():
             return True  # stopped with nothing outstanding (by the table): may run again
         case Failed() | TimedOut():
@@ -261,6 +289,9 @@ class StepView:
     """The latest attempt's error, once it raised."""
     keys: dict[str, str] = field(default_factory=dict[str, str])
     """Idempotency key of each intent name, stable across attempts."""
+    confirmed: dict[str, JSON] = field(default_factory=dict[str, JSON])
+    """The result of each effect known to have happened, by intent name, from
+    any attempt (spec §6: a later attempt reuses it instead of sending again)."""
 
     def outstanding(self) -> tuple[str, ...]:
         """Keys of the latest attempt's intents still `Dispatched` (reconcile these)."""
@@ -280,13 +311,40 @@ class RunView:
     workflow: str | None = None
     """From its run_started record (None if the log has none)."""
     input: JSON = None
+    domain_states: tuple[str, ...] = ()
+    """The domain step state names its workflow declares (spec §7)."""
+    domain_state: str | None = None
+    """The domain state a step set last."""
     cancel_requested: bool = False
     """A decision to cancel the run is recorded: no new attempt may start."""
+    stop_requested: bool = False
+    """A graceful stop is recorded and not yet followed by a resume."""
     finished: bool = False
     status: RunStatus | None = None
     """How it ended (`run_status`), once its run_finished record is applied."""
+    attempts: int = 0
+    """Attempts created, all steps together."""
+    started_us: int | None = None
+    """When its run_started record was written (records read from a log)."""
+    ended_us: int | None = None
+    """When its last run_finished record was written."""
     steps: dict[str, StepView] = field(default_factory=dict[str, StepView])
-    """Its steps, in the order they first appeared (dropped once it finished)."""
+    """Its steps, in the order they first appeared. Dropped once it finished,
+    unless it finished needing reconciliation (kept for reconcile and resume)."""
+
+    def outstanding(self) -> tuple[str, ...]:
+        """Idempotency keys still outstanding in any of its steps."""
+        return tuple(key for step in self.steps.values() for key in step.outstanding())
+
+    def standing(self) -> RunStanding:
+        """Where the run stands for an operator (``running`` is the CLI's to say)."""
+        if not self.finished:
+            return "interrupted"
+        status = self.status
+        assert status is not None  # set by run_finished
+        if status == "needs-reconciliation" and not self.outstanding():
+            return "interrupted"  # reconciled: recovery resumes it
+        return status
 
 
 @final
@@ -308,6 +366,8 @@ class PriorStep:
     """The last attempt's intent states, by intent name."""
     keys: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     """The idempotency key of each intent name the step has used."""
+    confirmed: Mapping[str, JSON] = field(default_factory=lambda: MappingProxyType({}))
+    """The result of each effect known to have happened, by intent name."""
 
 
 def snapshot(step: StepView) -> PriorStep:
@@ -323,6 +383,7 @@ def snapshot(step: StepView) -> PriorStep:
         outstanding=step.outstanding(),
         intents=MappingProxyType(dict(attempt.intents)),
         keys=MappingProxyType(dict(step.keys)),
+        confirmed=MappingProxyType(dict(step.confirmed)),
     )
 
 
@@ -359,7 +420,9 @@ class Ledger:
     `cancel_cause` and the derived rules of this module.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: frozenset[str] = frozenset()) -> None:
+        self._keep: Final = keep
+        """Runs whose steps are kept after they finish (to show or report them)."""
         self.runs: Final[dict[str, RunView]] = {}
         """Every run seen, finished or not (finished ones without their steps)."""
         self.last_seq = 0
@@ -375,6 +438,7 @@ class Ledger:
         self._counts: Final[dict[type, int]] = {type(s): 0 for s in ALL_STATES}
         self._expect_seq: int | None = 1
         self._line = 0
+        self._time = 0
         self._proposed: AttemptTransitioned | None = None
 
     # ------------------------------------------------------------ questions
@@ -430,6 +494,7 @@ class Ledger:
                 result=prior.result,
                 error=prior.error,
                 keys=keys,
+                confirmed=dict(prior.confirmed),
             )
 
     # ------------------------------------------------------------ feeding
@@ -438,6 +503,22 @@ class Ledger:
         self.violation_count += 1
         if len(self.violations) < MAX_VIOLATIONS_KEPT:
             self.violations.append(Violation(line=self._line, reason=reason))
+
+    def feed(self, items: Iterable[LogItem]) -> TornTail | None:
+        """Apply every item of a log, in order; return its torn tail, if any."""
+        torn: TornTail | None = None
+        apply = self.apply
+        for item in items:
+            match item:
+                case Record():
+                    apply(item)
+                case CorruptLine():
+                    self.corrupt(item.line, item.reason)
+                case TornTail():
+                    torn = item
+                case _:
+                    assert_never(item)
+        return torn
 
     def corrupt(self, line: int, reason: str) -> None:
         """A line that is no record at all: a violation; the sequence check resumes after it."""
@@ -449,6 +530,7 @@ class Ledger:
         """Check one record read from a log and update the model."""
         self.records += 1
         self._line = record.line
+        self._time = record.time_us
         expect = self._expect_seq
         if expect is not None and record.seq != expect:
             kind = "a gap" if record.seq > expect else "a repeat"
@@ -465,6 +547,7 @@ class Ledger:
         when it was proposed, against the state it now moves.
         """
         self._line = 0
+        self._time = 0
         proposed = self._proposed
         if proposed is not None and change is proposed:
             self._proposed = None
@@ -494,8 +577,12 @@ class Ledger:
     def _change(self, run: str, change: Change) -> None:
         view = self.runs.get(run)
         if view is not None and view.finished:
-            self._violate(f"record for run {run!r} after the run finished")
-            return
+            # spec §9: a run that ended needing reconciliation takes its
+            # reconciliations, then may be resumed; nothing else follows an end.
+            kind = type(change)
+            if not ((kind is IntentReconciled and view.steps) or kind is RunResumed):
+                self._violate(f"record for run {run!r} after the run finished")
+                return
         # Arms in the order of how often each change occurs in a log.
         match change:
             case AttemptTransitioned():
@@ -510,16 +597,28 @@ class Ledger:
                 self._intent_changed(run, change)
             case IntentPlanned():
                 self._planned(run, change)
+            case IntentReconciled():
+                self._reconciled(run, change)
+            case DomainStateSet():
+                self._domain_state(run, change)
             case RunStarted():
                 if view is not None:
                     self._violate(f"run {run!r} started twice (or after its records)")
-                    view.workflow, view.input = change.workflow, change.input
                 else:
-                    self.runs[run] = RunView(run=run, workflow=change.workflow, input=change.input)
+                    view = self.runs[run] = RunView(run=run)
+                view.workflow, view.input = change.workflow, change.input
+                view.domain_states = change.domain_states
+                view.started_us = self._time
             case RunCancelRequested():
                 if view is None:
                     view = self.runs[run] = RunView(run=run)
                 view.cancel_requested = True
+            case RunStopRequested():
+                if view is None:
+                    view = self.runs[run] = RunView(run=run)
+                view.stop_requested = True
+            case RunResumed():
+                self._resumed(run, view)
             case RunFinished():
                 self._run_finished(run, view)
             case _:
@@ -534,6 +633,12 @@ class Ledger:
                 f"attempt {change.attempt} of {where} created after the run's cancel was"
                 " requested; a cancelled run starts no attempt"
             )
+        elif view.stop_requested:
+            self._violate(
+                f"attempt {change.attempt} of {where} created after a stop was requested"
+                " and before the run was resumed"
+            )
+        view.attempts += 1
         step = view.steps.get(change.step)
         attempt = AttemptView(number=change.attempt, state=PENDING)
         if step is None:
@@ -709,6 +814,94 @@ class Ledger:
                     )
         self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
         intents[change.name] = change.to_state
+        self._settle(step, change.name, change.to_state, change.result)
+
+    def _settle(self, step: StepView, name: str, state: IntentState, result: JSON) -> None:
+        """Remember what is known of an effect across attempts (spec §6)."""
+        match state:
+            case Confirmed():
+                step.confirmed[name] = result
+            case Rejected():
+                step.confirmed.pop(name, None)  # known not to have happened: send again
+            case Planned() | Dispatched() | Abandoned():
+                if result is not None:
+                    self._violate(f"intent {name!r}: a result belongs to a Confirm only")
+            case _:
+                assert_never(state)
+
+    def _reconciled(self, run: str, change: IntentReconciled) -> None:
+        step = self._step(run, change.step, change.attempt)
+        if step is None:
+            return
+        intents = step.attempt.intents
+        current = intents.get(change.name)
+        if current is None:
+            self._violate(f"reconciliation of intent {change.name!r}, which the attempt never planned")
+            return
+        known = step.keys.get(change.name)
+        if known != change.key:
+            self._violate(
+                f"reconciliation of intent {change.name!r} names key {change.key!r}, but its"
+                f" key is {known!r}"
+            )
+        if type(current) is not type(change.from_state):
+            self._violate(
+                f"reconciliation of intent {change.name!r} starts from {change.from_state!r},"
+                f" but the intent is {current!r}"
+            )
+        else:
+            try:
+                expected = intent_transition(current, change.cause)
+            except IllegalIntentTransition as error:
+                self._violate(str(error))
+            else:
+                if type(expected) is not type(change.to_state):
+                    self._violate(
+                        f"{change.cause!r} from {current!r} goes to {expected!r},"
+                        f" but the reconciliation says {change.to_state!r}"
+                    )
+        self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
+        intents[change.name] = change.to_state
+        self._settle(step, change.name, change.to_state, change.result)
+        # The attempt keeps its state (spec §9); its entry lists what is left.
+        left = step.outstanding()
+        for entries in (self.indeterminate, self.to_reconcile):
+            for i, entry in enumerate(entries):
+                if (entry.run, entry.step, entry.attempt) == (run, step.name, step.attempt.number):
+                    entries[i] = OpenAttempt(
+                        run=run,
+                        step=step.name,
+                        attempt=entry.attempt,
+                        state=entry.state,
+                        line=entry.line,
+                        outstanding=left,
+                    )
+
+    def _domain_state(self, run: str, change: DomainStateSet) -> None:
+        step = self._live_step(run, change.step, change.attempt, "a domain state")
+        if step is None:
+            return
+        view = self.runs[run]
+        if change.state not in view.domain_states:
+            declared = ", ".join(view.domain_states) or "none"
+            self._violate(
+                f"domain state {change.state!r} set by step {change.step!r} is not declared by"
+                f" the run's workflow (declared: {declared})"
+            )
+        view.domain_state = change.state
+
+    def _resumed(self, run: str, view: RunView | None) -> None:
+        if view is None:
+            self._violate(f"run {run!r} resumed before it started")
+            return
+        if view.finished:
+            left = view.outstanding()
+            if view.status != "needs-reconciliation" or left:
+                why = f"intents {', '.join(left)} are outstanding" if left else "the run finished"
+                self._violate(f"run {run!r} resumed, but {why}")
+                return
+            view.finished, view.status = False, None
+        view.stop_requested = False
 
     def _run_finished(self, run: str, view: RunView | None) -> None:
         if view is None:
@@ -720,8 +913,10 @@ class Ledger:
                     f" {name!r} is still {state_name(step.attempt.state)}"
                 )
         view.finished = True
+        view.ended_us = self._time
         view.status = run_status(
             ((step.attempt.state, step.outstanding()) for step in view.steps.values()),
             view.cancel_requested,
         )
-        view.steps = {}
+        if view.status != "needs-reconciliation" and run not in self._keep:
+            view.steps = {}  # memory follows live runs; these keep what reconcile needs

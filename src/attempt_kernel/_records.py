@@ -5,8 +5,9 @@ Pure data, and nothing else: no encoding (that is `_codec`), no storage
 frozen value, so the ledger can ``match`` over `Change` exhaustively.
 
 Run-level decisions are records too (spec §4): a run's start (its workflow
-and input), a decision to cancel it, and its end. Whatever recovery decides,
-it decides from these alone.
+and input), a decision to cancel it, a graceful stop, its resumption, an
+operator's reconciliation, and its end. Whatever recovery decides, it
+decides from these alone.
 """
 
 from __future__ import annotations
@@ -41,10 +42,32 @@ class RunStarted:
     """A run of the workflow named ``workflow`` started with ``input``.
 
     Recovery resumes the run by that name; steps see ``input`` as ``ctx.input``.
+    ``domain_states`` are the domain step state names the workflow declares
+    (spec §7); a `DomainStateSet` naming another one is a violation.
     """
 
     workflow: str
     input: JSON = None
+    domain_states: tuple[str, ...] = ()
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunStopRequested:
+    """A graceful stop was asked (a signal): not a cancel (spec §9).
+
+    No new attempt starts; live ones end as recovery would end them; the run
+    stays unfinished, and `RunResumed` takes it up again.
+    """
+
+    reason: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResumed:
+    """Recovery took the unfinished run up again (after a crash, a stop, or
+    the reconciliation of a run that had ended needing it)."""
 
 
 @final
@@ -94,7 +117,11 @@ class IntentPlanned:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IntentChanged:
-    """Intent ``name`` of the attempt moved ``from_state`` --``cause``--> ``to_state``."""
+    """Intent ``name`` of the attempt moved ``from_state`` --``cause``--> ``to_state``.
+
+    A ``Confirm`` carries the effect's ``result``, so that a later attempt
+    asking for the same effect gets it without sending the effect again.
+    """
 
     step: str
     attempt: int
@@ -102,6 +129,41 @@ class IntentChanged:
     from_state: IntentState
     cause: IntentCause
     to_state: IntentState
+    result: JSON = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntentReconciled:
+    """Someone asked the downstream system about an outstanding intent (spec §9).
+
+    The intent moves ``from_state`` (``Dispatched``) --``cause``
+    (``Confirm`` or ``Reject``)--> ``to_state``, whatever its attempt's state:
+    an attempt that ended `Indeterminate` stays so. ``by`` says who decided
+    (``operator``, ``reconciler``), ``note`` why; ``result`` is the confirmed
+    effect's result, if known.
+    """
+
+    step: str
+    attempt: int
+    name: str
+    key: str
+    from_state: IntentState
+    cause: IntentCause
+    to_state: IntentState
+    result: JSON = None
+    by: str
+    note: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DomainStateSet:
+    """The running attempt set its workflow's domain step state to ``state`` (spec §7)."""
+
+    step: str
+    attempt: int
+    state: str
 
 
 @final
@@ -124,10 +186,14 @@ class RunFinished:
 Change: TypeAlias = Union[
     RunStarted,
     RunCancelRequested,
+    RunStopRequested,
+    RunResumed,
     AttemptCreated,
     AttemptTransitioned,
     IntentPlanned,
     IntentChanged,
+    IntentReconciled,
+    DomainStateSet,
     StepResult,
     RunFinished,
 ]

@@ -4,34 +4,46 @@ Spec §6 (normative in spirit): reopen the log, cut a torn tail (its bytes
 are kept in a side file, never silently dropped), rebuild the state (the
 ledger, `_ledger`), and end each orphaned attempt: a `Running` one with
 ``Cancel(intent_dispatched=<is an intent outstanding?>)``, a `Pending` one
-with ``Cancel(intent_dispatched=False)``, both asked of the ledger. A run
-whose cancel was decided (a ``run_cancel_requested`` record) is then closed,
-never resumed (spec §4); every other unfinished run is handed back as resume
-points (`PriorStep` per step) for the executor. No asyncio here.
+with ``Cancel(intent_dispatched=False)``, both asked of the ledger. Before
+that, each outstanding intent of an orphan whose step names a reconciler
+for it is asked about (spec §9): an answer is recorded as a reconciliation
+first, so the attempt ends `Cancelled` and only what nobody could answer
+ends `Indeterminate`. A run whose cancel was decided is then closed, never
+resumed (spec §4); every other unfinished run, and every run that ended
+needing reconciliation and has been reconciled since, is handed back as
+resume points (`PriorStep` per step) for the executor.
 
 Recovery refuses a log the ledger finds violations in: resuming from a state
 the log does not prove would write more records on top of a lie. It is
 restartable: stopped at any point, run it again and it goes on from what the
-log then says.
+log then says. Reconcilers are async; recovery runs them on an event loop
+of its own, each under a deadline (one that raises or runs past it counts
+as unknown).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from typing_extensions import final
+from typing_extensions import assert_never, final
 
-from ._attempt import AttemptState, is_terminal, transition
+from ._attempt import AttemptState, is_terminal
 from ._errors import AttemptKernelError
+from ._findings import EffectFinding, EffectHappened, EffectNotHappened, EffectUnknown, Reconciler
+from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
 from ._ledger import Ledger, PriorStep, snapshot
 from ._logfile import RunLogWriter
-from ._records import AttemptTransitioned, RunFinished, TornTail
-from ._replay import feed
+from ._records import IntentReconciled, RunFinished, TornTail
 from ._store import Journal
+from ._workflow import Workflow
+
+RECONCILER_DEADLINE: Final = 10.0
+"""Seconds a reconciler may take before its answer counts as unknown."""
 
 
 @final
@@ -50,6 +62,19 @@ class OrphanEnded:
     from_state: AttemptState
     to_state: AttemptState
     outstanding: tuple[str, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Asked:
+    """A reconciler asked about an orphan's outstanding intent, and what it found."""
+
+    run: str
+    step: str
+    attempt: int
+    intent: str
+    key: str
+    finding: EffectFinding
 
 
 @final
@@ -74,27 +99,58 @@ class Recovery:
     """Unfinished runs to resume."""
     closed: tuple[str, ...] = ()
     """Runs whose cancel was decided before the crash: closed, not resumed."""
+    asked: tuple[Asked, ...] = ()
+    """Reconcilers asked before the orphans were ended, with their answers."""
 
     @property
     def changed_nothing(self) -> bool:
         """True when the log needed no cut, no orphan ending, no closing and no resume."""
-        return self.torn_tail is None and not self.orphans and not self.runs and not self.closed
+        return (
+            self.torn_tail is None
+            and not self.orphans
+            and not self.runs
+            and not self.closed
+            and not self.asked
+        )
 
 
 _SHOWN: Final = 3
 
 
-def recover(journal: Journal, known_workflows: Mapping[str, object], *, source: str = "the log") -> Recovery:
+async def _ask_all(
+    questions: list[tuple[Reconciler, str]], deadline: float
+) -> list[EffectFinding]:
+    async def ask(reconciler: Reconciler, key: str) -> EffectFinding:
+        try:
+            return await asyncio.wait_for(reconciler(key), deadline)
+        except asyncio.TimeoutError:
+            return EffectUnknown(reason=f"the reconciler ran past its {deadline:g} s deadline")
+        except Exception as error:  # noqa: BLE001  # a reconciler may raise anything: unknown
+            return EffectUnknown(reason=f"the reconciler raised {type(error).__name__}: {error}")
+
+    return list(await asyncio.gather(*(ask(r, k) for r, k in questions)))
+
+
+def recover(
+    journal: Journal,
+    workflows: Mapping[str, Workflow],
+    *,
+    source: str = "the log",
+    reconciler_deadline: float = RECONCILER_DEADLINE,
+) -> Recovery:
     """Recover a journal already held by this writer (any store, spec §4).
 
-    Reads it into a ledger, refuses it if there is a violation or an
-    unfinished run whose workflow is not in ``known_workflows`` (nothing is
-    written then), ends every orphaned attempt through `transition` and into
-    the journal, closes the runs whose cancel was decided, and returns the
-    rest to resume. ``source`` names the journal in error messages.
+    Reads it into a ledger and refuses it if there is a violation or a run to
+    resume whose workflow is not in ``workflows`` (by name; nothing is
+    written then). Asks the steps' reconcilers about the orphans'
+    outstanding intents and records what they found, ends every orphaned
+    attempt through `transition` and into the journal, closes the runs whose
+    cancel was decided, and returns the rest to resume: unfinished runs, and
+    runs that ended needing reconciliation and were reconciled since.
+    ``source`` names the journal in error messages.
     """
     ledger = Ledger()
-    feed(ledger, journal.read())
+    ledger.feed(journal.read())
     if ledger.violation_count:
         shown = "; ".join(f"line {v.line}: {v.reason}" for v in ledger.violations[:_SHOWN])
         raise RecoveryError(
@@ -102,8 +158,8 @@ def recover(journal: Journal, known_workflows: Mapping[str, object], *, source: 
             " recovery resumes only a log that obeys the kernel"
             " (see `attempt-kernel replay`)"
         )
-    live = ledger.live_runs()
-    for view in live:
+    todo = [view for view in ledger.runs.values() if view.standing() == "interrupted"]
+    for view in todo:
         if view.cancel_requested:
             continue  # closed below; its workflow is not needed
         if view.workflow is None:
@@ -111,38 +167,76 @@ def recover(journal: Journal, known_workflows: Mapping[str, object], *, source: 
                 f"{source}: run {view.run!r} has no run_started record, so its workflow is"
                 " unknown and it cannot be resumed"
             )
-        if view.workflow not in known_workflows:
+        if view.workflow not in workflows:
             raise RecoveryError(
                 f"{source}: run {view.run!r} belongs to workflow {view.workflow!r}, which this"
-                f" program does not know (known: {', '.join(sorted(known_workflows)) or 'none'})"
+                f" program was not given (given: {', '.join(sorted(workflows)) or 'none'});"
+                " pass it with --workflows MODULE:ATTR"
             )
+    # spec §9: ask before ending; what is answered is recorded first.
+    questions: list[tuple[str, str, int, str, str, Reconciler]] = []
+    for view in todo:
+        workflow = workflows.get(view.workflow) if view.workflow is not None else None
+        if workflow is None:
+            continue
+        for name, step in view.steps.items():
+            step_def = workflow.by_name.get(name)
+            if step_def is None or is_terminal(step.attempt.state):
+                continue
+            for intent, state in step.attempt.intents.items():
+                reconciler = step_def.reconcilers.get(intent)
+                if is_outstanding(state) and reconciler is not None:
+                    key = step.keys[intent]
+                    questions.append((view.run, name, step.attempt.number, intent, key, reconciler))
+    findings = (
+        asyncio.run(_ask_all([(q[5], q[4]) for q in questions], reconciler_deadline))
+        if questions
+        else []
+    )
+    asked: list[Asked] = []
+    for (run, name, number, intent, key, _), finding in zip(questions, findings):
+        asked.append(Asked(run=run, step=name, attempt=number, intent=intent, key=key, finding=finding))
+        match finding:
+            case EffectHappened():
+                change = IntentReconciled(
+                    step=name, attempt=number, name=intent, key=key, from_state=DISPATCHED,
+                    cause=Confirm(), to_state=CONFIRMED, result=finding.result,
+                    by="reconciler", note="asked by recovery before ending the orphaned attempt",
+                )  # fmt: skip
+            case EffectNotHappened():
+                change = IntentReconciled(
+                    step=name, attempt=number, name=intent, key=key, from_state=DISPATCHED,
+                    cause=Reject(), to_state=REJECTED,
+                    by="reconciler", note="asked by recovery before ending the orphaned attempt",
+                )  # fmt: skip
+            case EffectUnknown():
+                continue
+            case _:
+                assert_never(finding)
+        journal.append(run, change)
+        ledger.apply_change(run, change)
     orphans: list[OrphanEnded] = []
     runs: list[RecoveredRun] = []
     closed: list[str] = []
-    for view in live:
+    for view in todo:
         run = view.run
         for name, step in list(view.steps.items()):
             attempt = step.attempt
             before = attempt.state
             if is_terminal(before):
                 continue
-            outstanding = step.outstanding()
             # spec §6: the flag is what the intent record says
-            cause = ledger.cancel_cause(run, name)
-            to = transition(before, cause)
-            change = AttemptTransitioned(
-                step=name, attempt=attempt.number, from_state=before, cause=cause, to_state=to
-            )
-            journal.append(run, change)
-            ledger.apply_change(run, change)
+            ended = ledger.propose_move(run, name, ledger.cancel_cause(run, name))
+            journal.append(run, ended)
+            ledger.apply_change(run, ended)
             orphans.append(
                 OrphanEnded(
                     run=run,
                     step=name,
                     attempt=attempt.number,
                     from_state=before,
-                    to_state=to,
-                    outstanding=outstanding,
+                    to_state=ended.to_state,
+                    outstanding=step.outstanding(),
                 )
             )
         if view.cancel_requested:
@@ -156,12 +250,20 @@ def recover(journal: Journal, known_workflows: Mapping[str, object], *, source: 
         runs.append(RecoveredRun(run=run, workflow=view.workflow, steps=steps))
     journal.flush()
     return Recovery(
-        torn_tail=None, side_file=None, orphans=tuple(orphans), runs=tuple(runs), closed=tuple(closed)
+        torn_tail=None,
+        side_file=None,
+        orphans=tuple(orphans),
+        runs=tuple(runs),
+        closed=tuple(closed),
+        asked=tuple(asked),
     )
 
 
 def recover_log(
-    path: str | os.PathLike[str], known_workflows: Mapping[str, object]
+    path: str | os.PathLike[str],
+    workflows: Mapping[str, Workflow],
+    *,
+    reconciler_deadline: float = RECONCILER_DEADLINE,
 ) -> tuple[RunLogWriter, Recovery]:
     """Recover the run log file at ``path``; return the open writer and what was done.
 
@@ -171,7 +273,7 @@ def recover_log(
     """
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
     try:
-        done = recover(writer, known_workflows, source=str(path))
+        done = recover(writer, workflows, source=str(path), reconciler_deadline=reconciler_deadline)
     except BaseException:
         writer.close()
         raise
@@ -181,4 +283,5 @@ def recover_log(
         orphans=done.orphans,
         runs=done.runs,
         closed=done.closed,
+        asked=done.asked,
     )

@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping
 
 from dataclasses import dataclass
 
-from typing_extensions import assert_never, final
+from typing_extensions import final
 
 from ._attempt import AttemptState
 from ._ledger import Ledger, OpenAttempt, Violation
 from ._logfile import FileLog
-from ._records import CorruptLine, LogItem, Record, TornTail
+from ._records import LogItem, TornTail
 from ._store import LogSource
 
 
@@ -51,6 +51,8 @@ class ReplayReport:
     violations: tuple[Violation, ...]
     violation_count: int
     torn_tail: TornTail | None
+    unfinished: tuple[str, ...] = ()
+    """Runs that have not finished (or were reconciled since): recovery resumes them."""
 
     @property
     def valid(self) -> bool:
@@ -60,19 +62,7 @@ class ReplayReport:
 
 def feed(ledger: Ledger, items: Iterable[LogItem]) -> TornTail | None:
     """Apply every item of a log to ``ledger``; return the torn tail, if any."""
-    torn: TornTail | None = None
-    apply = ledger.apply
-    for item in items:
-        match item:
-            case Record():
-                apply(item)
-            case CorruptLine():
-                ledger.corrupt(item.line, item.reason)
-            case TornTail():
-                torn = item
-            case _:
-                assert_never(item)
-    return torn
+    return ledger.feed(items)
 
 
 def report(ledger: Ledger, torn: TornTail | None) -> ReplayReport:
@@ -86,6 +76,9 @@ def report(ledger: Ledger, torn: TornTail | None) -> ReplayReport:
         violations=tuple(ledger.violations),
         violation_count=ledger.violation_count,
         torn_tail=torn,
+        unfinished=tuple(
+            view.run for view in ledger.runs.values() if view.standing() == "interrupted"
+        ),
     )
 
 

@@ -11,11 +11,19 @@ the report or reach a terminal raw.
 from __future__ import annotations
 
 import json
+import time
+from dataclasses import dataclass
 from typing import Final
 
-from ._codec import state_name
+from typing_extensions import assert_never, final
+
+from ._attempt import TransitionCause
+from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._executor import RunReport
-from ._ledger import OpenAttempt
+from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
+from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory
+from ._ledger import OpenAttempt, RunStanding, RunView
+from ._records import JSON
 from ._recovery import Recovery
 from ._replay import ReplayReport
 
@@ -31,7 +39,7 @@ def shown(text: str) -> str:
 
 
 def _attempt_line(entry: OpenAttempt) -> str:
-    keys = ", ".join(shown(k) for k in entry.outstanding) if entry.outstanding else "none recorded"
+    keys = ", ".join(shown(k) for k in entry.outstanding) if entry.outstanding else "none left (reconciled)"
     return (
         f"  run {shown(entry.run)} / step {shown(entry.step)} / attempt {entry.attempt}"
         f" ({state_name(entry.state)} at line {entry.line}): outstanding intent keys: {keys}"
@@ -56,6 +64,13 @@ def as_text(report: ReplayReport, source: str) -> str:
         )
     if report.records == 0:
         out.append("the log holds no complete record: nothing was recorded")
+    if report.unfinished:
+        out.append(
+            f"unfinished runs: {len(report.unfinished)} (`attempt-kernel recover` resumes them)"
+        )
+        out += [f"  run {shown(run)}" for run in report.unfinished]
+    else:
+        out.append("unfinished runs: 0")
     out.append(f"violations: {report.violation_count}")
     for v in report.violations[:SHOWN_VIOLATIONS]:
         out.append(f"  line {v.line}: {shown(v.reason)}")
@@ -91,6 +106,7 @@ def as_json(report: ReplayReport, source: str) -> str:
         "torn_tail": None
         if tail is None
         else {"line": tail.line, "offset": tail.offset, "length": tail.length},
+        "unfinished_runs": list(report.unfinished),
         "violation_count": report.violation_count,
         "violations": [{"line": v.line, "reason": v.reason} for v in report.violations],
     }
@@ -158,6 +174,21 @@ def recovery_text(recovery: Recovery, source: str) -> str:
             f"  cut the torn tail at line {tail.line} ({tail.length} bytes from byte"
             f" {tail.offset}); its bytes are kept in {shown(str(recovery.side_file))}"
         )
+    for asked in recovery.asked:
+        finding = asked.finding
+        match finding:
+            case EffectHappened():
+                answer = "it happened (intent Confirmed)"
+            case EffectNotHappened():
+                answer = "it did not happen (intent Rejected)"
+            case EffectUnknown():
+                answer = f"unknown ({shown(finding.reason)})" if finding.reason else "unknown"
+            case _:
+                assert_never(finding)
+        out.append(
+            f"  asked the reconciler of {shown(asked.run)} / {shown(asked.step)} #{asked.attempt}"
+            f" about {shown(asked.intent)} ({shown(asked.key)}): {answer}"
+        )
     for o in recovery.orphans:
         keys = (
             f" (outstanding intent keys: {', '.join(shown(k) for k in o.outstanding)})"
@@ -173,3 +204,228 @@ def recovery_text(recovery: Recovery, source: str) -> str:
     for r in recovery.runs:
         out.append(f"  resuming run {shown(r.run)} (workflow {shown(r.workflow)})")
     return "\n".join(out) + "\n"
+
+
+# --------------------------------------------------------------------------
+# runs and show
+# --------------------------------------------------------------------------
+
+
+def when(time_us: int | None) -> str:
+    """A record's time in UTC, to the millisecond (``-`` when unknown)."""
+    if time_us is None:
+        return "-"
+    seconds, micros = divmod(time_us, 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros // 1000:03d}Z"
+
+
+def short(value: JSON, limit: int = 80) -> str:
+    """A JSON value on one line, cut to ``limit`` characters."""
+    text = json.dumps(value, separators=(",", ":"))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _cause_text(cause: TransitionCause) -> str:
+    text = cause_name(cause)
+    flag = getattr(cause, "intent_dispatched", None)
+    return text if flag is None else f"{text}(intent_dispatched={flag})"
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    """One line of `attempt-kernel runs`."""
+
+    run: str
+    workflow: str | None
+    status: RunStanding
+    attempts: int
+    started_us: int | None
+    ended_us: int | None
+    domain_state: str | None
+
+    @staticmethod
+    def of(view: RunView, writer_live: bool) -> RunRow:
+        """The row for a run; ``writer_live``: a writer holds the log, so an
+        unfinished run is running rather than interrupted."""
+        standing = view.standing()
+        if standing == "interrupted" and writer_live and not view.finished:
+            standing = "running"
+        return RunRow(
+            run=view.run,
+            workflow=view.workflow,
+            status=standing,
+            attempts=view.attempts,
+            started_us=view.started_us,
+            ended_us=view.ended_us if view.finished else None,
+            domain_state=view.domain_state,
+        )
+
+
+def runs_text(rows: list[RunRow], source: str, violations: int) -> str:
+    """The runs of a log, one line each, for people."""
+    if not rows:
+        return f"no runs in {shown(source)}\n"
+    table = [("RUN", "WORKFLOW", "STATUS", "ATTEMPTS", "STARTED", "ENDED", "DOMAIN STATE")]
+    for r in rows:
+        table.append(
+            (
+                shown(r.run),
+                shown(r.workflow or "-"),
+                r.status,
+                str(r.attempts),
+                when(r.started_us),
+                when(r.ended_us),
+                shown(r.domain_state or "-"),
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    if violations:
+        out.append(
+            f"warning: the log breaks the kernel's rules {violations} time(s);"
+            f" see `attempt-kernel replay {shown(source)}`"
+        )
+    return "\n".join(out) + "\n"
+
+
+def runs_json(rows: list[RunRow], source: str, violations: int) -> str:
+    """The runs of a log, for machines: ``{"log", "violations", "runs": [...]}``."""
+    doc = {
+        "log": source,
+        "violations": violations,
+        "runs": [
+            {
+                "run": r.run,
+                "workflow": r.workflow,
+                "status": r.status,
+                "attempts": r.attempts,
+                "started": None if r.started_us is None else when(r.started_us),
+                "ended": None if r.ended_us is None else when(r.ended_us),
+                "domain_state": r.domain_state,
+            }
+            for r in rows
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _intent_event(event: IntentEvent) -> str:
+    line = (
+        f"{when(event.time_us)}  {intent_state_name(event.from_state)} ->"
+        f" {intent_state_name(event.to_state)} ({intent_cause_name(event.cause)})"
+    )
+    if event.by is not None:
+        line += f" reconciled by {shown(event.by)}"
+        if event.note:
+            line += f": {shown(event.note)}"
+    if event.result is not None:
+        line += f"  result {shown(short(event.result))}"
+    return line
+
+
+def _attempt_lines(attempt: AttemptHistory) -> list[str]:
+    state = "Pending" if attempt.state is None else state_name(attempt.state)
+    out = [f"    attempt {attempt.number}  {state}", f"      {when(attempt.created_us)}  created"]
+    timeline = [
+        (
+            move.time_us,
+            f"{state_name(move.from_state)} -> {state_name(move.to_state)}"
+            f" ({_cause_text(move.cause)})",
+        )
+        for move in attempt.moves
+    ]
+    timeline += [(at, f"domain state {shown(name)}") for at, name in attempt.domain_states]
+    # sorted is stable: what happened at one microsecond stays in log order
+    out += [f"      {when(at)}  {text}" for at, text in sorted(timeline, key=lambda e: e[0])]
+    if attempt.returned:
+        out.append(f"      result: {shown(short(attempt.result))}")
+    elif attempt.error is not None:
+        out.append(f"      error: {shown(attempt.error)}")
+    for intent in attempt.intents:
+        out.append(
+            f"      intent {shown(intent.name)}  key {shown(intent.key)}"
+            f"  {intent_state_name(intent.state)}"
+        )
+        out += [f"        {_intent_event(e)}" for e in intent.events]
+    return out
+
+
+def show_text(history: RunHistory, writer_live: bool) -> str:
+    """One run step by step, for people."""
+    standing = "running" if writer_live else history.standing
+    out = [f"run {shown(history.run)} (workflow {shown(history.workflow or '-')}): {standing}"]
+    if history.input is not None:
+        out.append(f"  input: {shown(short(history.input))}")
+    if history.domain_state is not None:
+        out.append(f"  domain state: {shown(history.domain_state)}")
+    for event in history.events:
+        reason = f" ({shown(event.reason)})" if event.reason else ""
+        out.append(f"  {when(event.time_us)}  {event.what}{reason}")
+    for step in history.steps:
+        out.append(f"  step {shown(step.name)}")
+        for attempt in step.attempts:
+            out += _attempt_lines(attempt)
+    return "\n".join(out) + "\n"
+
+
+def _intent_json(intent: IntentHistory) -> dict[str, object]:
+    return {
+        "intent": intent.name,
+        "key": intent.key,
+        "state": intent_state_name(intent.state),
+        "changes": [
+            {
+                "time": when(e.time_us),
+                "from": intent_state_name(e.from_state),
+                "cause": intent_cause_name(e.cause),
+                "to": intent_state_name(e.to_state),
+                "result": e.result,
+                "reconciled_by": e.by,
+                "note": e.note,
+            }
+            for e in intent.events
+        ],
+    }
+
+
+def show_json(history: RunHistory, writer_live: bool) -> str:
+    """One run step by step, for machines."""
+    doc = {
+        "run": history.run,
+        "workflow": history.workflow,
+        "status": "running" if writer_live else history.standing,
+        "input": history.input,
+        "domain_state": history.domain_state,
+        "events": [
+            {"time": when(e.time_us), "what": e.what, "reason": e.reason} for e in history.events
+        ],
+        "steps": [
+            {
+                "step": step.name,
+                "attempts": [
+                    {
+                        "attempt": a.number,
+                        "state": "Pending" if a.state is None else state_name(a.state),
+                        "created": when(a.created_us),
+                        "moves": [
+                            {
+                                "time": when(m.time_us),
+                                "from": state_name(m.from_state),
+                                "cause": _cause_text(m.cause),
+                                "to": state_name(m.to_state),
+                            }
+                            for m in a.moves
+                        ],
+                        "result": a.result if a.returned else None,
+                        "error": a.error,
+                        "domain_states": [{"time": when(t), "state": n} for t, n in a.domain_states],
+                        "intents": [_intent_json(i) for i in a.intents],
+                    }
+                    for a in step.attempts
+                ],
+            }
+            for step in history.steps
+        ],
+    }
+    return json.dumps(doc, indent=2) + "\n"

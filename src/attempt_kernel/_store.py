@@ -8,11 +8,12 @@ can later read a journal that is not a file. `RunLogWriter` and `FileLog`
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ._records import Change, LogItem
 
 
+@runtime_checkable
 class LogSource(Protocol):
     """A journal that can be read from the start, item by item.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import graphlib
 import math
+from types import MappingProxyType
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -18,6 +19,7 @@ from typing_extensions import TypeAlias, final
 
 from ._context import StepContext
 from ._errors import AttemptKernelError
+from ._findings import Reconciler
 from ._records import JSON
 
 StepFunction: TypeAlias = Callable[[StepContext], Awaitable[JSON]]
@@ -61,7 +63,11 @@ class Step:
     all of them have succeeded and receives their results in
     ``ctx.inputs``. ``queue_deadline`` (seconds a `Pending` attempt may wait
     for admission) and ``step_deadline`` (seconds a `Running` attempt may
-    take) must be positive.
+    take) must be positive. ``domain_states`` names the workflow's domain
+    states this step may set (``ctx.set_state``); each must be declared by
+    the workflow. ``reconcilers`` maps an effect's name to the function that
+    asks the downstream system about it (spec §9): recovery calls it for an
+    effect a crash left outstanding, before it ends the attempt.
     """
 
     name: str
@@ -70,16 +76,23 @@ class Step:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     queue_deadline: float = 60.0
     step_deadline: float = 60.0
+    domain_states: tuple[str, ...] = ()
+    reconcilers: Mapping[str, Reconciler] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workflow:
-    """A checked workflow: steps in an order where each comes after its dependencies."""
+    """A checked workflow: steps in an order where each comes after its dependencies.
+
+    Made by `load_workflow`, which checks it. ``domain_states`` are the
+    domain step state names it declares (spec §7).
+    """
 
     name: str
     steps: tuple[Step, ...]
     by_name: Mapping[str, Step]
+    domain_states: tuple[str, ...] = ()
 
 
 def _positive(value: object, what: str) -> None:
@@ -90,15 +103,27 @@ def _positive(value: object, what: str) -> None:
         raise WorkflowError(f"{what} must be a positive number of seconds, got {value!r}")
 
 
-def load_workflow(name: str, steps: Iterable[Step]) -> Workflow:
+def load_workflow(
+    name: str, steps: Iterable[Step], *, domain_states: Iterable[str] = ()
+) -> Workflow:
     """Check ``steps`` and return them as a `Workflow` (dependencies first).
 
-    Raises `WorkflowError` naming the culprit: an empty or duplicate step
-    name, an unknown dependency, a cycle (listed in order), a non-positive
-    deadline or attempt limit.
+    ``domain_states`` declares the workflow's domain step state names
+    (spec §7). Raises `WorkflowError` naming the culprit: an empty or
+    duplicate step name, an unknown dependency, a cycle (listed in order), a
+    non-positive deadline or attempt limit, an empty or repeated domain
+    state name, a step naming a domain state the workflow does not declare.
     """
     if not name:
         raise WorkflowError("a workflow needs a non-empty name")
+    declared: list[str] = []
+    for state in domain_states:
+        # typed str; this guards callers that ignored the annotations
+        if type(state) is not str or not state:  # pyright: ignore[reportUnnecessaryComparison]
+            raise WorkflowError(f"workflow {name!r}: a domain state needs a non-empty name, got {state!r}")
+        if state in declared:
+            raise WorkflowError(f"workflow {name!r}: domain state {state!r} is declared twice")
+        declared.append(state)
     by_name: dict[str, Step] = {}
     for step in steps:
         if not step.name:
@@ -111,6 +136,13 @@ def load_workflow(name: str, steps: Iterable[Step]) -> Workflow:
         limit: object = step.retry.max_attempts
         if type(limit) is not int or limit < 1:
             raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
+        for state in step.domain_states:
+            if state not in declared:
+                raise WorkflowError(
+                    f"{where}: domain state {state!r} is not declared by the workflow"
+                    f" (declared: {', '.join(declared) or 'none'}); pass it in"
+                    " load_workflow(..., domain_states=[...])"
+                )
         by_name[step.name] = step
     if not by_name:
         raise WorkflowError(f"workflow {name!r} has no steps")
@@ -122,7 +154,12 @@ def load_workflow(name: str, steps: Iterable[Step]) -> Workflow:
                 )
             if dep == step.name:
                 raise WorkflowError(f"workflow {name!r}, step {step.name!r}: depends on itself")
-    return Workflow(name=name, steps=_dependencies_first(name, by_name), by_name=by_name)
+    return Workflow(
+        name=name,
+        steps=_dependencies_first(name, by_name),
+        by_name=by_name,
+        domain_states=tuple(declared),
+    )
 
 
 def _dependencies_first(workflow: str, steps: Mapping[str, Step]) -> tuple[Step, ...]:

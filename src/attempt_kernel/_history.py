@@ -1,0 +1,307 @@
+"""One run's history, step by step, as its records tell it (``attempt-kernel show``).
+
+This module groups a run's records and keeps them as they were written:
+every attempt with its moves (from, cause, to, when), its intents with
+their keys and every change to them (who reconciled what, with which
+result and note), its result or error, the domain states it set, and the
+run-level decisions. It decides nothing: where the run stands comes from
+the ledger, and each state shown is the one a record wrote. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from typing_extensions import assert_never, final
+
+from ._attempt import AttemptState, TransitionCause
+from ._intent import PLANNED, IntentCause, IntentState
+from ._ledger import Ledger, RunStanding
+from ._records import (
+    JSON,
+    AttemptCreated,
+    AttemptTransitioned,
+    CorruptLine,
+    DomainStateSet,
+    IntentChanged,
+    IntentPlanned,
+    IntentReconciled,
+    LogItem,
+    Record,
+    RunCancelRequested,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    RunStopRequested,
+    StepResult,
+    TornTail,
+)
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Moved:
+    """One transition of an attempt, as recorded."""
+
+    time_us: int
+    from_state: AttemptState
+    cause: TransitionCause
+    to_state: AttemptState
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntentEvent:
+    """One change of an intent. ``by`` is None for the executor's own changes,
+    else who reconciled it (``operator``, ``reconciler``), with ``note``."""
+
+    time_us: int
+    from_state: IntentState
+    cause: IntentCause
+    to_state: IntentState
+    result: JSON = None
+    by: str | None = None
+    note: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IntentHistory:
+    """An intent of an attempt: its key, its state now, every change to it."""
+
+    name: str
+    key: str
+    planned_us: int
+    state: IntentState
+    events: tuple[IntentEvent, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptHistory:
+    """One attempt: when it was created, how it moved, what it did."""
+
+    number: int
+    created_us: int
+    state: AttemptState | None
+    """The state its last recorded move reached (None: it never moved, so Pending)."""
+    moves: tuple[Moved, ...]
+    intents: tuple[IntentHistory, ...]
+    returned: bool
+    """A result record says it returned ``result`` (else ``error``, if any)."""
+    result: JSON
+    error: str | None
+    domain_states: tuple[tuple[int, str], ...]
+    """(when, state) for each domain state it set."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepHistory:
+    """A step of the run and all its attempts, in order."""
+
+    name: str
+    attempts: tuple[AttemptHistory, ...]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunEvent:
+    """A run-level record: ``started``, ``cancel requested``, ``stop requested``,
+    ``resumed`` or ``finished``, with its reason when it has one."""
+
+    time_us: int
+    what: str
+    reason: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunHistory:
+    """Everything the log says about one run."""
+
+    run: str
+    workflow: str | None
+    input: JSON
+    standing: RunStanding
+    domain_state: str | None
+    events: tuple[RunEvent, ...]
+    steps: tuple[StepHistory, ...]
+
+
+@dataclass(slots=True)
+class _Intent:
+    name: str
+    key: str
+    planned_us: int
+    state: IntentState = PLANNED
+    events: list[IntentEvent] = field(default_factory=list[IntentEvent])
+
+
+@dataclass(slots=True)
+class _Attempt:
+    number: int
+    created_us: int
+    state: AttemptState | None = None
+    moves: list[Moved] = field(default_factory=list[Moved])
+    intents: dict[str, _Intent] = field(default_factory=dict[str, _Intent])
+    returned: bool = False
+    result: JSON = None
+    error: str | None = None
+    domain_states: list[tuple[int, str]] = field(default_factory=list[tuple[int, str]])
+
+
+def _intent(attempt: _Attempt, name: str, key: str, when: int) -> _Intent:
+    found = attempt.intents.get(name)
+    if found is None:  # only in a log with violations; keep what it says
+        found = attempt.intents[name] = _Intent(name=name, key=key, planned_us=when)
+    return found
+
+
+def _latest(steps: dict[str, list[_Attempt]], step: str) -> _Attempt | None:
+    attempts = steps.get(step)
+    return attempts[-1] if attempts else None
+
+
+def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
+    """The history of ``run`` in a log (None if the log never mentions it).
+
+    Reads the whole log once: the ledger is fed every item (it says where the
+    run stands); the run's own records are grouped as they come.
+    """
+    ledger = Ledger(keep=frozenset({run}))
+    events: list[RunEvent] = []
+    steps: dict[str, list[_Attempt]] = {}
+    workflow: str | None = None
+    run_input: JSON = None
+    for item in items:
+        match item:
+            case Record():
+                ledger.apply(item)
+            case CorruptLine():
+                ledger.corrupt(item.line, item.reason)
+                continue
+            case TornTail():
+                continue
+            case _:
+                assert_never(item)
+        if item.run != run:
+            continue
+        when, change = item.time_us, item.change
+        match change:
+            case RunStarted():
+                workflow, run_input = change.workflow, change.input
+                events.append(RunEvent(time_us=when, what="started"))
+            case RunCancelRequested():
+                events.append(RunEvent(time_us=when, what="cancel requested", reason=change.reason))
+            case RunStopRequested():
+                events.append(RunEvent(time_us=when, what="stop requested", reason=change.reason))
+            case RunResumed():
+                events.append(RunEvent(time_us=when, what="resumed"))
+            case RunFinished():
+                events.append(RunEvent(time_us=when, what="finished"))
+            case AttemptCreated():
+                steps.setdefault(change.step, []).append(
+                    _Attempt(number=change.attempt, created_us=when)
+                )
+            case AttemptTransitioned():
+                latest = _latest(steps, change.step)
+                if latest is not None:
+                    latest.moves.append(
+                        Moved(
+                            time_us=when,
+                            from_state=change.from_state,
+                            cause=change.cause,
+                            to_state=change.to_state,
+                        )
+                    )
+                    latest.state = change.to_state
+            case IntentPlanned():
+                latest = _latest(steps, change.step)
+                if latest is not None:
+                    latest.intents[change.name] = _Intent(
+                        name=change.name, key=change.key, planned_us=when
+                    )
+            case IntentChanged():
+                latest = _latest(steps, change.step)
+                if latest is not None:
+                    intent = _intent(latest, change.name, "", when)
+                    intent.state = change.to_state
+                    intent.events.append(
+                        IntentEvent(
+                            time_us=when,
+                            from_state=change.from_state,
+                            cause=change.cause,
+                            to_state=change.to_state,
+                            result=change.result,
+                        )
+                    )
+            case IntentReconciled():
+                attempts = steps.get(change.step, [])
+                target = next((a for a in attempts if a.number == change.attempt), None)
+                if target is not None:
+                    intent = _intent(target, change.name, change.key, when)
+                    intent.state = change.to_state
+                    intent.events.append(
+                        IntentEvent(
+                            time_us=when,
+                            from_state=change.from_state,
+                            cause=change.cause,
+                            to_state=change.to_state,
+                            result=change.result,
+                            by=change.by,
+                            note=change.note,
+                        )
+                    )
+            case StepResult():
+                latest = _latest(steps, change.step)
+                if latest is not None:
+                    latest.returned = change.error is None
+                    latest.result, latest.error = change.value, change.error
+            case DomainStateSet():
+                latest = _latest(steps, change.step)
+                if latest is not None:
+                    latest.domain_states.append((when, change.state))
+            case _:
+                assert_never(change)
+    view = ledger.run(run)
+    if view is None:
+        return None
+    return RunHistory(
+        run=run,
+        workflow=workflow,
+        input=run_input,
+        standing=view.standing(),
+        domain_state=view.domain_state,
+        events=tuple(events),
+        steps=tuple(
+            StepHistory(
+                name=name,
+                attempts=tuple(
+                    AttemptHistory(
+                        number=a.number,
+                        created_us=a.created_us,
+                        state=a.state,
+                        moves=tuple(a.moves),
+                        intents=tuple(
+                            IntentHistory(
+                                name=i.name,
+                                key=i.key,
+                                planned_us=i.planned_us,
+                                state=i.state,
+                                events=tuple(i.events),
+                            )
+                            for i in a.intents.values()
+                        ),
+                        returned=a.returned,
+                        result=a.result,
+                        error=a.error,
+                        domain_states=tuple(a.domain_states),
+                    )
+                    for a in attempts
+                ),
+            )
+            for name, attempts in steps.items()
+        ),
+    )
