@@ -1,0 +1,494 @@
+"""The PostgreSQL journal against a real server: the store promises, its schema,
+its rows, fencing, and the executor and recovery running on it.
+
+Every test here talks to the throwaway server the session starts (`pg_url`);
+each gets a schema of its own, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from logs import fixed_clock, indeterminate_changes, simple_changes
+from psycopg import sql
+from typing_extensions import LiteralString
+
+from attempt_kernel import (
+    JSON,
+    Admit,
+    AttemptCreated,
+    AttemptTransitioned,
+    Cancel,
+    Cancelled,
+    Change,
+    Confirm,
+    Confirmed,
+    CorruptLine,
+    Dispatch,
+    Dispatched,
+    DomainStateSet,
+    Indeterminate,
+    IntentChanged,
+    IntentPlanned,
+    IntentReconciled,
+    Job,
+    Journal,
+    LogItem,
+    Pending,
+    Planned,
+    Record,
+    RunCancelRequested,
+    RunFinished,
+    RunLogError,
+    RunLogWriter,
+    RunResumed,
+    Running,
+    RunStarted,
+    RunStopRequested,
+    Step,
+    StepContext,
+    StepResult,
+    Succeed,
+    Succeeded,
+    UnencodableRecord,
+    Workflow,
+    load_workflow,
+    recover,
+    replay,
+    run_jobs,
+)
+from attempt_kernel._pgjournal import (
+    Lease,
+    LeaseLost,
+    PgConnectFailed,
+    PgJournal,
+    PgSchemaTooNew,
+)
+
+# --------------------------------------------------------------------------
+# Fixtures
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema name for one test; dropped with its tables after it."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pg(pg_url: str, schema: str) -> Iterator[PgJournal]:
+    """A new, empty PostgreSQL journal with the tests' fixed clock."""
+    with PgJournal(pg_url, schema=schema, clock=fixed_clock()) as journal:
+        yield journal
+
+
+@pytest.fixture(params=["file", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]:
+    """A new, empty journal of each store: the promises of the seam hold for both."""
+    if request.param == "file":
+        with RunLogWriter(tmp_path / "log.jsonl", clock=fixed_clock()) as writer:
+            yield writer
+    else:
+        url: str = request.getfixturevalue("pg_url")
+        name: str = request.getfixturevalue("schema")
+        with PgJournal(url, schema=name, clock=fixed_clock()) as journal:
+            yield journal
+
+
+def sql_in(url: str, schema: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
+    """Run one statement (``{s}`` is the schema) outside the journal; return its rows."""
+    query = sql.SQL(statement).format(s=sql.Identifier(schema))
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query, params or None)
+        return cursor.fetchall() if cursor.description is not None else []
+
+
+def records(journal: Journal) -> list[tuple[int, str, Change]]:
+    return [(i.seq, i.run, i.change) for i in journal.read() if isinstance(i, Record)]
+
+
+# --------------------------------------------------------------------------
+# The store promises, on both stores
+# --------------------------------------------------------------------------
+
+
+def test_an_empty_journal_reads_nothing(store: Journal) -> None:
+    """A new journal holds no item."""
+    assert list(store.read()) == []
+
+
+def test_append_returns_sequence_numbers_one_by_one(store: Journal) -> None:
+    """The first four appends return 1, 2, 3, 4."""
+    assert [store.append("r", change) for change in simple_changes()] == [1, 2, 3, 4]
+
+
+def test_read_returns_the_appended_records_in_order(store: Journal) -> None:
+    """Records of two runs read back in append order, each with its run."""
+    a, b = simple_changes("a"), simple_changes("b")
+    for run, change in [("r1", a[0]), ("r2", b[0]), ("r1", a[1]), ("r2", b[1])]:
+        store.append(run, change)
+    store.flush()
+    assert records(store) == [(1, "r1", a[0]), (2, "r2", b[0]), (3, "r1", a[1]), (4, "r2", b[1])]
+
+
+def test_read_can_be_called_again(store: Journal) -> None:
+    """A second read yields the same items as the first."""
+    for change in simple_changes():
+        store.append("r", change)
+    assert list(store.read()) == list(store.read())
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), b"bytes"], ids=repr)
+def test_unencodable_value_raises_and_writes_nothing(store: Journal, value: object) -> None:
+    """A value JSON cannot carry is refused; the next append still gets the next number."""
+    store.append("r", AttemptCreated(step="s", attempt=1))
+    with pytest.raises(UnencodableRecord, match="cannot be written as JSON"):
+        store.append("r", StepResult(step="s", attempt=1, value=value))  # type: ignore[arg-type]
+    assert store.append("r", RunFinished()) == 2
+    assert records(store) == [(1, "r", AttemptCreated(step="s", attempt=1)), (2, "r", RunFinished())]
+
+
+# --------------------------------------------------------------------------
+# Schema and migrations
+# --------------------------------------------------------------------------
+
+
+def test_opening_again_keeps_the_records_and_migrates_once(pg_url: str, schema: str) -> None:
+    """A second open of the same schema finds the first one's record and adds no version."""
+    with PgJournal(pg_url, schema=schema) as first:
+        first.append("r", RunStarted(workflow="w"))
+    with PgJournal(pg_url, schema=schema) as second:
+        assert records(second) == [(1, "r", RunStarted(workflow="w"))]
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version") == [(1,)]
+
+
+def test_a_newer_schema_is_refused_naming_both_versions(pg_url: str, schema: str) -> None:
+    """A database at version 2 is refused by a library that knows version 1."""
+    PgJournal(pg_url, schema=schema).close()
+    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (2)")
+    with pytest.raises(PgSchemaTooNew, match=r"at version 2, but this library knows versions up to 1") as caught:
+        PgJournal(pg_url, schema=schema)
+    assert (caught.value.found, caught.value.known) == (2, 1)
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,)]
+
+
+def test_a_schema_name_that_is_not_an_identifier_is_refused(pg_url: str) -> None:
+    """Schema names are SQL identifiers of lower-case letters, digits and underscores."""
+    with pytest.raises(ValueError, match="schema must be a lower-case SQL identifier"):
+        PgJournal(pg_url, schema="Robert'); DROP TABLE x;--")
+
+
+# --------------------------------------------------------------------------
+# Rows: the same records and checksums as the file
+# --------------------------------------------------------------------------
+
+EVERY_KIND: list[Change] = [
+    RunStarted(workflow="w", input={"n": [1, 2.5, None, "é"]}, domain_states=("drafted",)),
+    AttemptCreated(step="s", attempt=1),
+    AttemptTransitioned(step="s", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+    DomainStateSet(step="s", attempt=1, state="drafted"),
+    IntentPlanned(step="s", attempt=1, name="send", key="k-1"),
+    IntentChanged(step="s", attempt=1, name="send", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()),
+    StepResult(step="s", attempt=1, error="boom"),
+    AttemptTransitioned(
+        step="s", attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=True), to_state=Indeterminate()
+    ),
+    IntentReconciled(
+        step="s",
+        attempt=1,
+        name="send",
+        key="k-1",
+        from_state=Dispatched(),
+        cause=Confirm(),
+        to_state=Confirmed(),
+        result={"id": 7},
+        by="operator",
+        note="seen in the mail log",
+    ),
+    RunStopRequested(reason="SIGTERM"),
+    RunResumed(),
+    RunCancelRequested(reason="user asked"),
+    RunFinished(),
+]
+
+
+def test_every_change_kind_reads_back_equal(pg: PgJournal) -> None:
+    """Each of the twelve kinds of change reads back as the value appended."""
+    for change in EVERY_KIND:
+        pg.append("r", change)
+    assert [c for _, _, c in records(pg)] == EVERY_KIND
+
+
+def test_rows_hold_the_lines_the_file_store_writes(pg_url: str, schema: str, tmp_path: Path) -> None:
+    """Under the same clock, the rows in seq order are the file's bytes, checksums and all."""
+    path = tmp_path / "log.jsonl"
+    with RunLogWriter(path, clock=fixed_clock()) as writer, PgJournal(
+        pg_url, schema=schema, clock=fixed_clock()
+    ) as journal:
+        for change in EVERY_KIND:
+            writer.append("r", change)
+            journal.append("r", change)
+    lines = [line for (line,) in sql_in(pg_url, schema, "SELECT line FROM {s}.records ORDER BY seq")]
+    assert all(isinstance(line, bytes) for line in lines)
+    assert lines == path.read_bytes().splitlines(keepends=True)
+
+
+def test_records_are_stamped_by_the_database_clock_by_default(pg_url: str, schema: str) -> None:
+    """Without a clock, time_us comes from the server (spec §10: client clocks skew)."""
+    [(before,)] = sql_in(pg_url, schema, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+    with PgJournal(pg_url, schema=schema) as journal:
+        journal.append("r", RunFinished())
+        [record] = [i for i in journal.read() if isinstance(i, Record)]
+    [(after,)] = sql_in(pg_url, schema, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+    assert isinstance(before, int) and isinstance(after, int)
+    assert before <= record.time_us <= after
+
+
+def forge(url: str, schema: str, seq: int, line: bytes) -> None:
+    sql_in(url, schema, "UPDATE {s}.records SET line = %s WHERE seq = %s", line, seq)
+
+
+def test_a_row_failing_its_checksum_reads_as_a_corrupt_line_naming_run_and_seq(
+    pg: PgJournal, pg_url: str
+) -> None:
+    """An altered byte in row (r, 2) makes it a CorruptLine; the rows around it still read."""
+    for change in simple_changes():
+        pg.append("r", change)
+    [(line,)] = sql_in(pg_url, pg.schema, "SELECT line FROM {s}.records WHERE seq = 2")
+    assert isinstance(line, bytes)
+    forge(pg_url, pg.schema, 2, line.replace(b'"Admit"', b'"Fail!"'))
+    items: list[LogItem] = list(pg.read())
+    assert items[1] == CorruptLine(
+        line=2, reason="row of run 'r' seq 2: checksum mismatch (the line was altered)"
+    )
+    assert [type(i) for i in items] == [Record, CorruptLine, Record, Record]
+
+
+def test_a_row_holding_another_records_line_is_corrupt(pg: PgJournal, pg_url: str) -> None:
+    """A valid line copied into another row does not pass for that row's record."""
+    for change in simple_changes():
+        pg.append("r", change)
+    [(line,)] = sql_in(pg_url, pg.schema, "SELECT line FROM {s}.records WHERE seq = 1")
+    assert isinstance(line, bytes)
+    forge(pg_url, pg.schema, 3, line)
+    assert list(pg.read())[2] == CorruptLine(
+        line=3, reason="row of run 'r' seq 3 holds the record of run 'r' seq 1"
+    )
+
+
+def test_replay_reports_a_forged_row_as_a_violation(pg: PgJournal, pg_url: str) -> None:
+    """replay reads the journal through the seam and finds the corruption."""
+    for change in simple_changes():
+        pg.append("r", change)
+    forge(pg_url, pg.schema, 4, b'{"v":1}\n')
+    report = replay(pg)
+    assert not report.valid
+    assert report.violations[0].line == 4
+    assert report.violations[0].reason == "corrupt line: row of run 'r' seq 4: no checksum at the end of the line"
+
+
+# --------------------------------------------------------------------------
+# Connecting
+# --------------------------------------------------------------------------
+
+
+def test_an_unreachable_url_names_the_host_and_the_drivers_reason() -> None:
+    """Nothing listens on port 1: one line naming 127.0.0.1:1 and the refusal."""
+    with pytest.raises(PgConnectFailed) as caught:
+        PgJournal("postgresql://postgres@127.0.0.1:1/postgres", connect_timeout=2)
+    message = str(caught.value)
+    assert message.startswith("cannot connect to PostgreSQL at 127.0.0.1:1, database postgres: ")
+    assert "Connection refused" in message and "\n" not in message
+    assert isinstance(caught.value, RunLogError)
+
+
+def test_a_password_in_the_url_is_never_shown() -> None:
+    """The error names the host, not the URL, which may hold a secret."""
+    with pytest.raises(PgConnectFailed) as caught:
+        PgJournal("postgresql://app:hunter2@127.0.0.1:1/db", connect_timeout=2)
+    assert "hunter2" not in str(caught.value)
+
+
+# --------------------------------------------------------------------------
+# Commits: Dispatched synchronously, the rest asynchronously
+# --------------------------------------------------------------------------
+
+
+def test_only_dispatched_commits_synchronously(pg: PgJournal, pg_url: str) -> None:
+    """A trigger records synchronous_commit as each row is written: on only for seq 4, the Dispatch."""
+    sql_in(pg_url, pg.schema, "CREATE TABLE {s}.seen (seq bigint, sync text)")
+    sql_in(
+        pg_url,
+        pg.schema,
+        "CREATE FUNCTION {s}.note() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO {s}.seen VALUES (NEW.seq, current_setting('synchronous_commit'));"
+        " RETURN NEW; END $$",
+    )
+    sql_in(pg_url, pg.schema, "CREATE TRIGGER note AFTER INSERT ON {s}.records FOR EACH ROW EXECUTE FUNCTION {s}.note()")
+    for change in indeterminate_changes():
+        pg.append("r", change)
+    seen = sql_in(pg_url, pg.schema, "SELECT seq, sync FROM {s}.seen ORDER BY seq")
+    assert seen == [(1, "off"), (2, "off"), (3, "off"), (4, "on"), (5, "off")]
+
+
+def test_flush_after_asynchronous_appends_returns(pg: PgJournal) -> None:
+    """flush commits synchronously and the journal takes appends after it."""
+    pg.append("r", RunStarted(workflow="w"))
+    pg.flush()
+    assert pg.append("r", RunFinished()) == 2
+
+
+# --------------------------------------------------------------------------
+# Fencing: the hook for leases (workers come later)
+# --------------------------------------------------------------------------
+
+
+def test_a_fenced_append_writes_when_owner_and_fence_match(pg_url: str, schema: str) -> None:
+    """The runs row names worker-a at fence 3: its append at fence 3 is written."""
+    PgJournal(pg_url, schema=schema).close()
+    sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r', 'worker-a', 3)")
+    with PgJournal(pg_url, schema=schema, lease=Lease(owner="worker-a", fence=3)) as journal:
+        assert journal.append("r", RunStarted(workflow="w")) == 1
+        assert records(journal) == [(1, "r", RunStarted(workflow="w"))]
+
+
+def test_an_append_under_an_old_fence_raises_lease_lost_and_writes_nothing(pg_url: str, schema: str) -> None:
+    """After a takeover raised the fence to 4, worker-a's append at fence 3 is refused."""
+    PgJournal(pg_url, schema=schema).close()
+    sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r', 'worker-b', 4)")
+    with PgJournal(pg_url, schema=schema, lease=Lease(owner="worker-a", fence=3)) as journal:
+        with pytest.raises(LeaseLost, match="the lease of 'worker-a' at fence 3 is lost"):
+            journal.append("r", RunFinished())
+        assert list(journal.read()) == []
+    with PgJournal(pg_url, schema=schema) as unfenced:
+        assert unfenced.append("r", RunFinished()) == 1  # the refused append gave its number back
+
+
+def test_a_run_without_a_runs_row_cannot_be_written_under_a_lease(pg_url: str, schema: str) -> None:
+    """No row names the run's owner: a fenced append raises LeaseLost."""
+    with PgJournal(pg_url, schema=schema, lease=Lease(owner="worker-a", fence=1)) as journal:
+        with pytest.raises(LeaseLost):
+            journal.append("r", RunStarted(workflow="w"))
+
+
+# --------------------------------------------------------------------------
+# The executor and recovery on a PostgreSQL journal
+# --------------------------------------------------------------------------
+
+
+class World:
+    """Counts step calls and effects, so a test can tell what ran again."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.charges = 0
+
+    def workflow(self) -> Workflow:
+        async def plain(ctx: StepContext) -> JSON:
+            self.calls[ctx.step] = self.calls.get(ctx.step, 0) + 1
+            return f"{ctx.step}-done"
+
+        async def pay(ctx: StepContext) -> JSON:
+            self.calls[ctx.step] = self.calls.get(ctx.step, 0) + 1
+
+            async def charge(key: str) -> JSON:
+                self.charges += 1
+                return "charged"
+
+            return await ctx.effect("charge", charge)
+
+        return load_workflow("w", [Step(name="a", run=plain), Step(name="pay", run=pay, after=("a",))])
+
+
+def test_the_executor_runs_on_a_pg_journal_and_replay_finds_it_valid(pg: PgJournal) -> None:
+    """Two runs (13 records each) succeed; the journal replays clean."""
+    world = World()
+    reports = run_jobs(pg, [Job(workflow=world.workflow(), run="r1"), Job(workflow=world.workflow(), run="r2")])
+    assert [(r.run, r.status) for r in reports] == [("r1", "succeeded"), ("r2", "succeeded")]
+    report = replay(pg)
+    assert report.valid and report.records == 26
+    assert report.final_states[Succeeded()] == 4
+
+
+class Crash(Exception):
+    """The simulated crash: the process died here, before this append."""
+
+
+class CrashAfter:
+    """A journal whose every append fails once ``n`` records were appended."""
+
+    def __init__(self, journal: PgJournal, n: int) -> None:
+        self.journal = journal
+        self.left = n
+
+    def read(self) -> Iterator[LogItem]:
+        return self.journal.read()
+
+    def append(self, run: str, change: Change) -> int:
+        if self.left == 0:
+            raise Crash(f"crashed before appending {change}")
+        self.left -= 1
+        return self.journal.append(run, change)
+
+    def flush(self) -> None:
+        if self.left == 0:
+            raise Crash("crashed before a flush")
+        self.journal.flush()
+
+
+def crash_after(pg: PgJournal, n: int, world: World) -> None:
+    with pytest.raises(Crash):
+        run_jobs(CrashAfter(pg, n), [Job(workflow=world.workflow(), run="r")], admission_limit=1)
+
+
+def test_recovery_ends_a_dispatched_orphan_indeterminate_on_a_pg_journal(pg: PgJournal) -> None:
+    """Crash right after record 9 (pay's Dispatch): pay ends Indeterminate and is never charged by the resumed run."""
+    world = World()
+    crash_after(pg, 9, world)
+    recovery = recover(pg, {"w": world.workflow()})
+    [orphan] = recovery.orphans
+    assert (orphan.step, orphan.from_state, orphan.to_state) == ("pay", Running(), Indeterminate())
+    [run] = recovery.runs
+    [report] = run_jobs(pg, [Job(workflow=world.workflow(), run="r", prior=run.steps)])
+    assert report.status == "needs-reconciliation"
+    assert world.charges == 0  # the crash came before the effect; nobody may send it blind
+    check = replay(pg)
+    assert check.valid and len(check.indeterminate) == 1
+
+
+def test_recovery_cancels_an_orphan_before_dispatch_and_the_retry_succeeds(pg: PgJournal) -> None:
+    """Crash after record 8 (pay planned, not dispatched): Cancelled, then a second attempt succeeds."""
+    world = World()
+    crash_after(pg, 8, world)
+    recovery = recover(pg, {"w": world.workflow()})
+    [orphan] = recovery.orphans
+    assert (orphan.step, orphan.from_state, orphan.to_state) == ("pay", Running(), Cancelled())
+    [run] = recovery.runs
+    [report] = run_jobs(pg, [Job(workflow=world.workflow(), run="r", prior=run.steps)])
+    assert report.status == "succeeded"
+    assert {s.step: (s.state, s.attempts) for s in report.steps}["pay"] == (Succeeded(), 2)
+    assert world.calls == {"a": 1, "pay": 2} and world.charges == 1
+    assert replay(pg).valid
+
+
+def test_recovery_of_a_finished_pg_journal_changes_nothing(pg: PgJournal) -> None:
+    """A journal whose runs all finished: recovery writes nothing and says so."""
+    world = World()
+    run_jobs(pg, [Job(workflow=world.workflow(), run="r")])
+    assert recover(pg, {"w": world.workflow()}).changed_nothing
+    assert replay(pg).records == 13
+
+
+def test_a_transition_record_is_the_same_value_after_the_round_trip(pg: PgJournal) -> None:
+    """A Succeed transition keeps its from, cause and to through PostgreSQL."""
+    change = AttemptTransitioned(step="s", attempt=2, from_state=Running(), cause=Succeed(), to_state=Succeeded())
+    pg.append("r", change)
+    assert records(pg) == [(1, "r", change)]
