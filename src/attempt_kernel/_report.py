@@ -257,7 +257,8 @@ class RunRow:
             status=standing,
             attempts=view.attempts,
             started_us=view.started_us,
-            ended_us=view.ended_us if view.finished else None,
+            # a reconciled run waiting for recovery has not ended yet
+            ended_us=view.ended_us if standing != "interrupted" else None,
             domain_state=view.domain_state,
         )
 
