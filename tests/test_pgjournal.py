@@ -69,6 +69,8 @@ from attempt_kernel._pgjournal import (
     PgSchemaTooNew,
 )
 
+pytestmark = pytest.mark.postgres
+
 # --------------------------------------------------------------------------
 # Fixtures
 # --------------------------------------------------------------------------
