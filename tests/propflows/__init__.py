@@ -1,0 +1,1 @@
+"""Workflows the signal and reconciliation tests drive (imported by path from subprocesses)."""

@@ -1,0 +1,73 @@
+"""Workflows for the signal tests, run as ``attempt-kernel run propflows.signalflows:ATTR``.
+
+The downstream service is a file in the current folder (``calls.txt``, one
+idempotency key a line, appended on every call and never deduplicated), so
+that it outlives the process as a real one would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from attempt_kernel import (
+    JSON,
+    EffectFinding,
+    EffectHappened,
+    EffectNotHappened,
+    Step,
+    StepContext,
+    load_workflow,
+)
+
+CALLS = Path("calls.txt")
+LONG = 60.0
+"""Longer than any test waits: an attempt that sleeps this long is live when the signal comes."""
+
+
+def calls() -> list[str]:
+    """Every key the downstream service was called with, in order."""
+    return CALLS.read_text().split() if CALLS.exists() else []
+
+
+async def nap(ctx: StepContext) -> JSON:
+    if ctx.attempt == 1:
+        await asyncio.sleep(LONG)
+    return "rested"
+
+
+async def brief(ctx: StepContext) -> JSON:
+    if ctx.attempt == 1:
+        await asyncio.sleep(1.0)
+    return "brief"
+
+
+async def wake(ctx: StepContext) -> JSON:
+    return "awake"
+
+
+async def charge(ctx: StepContext) -> JSON:
+    async def charge_card(key: str) -> JSON:
+        first = not calls()
+        with CALLS.open("a") as f:
+            f.write(key + "\n")
+        if first:  # the first call hangs: the signal finds it in flight
+            await asyncio.sleep(LONG)
+        return f"ch-{len(calls())}"
+
+    return await ctx.effect("charge-card", charge_card)
+
+
+async def ask_downstream(key: str) -> EffectFinding:
+    return EffectHappened(result="ch-asked") if key in calls() else EffectNotHappened()
+
+
+naps = load_workflow("naps", [Step(name="nap", run=nap), Step(name="wake", run=wake, after=("nap",))])
+briefs = load_workflow(
+    "briefs", [Step(name="brief", run=brief), Step(name="wake", run=wake, after=("brief",))]
+)
+charges = load_workflow("charges", [Step(name="charge", run=charge)])
+asked_charges = load_workflow(
+    "asked-charges",
+    [Step(name="charge", run=charge, reconcilers={"charge-card": ask_downstream})],
+)

@@ -1,0 +1,364 @@
+"""Graceful stops (spec §9): SIGINT and SIGTERM sent to `attempt-kernel run` mid-run.
+
+Each case runs a workflow from ``tests/propflows/signalflows.py`` in a
+subprocess, waits (by reading the log) until an attempt is live, sends the
+signal, and then checks what an operator would: the exit code and the time
+it took, one line on stderr, and a log that stays valid, unfinished and
+resumable by `recover`. A stop is not a cancel: recovery resumes a stopped
+run and closes a cancelled one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    JSON,
+    AttemptCreated,
+    AttemptTransitioned,
+    IntentChanged,
+    Job,
+    Record,
+    RunControl,
+    RunFinished,
+    RunLogWriter,
+    RunsStopped,
+    RunStopRequested,
+    Step,
+    StepContext,
+    idempotency_key,
+    load_workflow,
+    read_log,
+    recover_log,
+    replay,
+    run_jobs,
+)
+from attempt_kernel._cli import GRACE
+
+pytestmark = pytest.mark.slow
+
+TESTS = Path(__file__).parent
+FLOWS = "propflows.signalflows"
+LOG = "run.jsonl"
+RUN = "r1"
+SLACK = 4.0
+"""Seconds beyond the grace period a stopped process may take to exit."""
+CHARGE_KEY = idempotency_key(RUN, "charge", "charge-card")
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``attempt-kernel ARGS`` in a fresh interpreter, in ``cwd``, with the test flows importable."""
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def records(cwd: Path) -> list[Record]:
+    return [item for item in read_log(cwd / LOG) if isinstance(item, Record)]
+
+
+def states(cwd: Path) -> dict[tuple[str, int], str]:
+    """Each attempt's last state by (step, number), folded here from the records."""
+    out: dict[tuple[str, int], str] = {}
+    for r in records(cwd):
+        c = r.change
+        if isinstance(c, AttemptCreated):
+            out[c.step, c.attempt] = "Pending"
+        elif isinstance(c, AttemptTransitioned):
+            out[c.step, c.attempt] = type(c.to_state).__name__
+    return out
+
+
+def status(cwd: Path) -> str:
+    """The run's status as `runs --json` says it."""
+    done = cli(cwd, "runs", LOG, "--json")
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout)["runs"]
+    assert row["run"] == RUN
+    value = row["status"]
+    assert isinstance(value, str)
+    return value
+
+
+def start(cwd: Path, attr: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "run", f"{FLOWS}:{attr}", "--log", LOG, "--run", RUN],
+        cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_until(cwd: Path, child: subprocess.Popen[str], seen: Callable[[list[Record]], bool]) -> None:
+    """Poll the log (another process is writing it) until ``seen`` says yes."""
+    deadline = time.monotonic() + 30
+    while not ((cwd / LOG).exists() and seen(records(cwd))):
+        assert child.poll() is None, "the run ended before the moment the test waits for"
+        assert time.monotonic() < deadline, "the moment never came"
+        time.sleep(0.02)
+
+
+def running(step: str) -> Callable[[list[Record]], bool]:
+    return lambda rs: any(
+        isinstance(r.change, AttemptTransitioned)
+        and r.change.step == step
+        and type(r.change.to_state).__name__ == "Running"
+        for r in rs
+    )
+
+
+def in_flight(cwd: Path) -> Callable[[list[Record]], bool]:
+    """The intent is Dispatched in the log and the downstream service has the call."""
+    return lambda rs: CHARGE_KEY in calls(cwd) and any(
+        isinstance(r.change, IntentChanged) and type(r.change.to_state).__name__ == "Dispatched"
+        for r in rs
+    )
+
+
+def stop(
+    cwd: Path, attr: str, sig: signal.Signals, when: Callable[[list[Record]], bool]
+) -> tuple[subprocess.Popen[str], str, float]:
+    """Start the run, send ``sig`` once ``when`` holds; return the child, its stderr and how long it took."""
+    child = start(cwd, attr)
+    wait_until(cwd, child, when)
+    sent = time.monotonic()
+    child.send_signal(sig)
+    _, err = child.communicate(timeout=GRACE + 30)
+    return child, err, time.monotonic() - sent
+
+
+def calls(cwd: Path) -> list[str]:
+    path = cwd / "calls.txt"
+    return path.read_text().split() if path.exists() else []
+
+
+SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
+
+
+# ------------------------------------------------------- a step that sleeps
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_a_signal_while_a_step_sleeps_exits_with_one_line_after_the_grace(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """128+signal within grace + a few seconds, one line on stderr naming the signal, no traceback."""
+    child, err, took = stop(tmp_path, "naps", sig, running("nap"))
+    assert child.returncode == code, err
+    assert took < GRACE + SLACK, took
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"stopped by {sig.name}" in err and "attempt-kernel recover" in err, err
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_a_stopped_run_is_unfinished_with_no_live_attempt(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """The log holds run_stop_requested and no run_finished; the sleeping attempt ended Cancelled
+    and its dependent never started; `runs` says interrupted; `replay` is valid and lists the run."""
+    child, err, _ = stop(tmp_path, "naps", sig, running("nap"))
+    assert child.returncode == code, err
+    kinds = [type(r.change) for r in records(tmp_path)]
+    assert kinds.count(RunStopRequested) == 1 and RunFinished not in kinds
+    assert states(tmp_path) == {("nap", 1): "Cancelled"}
+    assert status(tmp_path) == "interrupted"
+    checked = cli(tmp_path, "replay", LOG)
+    assert checked.returncode == 0, checked.stdout
+    assert "unfinished runs: 1" in checked.stdout and f"  run {RUN}" in checked.stdout
+    assert replay(tmp_path / LOG).unfinished == (RUN,)
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_recover_finishes_a_run_a_signal_stopped(tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    """`recover --workflows` gives the cancelled step a new attempt and runs its dependent."""
+    child, err, _ = stop(tmp_path, "naps", sig, running("nap"))
+    assert child.returncode == code, err
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:naps")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert states(tmp_path) == {
+        ("nap", 1): "Cancelled",
+        ("nap", 2): "Succeeded",
+        ("wake", 1): "Succeeded",
+    }
+    assert isinstance(records(tmp_path)[-1].change, RunFinished)
+    assert status(tmp_path) == "succeeded"
+    assert replay(tmp_path / LOG).valid and replay(tmp_path / LOG).unfinished == ()
+
+
+def test_a_step_that_ends_within_the_grace_keeps_its_result_and_nothing_new_starts(
+    tmp_path: Path,
+) -> None:
+    """A 1 s step finishes during the grace (exit as soon as it does); its dependent starts only on recover."""
+    child, err, took = stop(tmp_path, "briefs", signal.SIGINT, running("brief"))
+    assert child.returncode == 130, err
+    assert took < GRACE - 1, took  # did not sit out the whole grace
+    assert states(tmp_path) == {("brief", 1): "Succeeded"}
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:briefs")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert states(tmp_path) == {("brief", 1): "Succeeded", ("wake", 1): "Succeeded"}
+    assert status(tmp_path) == "succeeded"
+
+
+# ------------------------------------------------------- an effect in flight
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_a_signal_during_an_effect_ends_the_attempt_indeterminate(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """The outstanding intent makes the stopped attempt Indeterminate; the run stays unfinished."""
+    child, err, took = stop(tmp_path, "charges", sig, in_flight(tmp_path))
+    assert child.returncode == code, err
+    assert took < GRACE + SLACK, took
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert states(tmp_path) == {("charge", 1): "Indeterminate"}
+    assert calls(tmp_path) == [CHARGE_KEY]
+    assert status(tmp_path) == "interrupted"
+    report = replay(tmp_path / LOG)
+    assert report.valid and report.unfinished == (RUN,)
+    assert [a.outstanding for a in report.indeterminate] == [(CHARGE_KEY,)]
+
+
+def test_recover_and_reconcile_finish_a_run_stopped_during_an_effect(tmp_path: Path) -> None:
+    """recover ends the run needing reconciliation; `reconcile --confirmed` then `recover`
+    ends it succeeded with the confirmed result, and the effect is never sent again."""
+    child, err, _ = stop(tmp_path, "charges", signal.SIGINT, in_flight(tmp_path))
+    assert child.returncode == 130, err
+    first = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:charges")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert status(tmp_path) == "needs-reconciliation"
+    answer = cli(tmp_path, "reconcile", LOG, "--key", CHARGE_KEY, "--confirmed", "--result", '"ch-1"')
+    assert answer.returncode == 0, answer.stderr
+    second = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:charges")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert status(tmp_path) == "succeeded"
+    assert states(tmp_path) == {("charge", 1): "Indeterminate", ("charge", 2): "Succeeded"}
+    assert calls(tmp_path) == [CHARGE_KEY]
+    assert replay(tmp_path / LOG).valid
+
+
+def test_a_crash_during_an_effect_is_settled_by_the_steps_reconciler(tmp_path: Path) -> None:
+    """SIGKILL mid-effect, then `recover`: the reconciler finds the charge, the run succeeds,
+    and the effect was sent once (the baseline the next test holds a graceful stop to)."""
+    child = start(tmp_path, "asked_charges")
+    wait_until(tmp_path, child, in_flight(tmp_path))
+    child.send_signal(signal.SIGKILL)
+    child.communicate(timeout=30)
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:asked_charges")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert status(tmp_path) == "succeeded"
+    assert calls(tmp_path) == [CHARGE_KEY]
+
+
+def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_path: Path) -> None:
+    """SIGINT mid-effect, then `recover`: the step's reconciler is asked (spec §9: only what
+    nobody could answer is Indeterminate), so the run succeeds as it does after a SIGKILL."""
+    child, err, _ = stop(tmp_path, "asked_charges", signal.SIGINT, in_flight(tmp_path))
+    assert child.returncode == 130, err
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:asked_charges")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert status(tmp_path) == "succeeded"
+    assert calls(tmp_path) == [CHARGE_KEY]
+
+
+# ------------------------------------------------------- a second Ctrl-C
+
+
+def test_a_second_sigint_during_the_grace_exits_at_once(tmp_path: Path) -> None:
+    """The second SIGINT exits 130 at once, leaving the attempt Running as a crash would."""
+    child = start(tmp_path, "naps")
+    wait_until(tmp_path, child, running("nap"))
+    child.send_signal(signal.SIGINT)
+    wait_until(tmp_path, child, lambda rs: any(isinstance(r.change, RunStopRequested) for r in rs))
+    sent = time.monotonic()
+    child.send_signal(signal.SIGINT)
+    child.communicate(timeout=30)
+    took = time.monotonic() - sent
+    assert child.returncode == 130
+    assert took < 1.5, took
+    assert states(tmp_path) == {("nap", 1): "Running"}
+
+
+def test_recover_finishes_a_run_left_by_a_second_sigint(tmp_path: Path) -> None:
+    """After the abrupt exit, `recover` ends the orphan Cancelled and finishes the run."""
+    child = start(tmp_path, "naps")
+    wait_until(tmp_path, child, running("nap"))
+    child.send_signal(signal.SIGINT)
+    wait_until(tmp_path, child, lambda rs: any(isinstance(r.change, RunStopRequested) for r in rs))
+    child.send_signal(signal.SIGINT)
+    child.communicate(timeout=30)
+    assert child.returncode == 130
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:naps")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert states(tmp_path) == {
+        ("nap", 1): "Cancelled",
+        ("nap", 2): "Succeeded",
+        ("wake", 1): "Succeeded",
+    }
+    assert status(tmp_path) == "succeeded"
+    assert replay(tmp_path / LOG).valid
+
+
+# ------------------------------------------------------- a stop is not a cancel
+
+
+async def _sleep_long(ctx: StepContext) -> JSON:
+    await asyncio.sleep(60)
+    return None
+
+
+SLEEPER = load_workflow("sleeper", [Step(name="sleep", run=_sleep_long)])
+
+
+def test_after_a_stop_recovery_resumes_the_run(tmp_path: Path) -> None:
+    """A SIGINT stop (in process, through run_jobs) leaves a run recovery hands back to resume."""
+
+    async def interrupt(control: RunControl) -> None:
+        await asyncio.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    log = tmp_path / LOG
+    with RunLogWriter(log) as writer, pytest.raises(RunsStopped) as stopped:
+        run_jobs(
+            writer,
+            [Job(workflow=SLEEPER, run=RUN, supervise=interrupt)],
+            stop_on_signals=True,
+            grace=0.1,
+        )
+    assert stopped.value.signal == signal.SIGINT
+    assert [r.status for r in stopped.value.reports] == ["interrupted"]
+    writer, recovery = recover_log(log, {"sleeper": SLEEPER})
+    writer.close()
+    assert [r.run for r in recovery.runs] == [RUN] and recovery.closed == ()
+
+
+def test_after_a_cancel_recovery_closes_the_run(tmp_path: Path) -> None:
+    """RunControl.cancel() finishes the run cancelled; recovery has nothing to resume."""
+
+    async def cancel(control: RunControl) -> None:
+        await asyncio.sleep(0.1)
+        control.cancel()
+
+    log = tmp_path / LOG
+    with RunLogWriter(log) as writer:
+        [report] = run_jobs(writer, [Job(workflow=SLEEPER, run=RUN, supervise=cancel)])
+    assert report.status == "cancelled"
+    assert isinstance(records(tmp_path)[-1].change, RunFinished)
+    writer, recovery = recover_log(log, {"sleeper": SLEEPER})
+    writer.close()
+    assert recovery.runs == () and recovery.changed_nothing
