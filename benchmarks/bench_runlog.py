@@ -2,6 +2,11 @@
 
 - replay throughput (records/s) beside a bare loop that only reads each line
   of the same file and ``json.loads`` it (target: replay >= 40% of bare);
+- ``runs`` (the ledger fold ``attempt-kernel runs`` does: ``Ledger().feed``
+  over ``FileLog(path).read()``, then one ``RunRow`` per run, as
+  ``_cli._runs`` builds them) on the same log, beside replay's time
+  (target: no slower than replay, in CPU time; 5% allowed for noise, as
+  the two are measured alternately);
 - peak memory of a replay, in a child process, at 100k and 1M records
   (target: under 100 MB and independent of log length);
 - the writer's CPU cost per record (µs) beside a bare loop that encodes the
@@ -33,6 +38,7 @@ from attempt_kernel import (
     Confirmed,
     Dispatch,
     Dispatched,
+    FileLog,
     IntentChanged,
     IntentPlanned,
     Pending,
@@ -47,6 +53,8 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel._codec import encode_record
+from attempt_kernel._ledger import Ledger
+from attempt_kernel._report import RunRow
 
 
 def run_changes(run: str) -> list[Change]:
@@ -89,9 +97,16 @@ def bare_read(path: Path) -> int:
     return n
 
 
+def runs_rows(path: Path) -> list[RunRow]:
+    """What ``attempt-kernel runs`` computes before it prints: the fold, then the rows."""
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    return [RunRow.of(view, False) for view in ledger.runs.values()]
+
+
 def best_of(repeat: int, func: object) -> float:
     assert callable(func)
-    times = []
+    times: list[float] = []
     for _ in range(repeat):
         start = time.perf_counter()
         func()
@@ -133,13 +148,27 @@ def bench_replay(tmp: Path, records: int) -> bool:
     print(f"replay of {n:,} records ({path.stat().st_size / 1e6:.0f} MB):")
     print(f"  bare read + json.loads : {bare_rate:12,.0f} records/s")
     print(f"  replay                 : {replay_rate:12,.0f} records/s  = {ratio:.0%} of bare (target >= 40%)")
+    rows = runs_rows(path)
+    assert all(row.status == "succeeded" for row in rows), rows[:3]
+    # runs is replay's fold plus one row per run, so the two are close. CPU time,
+    # alternated, so that other processes on the machine (wall time swung 0.8x
+    # to 1.4x between runs) hit both alike. 5% is allowed for what noise is
+    # left; a real regression (a second pass, a slower fold) is larger.
+    t_replay_cpu, t_runs = float("inf"), float("inf")
+    for _ in range(3):
+        t_replay_cpu = min(t_replay_cpu, cpu_of(lambda: replay(path)))
+        t_runs = min(t_runs, cpu_of(lambda: runs_rows(path)))
+    runs_ratio = t_runs / t_replay_cpu
+    print(f"  replay (CPU time)      : {t_replay_cpu:8.2f} s")
+    print(f"  runs, {len(rows):,} rows (CPU): {t_runs:8.2f} s  = {runs_ratio:.2f}x replay's time"
+          " (target: no slower than replay, <= 1.05x with noise)")  # fmt: skip
     small = tmp / "small.jsonl"
     generate(small, records // 10)
     (heap_small, rss_small), (heap_big, rss_big) = child_peak_mb(small), child_peak_mb(path)
     print(f"  peak memory of a replay: {records // 10:,} records: heap {heap_small:.1f} MB,"
           f" process RSS {rss_small:.1f} MB; {records:,} records: heap {heap_big:.1f} MB,"
           f" process RSS {rss_big:.1f} MB (target < 100 MB, flat)")  # fmt: skip
-    return ratio >= 0.40 and max(heap_big, rss_big) < 100
+    return ratio >= 0.40 and runs_ratio <= 1.05 and max(heap_big, rss_big) < 100
 
 
 def bench_writer(tmp: Path, appends: int) -> bool:
