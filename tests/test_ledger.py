@@ -15,26 +15,40 @@ from logs import indeterminate_changes, simple_changes, write_log
 
 from attempt_kernel import (
     Admit,
+    AttemptCreated,
     AttemptState,
+    AttemptTransitioned,
     Cancel,
     Cancelled,
+    Change,
+    Confirm,
+    Confirmed,
+    Dispatch,
+    Dispatched,
     Fail,
-    IllegalTransition,
     Failed,
+    IllegalTransition,
     Indeterminate,
+    IntentChanged,
+    IntentPlanned,
+    IntentReconciled,
     Pending,
+    Planned,
     QueueDeadlinePassed,
+    read_log,
+    Reject,
+    Rejected,
     RetryPolicy,
     RunCancelRequested,
     RunFinished,
-    RunStarted,
     Running,
+    RunStarted,
     StepDeadlinePassed,
+    StepResult,
     Succeed,
     Succeeded,
     TimedOut,
     TransitionCause,
-    read_log,
 )
 from attempt_kernel._ledger import (
     Ledger,
@@ -226,3 +240,55 @@ def test_a_stale_proposal_is_checked_like_any_change() -> None:
     ledger.apply_change("r", stale)
     [violation] = ledger.violations
     assert "starts from Running, but the attempt is Succeeded" in violation.reason
+
+
+def _failed_with_outstanding(attempt: int) -> list[Change]:
+    """Attempt ``attempt`` of step 's' dispatches 'pay' (key k) and fails with it outstanding."""
+    return [
+        AttemptCreated(step="s", attempt=attempt),
+        AttemptTransitioned(step="s", attempt=attempt, from_state=Pending(), cause=Admit(), to_state=Running()),
+        IntentPlanned(step="s", attempt=attempt, name="pay", key="k"),
+        IntentChanged(step="s", attempt=attempt, name="pay", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()),
+        StepResult(step="s", attempt=attempt, error="ambiguous"),
+        AttemptTransitioned(step="s", attempt=attempt, from_state=Running(), cause=Fail(), to_state=Failed()),
+    ]
+
+
+def test_an_outcome_under_a_key_settles_what_earlier_attempts_left_outstanding() -> None:
+    """An idempotent retry that confirms key k settles attempt 1's outstanding k too:
+    no intent stays unresolved and the attempt listed for reconciliation lists nothing."""
+    ledger = Ledger()
+    ledger.apply_change("r", RunStarted(workflow="wf"))
+    for change in _failed_with_outstanding(1):
+        ledger.apply_change("r", change)
+    assert ledger.unresolved_intents == 1
+    [listed] = ledger.to_reconcile
+    assert (listed.attempt, listed.outstanding) == (1, ("k",))
+    for change in _failed_with_outstanding(2)[:4]:  # attempt 2 sends k again
+        ledger.apply_change("r", change)
+    step = ledger.step("r", "s")
+    assert step is not None and step.outstanding() == ("k",)
+    ledger.apply_change(
+        "r",
+        IntentChanged(step="s", attempt=2, name="pay", from_state=Dispatched(), cause=Confirm(), to_state=Confirmed(), result={"id": 1}),
+    )
+    assert ledger.unresolved_intents == 0 and step.outstanding() == ()
+    [listed] = ledger.to_reconcile
+    assert (listed.attempt, listed.outstanding) == (1, ())
+    assert ledger.violation_count == 0
+
+
+def test_a_key_left_outstanding_by_an_earlier_attempt_can_be_reconciled() -> None:
+    """Attempt 2 crashed before sending k again: reconciling k (named on the latest
+    attempt) settles attempt 1's outstanding intent and is no violation."""
+    ledger = Ledger()
+    ledger.apply_change("r", RunStarted(workflow="wf"))
+    for change in [*_failed_with_outstanding(1), *_failed_with_outstanding(2)[:2]]:
+        ledger.apply_change("r", change)
+    ledger.apply_change(
+        "r",
+        IntentReconciled(step="s", attempt=2, name="pay", key="k", from_state=Dispatched(), cause=Reject(), to_state=Rejected(), by="operator"),
+    )
+    step = ledger.step("r", "s")
+    assert step is not None and step.outstanding() == () and ledger.unresolved_intents == 0
+    assert ledger.violation_count == 0

@@ -38,6 +38,7 @@ from ._executor import RunsStopped as RunsStopped
 from ._executor import StepError as StepError
 from ._executor import StepOutcome as StepOutcome
 from ._executor import run_jobs as run_jobs
+from ._findings import RECONCILER_DEADLINE as RECONCILER_DEADLINE
 from ._findings import EffectFinding as EffectFinding
 from ._findings import EffectHappened as EffectHappened
 from ._findings import EffectNotHappened as EffectNotHappened
@@ -93,7 +94,6 @@ from ._records import StepResult as StepResult
 from ._records import TornTail as TornTail
 from ._recovery import Asked as Asked
 from ._recovery import OrphanEnded as OrphanEnded
-from ._recovery import RECONCILER_DEADLINE as RECONCILER_DEADLINE
 from ._recovery import RecoveredRun as RecoveredRun
 from ._recovery import Recovery as Recovery
 from ._recovery import RecoveryError as RecoveryError

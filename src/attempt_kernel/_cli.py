@@ -28,7 +28,7 @@ from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
-from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
+from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject
 from ._ledger import Ledger, RunView
 from ._logfile import FileLog, RunLogWriter, read_log
 from ._records import JSON, IntentPlanned, IntentReconciled, Record, RunStarted
@@ -352,7 +352,11 @@ def _run(args: argparse.Namespace) -> int:
             report = recorded_report(log, workflow, run)
             sys.stdout.write(_report.run_text(report))
             return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
-        print(f"run: run {shown(run)} of workflow {shown(workflow.name)}, appending to {shown(log_path)}", flush=True)
+        print(
+            f"starting run {shown(run)} of workflow {shown(workflow.name)},"
+            f" appending to {shown(log_path)}",
+            flush=True,
+        )
         try:
             [report] = run_jobs(
                 log,
@@ -467,15 +471,16 @@ def _reconcile(args: argparse.Namespace) -> int:
         found = None
         for view in ledger.runs.values():
             for step in view.steps.values():
-                for name, state in step.attempt.intents.items():
+                for name in (*step.attempt.intents, *step.superseded):
                     if step.keys.get(name) == key:
-                        found = (view, step, name, state)
+                        found = (view, step, name)
         if found is None:
             if planned:
                 raise _Usage(f"intent {key!r} is not outstanding: its outcome is already recorded")
             raise _Usage(f"no intent with key {key!r} in {log_path}")
-        view, step, name, state = found
-        if not is_outstanding(state):
+        view, step, name = found
+        if key not in step.outstanding():
+            state = step.attempt.intents[name]
             raise _Usage(
                 f"intent {key!r} ({name!r} of step {step.name!r}) is not outstanding: it is"
                 f" {type(state).__name__}"
@@ -504,10 +509,13 @@ def _reconcile(args: argparse.Namespace) -> int:
     if left:
         print(f"  still outstanding in run {shown(view.run)}: {', '.join(shown(k) for k in left)}")
     else:
-        print(
-            f"  nothing of run {shown(view.run)} is outstanding now; `attempt-kernel recover"
-            f" {shown(log_path)}` resumes it"
-        )
+        resume = f"`attempt-kernel recover {shown(log_path)}`"
+        if view.workflow != TRIP_PLANNER:
+            resume = (
+                f"`attempt-kernel recover {shown(log_path)} --workflows MODULE:ATTR`"
+                f" (MODULE:ATTR: your workflow {shown(view.workflow or '-')})"
+            )
+        print(f"  nothing of run {shown(view.run)} is outstanding now; {resume} resumes it")
     return EXIT_OK
 
 

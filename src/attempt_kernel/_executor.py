@@ -48,7 +48,16 @@ from ._attempt import (
 from ._codec import UnencodableRecord, state_name
 from ._context import Perform
 from ._errors import AttemptKernelError
-from ._intent import Confirm, Dispatch, IntentCause, Reject, idempotency_key, intent_transition
+from ._findings import EffectHappened, EffectNotHappened, EffectUnknown, ask_all
+from ._intent import (
+    Confirm,
+    Dispatch,
+    IntentCause,
+    Reject,
+    idempotency_key,
+    intent_transition,
+    is_outstanding,
+)
 from ._ledger import (
     Ledger,
     PriorStep,
@@ -66,6 +75,7 @@ from ._records import (
     DomainStateSet,
     IntentChanged,
     IntentPlanned,
+    IntentReconciled,
     RunCancelRequested,
     RunFinished,
     RunResumed,
@@ -407,6 +417,48 @@ class Executor:
             )
         self._write(run, DomainStateSet(step=step, attempt=number, state=name))
 
+    async def _ask_reconcilers(self, run: str, step: Step) -> None:
+        """Ask the step's reconcilers about its attempt's outstanding intents and
+        record what they found (`EffectUnknown` leaves an intent outstanding)."""
+        attempt = self._ledger.attempt(run, step.name)
+        keys = self._ledger.runs[run].steps[step.name].keys
+        questions = [
+            (name, step.reconcilers[name])
+            for name, state in attempt.intents.items()
+            if is_outstanding(state) and name in step.reconcilers
+        ]
+        if not questions:
+            return
+        findings = await ask_all([(r, keys[name]) for name, r in questions])
+        for (name, _), finding in zip(questions, findings):
+            result: JSON = None
+            match finding:
+                case EffectHappened():
+                    cause: IntentCause = Confirm()
+                    result = finding.result
+                case EffectNotHappened():
+                    cause = Reject()
+                case EffectUnknown():
+                    continue
+                case _:
+                    assert_never(finding)
+            current = attempt.intents[name]
+            self._write(
+                run,
+                IntentReconciled(
+                    step=step.name,
+                    attempt=attempt.number,
+                    name=name,
+                    key=keys[name],
+                    from_state=current,
+                    cause=cause,
+                    to_state=intent_transition(current, cause),
+                    result=result,
+                    by="reconciler",
+                    note="asked when the run was stopped, before ending the attempt",
+                ),
+            )
+
     def _cancel(self, run: str, step: str) -> None:
         # spec §2: the flag comes from the intent record, never from where the
         # cancellation was caught
@@ -474,6 +526,10 @@ class Executor:
                 self._move(run, name, StepDeadlinePassed())
                 return
             except asyncio.CancelledError:
+                if self._ledger.runs[run].stop_requested:
+                    # spec §9: a stop ends the attempt as recovery would,
+                    # reconcilers first
+                    await self._ask_reconcilers(run, step)
                 self._cancel(run, name)
                 raise
             match output:

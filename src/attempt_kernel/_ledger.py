@@ -292,14 +292,21 @@ class StepView:
     confirmed: dict[str, JSON] = field(default_factory=dict[str, JSON])
     """The result of each effect known to have happened, by intent name, from
     any attempt (spec §6: a later attempt reuses it instead of sending again)."""
+    superseded: dict[str, int] = field(default_factory=dict[str, int])
+    """Intents earlier attempts left outstanding, by name (how many): an
+    idempotent step retries past them under the same key, so they stay
+    outstanding until an outcome for that key is recorded."""
 
     def outstanding(self) -> tuple[str, ...]:
-        """Keys of the latest attempt's intents still `Dispatched` (reconcile these)."""
+        """Keys still outstanding: the latest attempt's intents that are
+        `Dispatched`, and those earlier attempts left behind (reconcile these)."""
         intents = self.attempt.intents
-        if not intents:
+        if not intents and not self.superseded:
             return ()
         keys = self.keys
-        return tuple(keys[n] for n, s in intents.items() if is_outstanding(s))
+        names = [n for n, s in intents.items() if is_outstanding(s)]
+        names += [n for n in self.superseded if n not in names]
+        return tuple(keys[n] for n in names)
 
 
 @final
@@ -343,7 +350,9 @@ class RunView:
         status = self.status
         assert status is not None  # set by run_finished
         if status == "needs-reconciliation" and not self.outstanding():
-            return "interrupted"  # reconciled: recovery resumes it
+            # reconciled: recovery resumes it, unless its cancel was decided
+            # (spec §4: a cancel is never undone)
+            return "cancelled" if self.cancel_requested else "interrupted"
         return status
 
 
@@ -477,10 +486,18 @@ class Ledger:
         for name, prior in steps.items():
             intents = dict(prior.intents)
             keys = dict(prior.keys)
+            superseded: dict[str, int] = {}
+            live = {keys.get(n) for n, state in intents.items() if is_outstanding(state)}
+            by_key = {key: name for name, key in keys.items()}
             for key in prior.outstanding:
-                # A resume point built by hand may list keys without intents:
-                # keep them outstanding, never forget an unresolved effect.
-                if key not in (keys.get(n) for n in intents):
+                if key in live:
+                    continue
+                owner = by_key.get(key)
+                if owner is not None:  # left outstanding by an earlier attempt
+                    superseded[owner] = superseded.get(owner, 0) + 1
+                else:
+                    # A resume point built by hand may list keys without
+                    # intents: keep them outstanding, never forget one.
                     intents[key], keys[key] = DISPATCHED, key
             view.steps[name] = StepView(
                 name=name,
@@ -495,6 +512,7 @@ class Ledger:
                 error=prior.error,
                 keys=keys,
                 confirmed=dict(prior.confirmed),
+                superseded=superseded,
             )
 
     # ------------------------------------------------------------ feeding
@@ -657,6 +675,9 @@ class Ledger:
                     f"attempt {change.attempt} of {where} created after attempt"
                     f" {previous.number} (expected {previous.number + 1})"
                 )
+            for name, state in previous.intents.items():
+                if is_outstanding(state):
+                    step.superseded[name] = step.superseded.get(name, 0) + 1
             step.attempt = attempt
             step.result = step.error = None
         self._counts[Pending] += 1
@@ -814,9 +835,11 @@ class Ledger:
                     )
         self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
         intents[change.name] = change.to_state
-        self._settle(step, change.name, change.to_state, change.result)
+        self._settle(run, step, change.name, change.to_state, change.result)
 
-    def _settle(self, step: StepView, name: str, state: IntentState, result: JSON) -> None:
+    def _settle(
+        self, run: str, step: StepView, name: str, state: IntentState, result: JSON
+    ) -> None:
         """Remember what is known of an effect across attempts (spec §6)."""
         match state:
             case Confirmed():
@@ -826,8 +849,27 @@ class Ledger:
             case Planned() | Dispatched() | Abandoned():
                 if result is not None:
                     self._violate(f"intent {name!r}: a result belongs to a Confirm only")
+                return
             case _:
                 assert_never(state)
+        # An outcome for the key settles what earlier attempts left under it,
+        # and the attempts listed for reconciliation list what is left.
+        self.unresolved_intents -= step.superseded.pop(name, 0)
+        left = step.outstanding()
+        for entries in (self.indeterminate, self.to_reconcile):
+            for i, entry in enumerate(entries):
+                if entry.run != run or entry.step != step.name:
+                    continue
+                kept = tuple(k for k in entry.outstanding if k in left)
+                if kept != entry.outstanding:
+                    entries[i] = OpenAttempt(
+                        run=run,
+                        step=step.name,
+                        attempt=entry.attempt,
+                        state=entry.state,
+                        line=entry.line,
+                        outstanding=kept,
+                    )
 
     def _reconciled(self, run: str, change: IntentReconciled) -> None:
         step = self._step(run, change.step, change.attempt)
@@ -835,7 +877,13 @@ class Ledger:
             return
         intents = step.attempt.intents
         current = intents.get(change.name)
-        if current is None:
+        left_behind = change.name in step.superseded and (
+            current is None or not is_outstanding(current)
+        )
+        if left_behind:
+            # an earlier attempt's outstanding intent under this key
+            current = DISPATCHED
+        elif current is None:
             self._violate(f"reconciliation of intent {change.name!r}, which the attempt never planned")
             return
         known = step.keys.get(change.name)
@@ -860,22 +908,10 @@ class Ledger:
                         f"{change.cause!r} from {current!r} goes to {expected!r},"
                         f" but the reconciliation says {change.to_state!r}"
                     )
-        self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
-        intents[change.name] = change.to_state
-        self._settle(step, change.name, change.to_state, change.result)
-        # The attempt keeps its state (spec §9); its entry lists what is left.
-        left = step.outstanding()
-        for entries in (self.indeterminate, self.to_reconcile):
-            for i, entry in enumerate(entries):
-                if (entry.run, entry.step, entry.attempt) == (run, step.name, step.attempt.number):
-                    entries[i] = OpenAttempt(
-                        run=run,
-                        step=step.name,
-                        attempt=entry.attempt,
-                        state=entry.state,
-                        line=entry.line,
-                        outstanding=left,
-                    )
+        if not left_behind:  # the attempt keeps its state (spec §9), its intent moves
+            self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
+            intents[change.name] = change.to_state
+        self._settle(run, step, change.name, change.to_state, change.result)
 
     def _domain_state(self, run: str, change: DomainStateSet) -> None:
         step = self._live_step(run, change.step, change.attempt, "a domain state")
@@ -896,8 +932,14 @@ class Ledger:
             return
         if view.finished:
             left = view.outstanding()
-            if view.status != "needs-reconciliation" or left:
-                why = f"intents {', '.join(left)} are outstanding" if left else "the run finished"
+            if view.status != "needs-reconciliation" or left or view.cancel_requested:
+                why = (
+                    f"intents {', '.join(left)} are outstanding"
+                    if left
+                    else "its cancel was decided"
+                    if view.cancel_requested
+                    else "the run finished"
+                )
                 self._violate(f"run {run!r} resumed, but {why}")
                 return
             view.finished, view.status = False, None

@@ -34,7 +34,15 @@ from typing_extensions import assert_never, final
 
 from ._attempt import AttemptState, is_terminal
 from ._errors import AttemptKernelError
-from ._findings import EffectFinding, EffectHappened, EffectNotHappened, EffectUnknown, Reconciler
+from ._findings import (
+    RECONCILER_DEADLINE,
+    EffectFinding,
+    EffectHappened,
+    EffectNotHappened,
+    EffectUnknown,
+    Reconciler,
+    ask_all,
+)
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
 from ._ledger import Ledger, PriorStep, snapshot
 from ._logfile import RunLogWriter
@@ -42,8 +50,6 @@ from ._records import IntentReconciled, RunFinished, TornTail
 from ._store import Journal
 from ._workflow import Workflow
 
-RECONCILER_DEADLINE: Final = 10.0
-"""Seconds a reconciler may take before its answer counts as unknown."""
 
 
 @final
@@ -117,20 +123,6 @@ class Recovery:
 _SHOWN: Final = 3
 
 
-async def _ask_all(
-    questions: list[tuple[Reconciler, str]], deadline: float
-) -> list[EffectFinding]:
-    async def ask(reconciler: Reconciler, key: str) -> EffectFinding:
-        try:
-            return await asyncio.wait_for(reconciler(key), deadline)
-        except asyncio.TimeoutError:
-            return EffectUnknown(reason=f"the reconciler ran past its {deadline:g} s deadline")
-        except Exception as error:  # noqa: BLE001  # a reconciler may raise anything: unknown
-            return EffectUnknown(reason=f"the reconciler raised {type(error).__name__}: {error}")
-
-    return list(await asyncio.gather(*(ask(r, k) for r, k in questions)))
-
-
 def recover(
     journal: Journal,
     workflows: Mapping[str, Workflow],
@@ -189,7 +181,7 @@ def recover(
                     key = step.keys[intent]
                     questions.append((view.run, name, step.attempt.number, intent, key, reconciler))
     findings = (
-        asyncio.run(_ask_all([(q[5], q[4]) for q in questions], reconciler_deadline))
+        asyncio.run(ask_all([(q[5], q[4]) for q in questions], reconciler_deadline))
         if questions
         else []
     )

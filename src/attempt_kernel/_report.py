@@ -317,7 +317,7 @@ def _intent_event(event: IntentEvent) -> str:
         f" {intent_state_name(event.to_state)} ({intent_cause_name(event.cause)})"
     )
     if event.by is not None:
-        line += f" reconciled by {shown(event.by)}"
+        line += f"  reconciled by {shown(event.by)}"
         if event.note:
             line += f": {shown(event.note)}"
     if event.result is not None:

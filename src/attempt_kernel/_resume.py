@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing_extensions import TypeAlias, final
 
 from ._executor import Job, RunControl, RunReport, run_jobs
-from ._recovery import RECONCILER_DEADLINE, Recovery, recover_log
+from ._findings import RECONCILER_DEADLINE
+from ._recovery import Recovery, recover_log
 from ._workflow import Workflow
 
 Supervisor: TypeAlias = Callable[[RunControl], Awaitable[None]]
