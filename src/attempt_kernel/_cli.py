@@ -12,6 +12,7 @@ a log another process is writing; writing ones are refused by its lock.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import importlib
 import io
@@ -19,23 +20,26 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Final
 
+from typing_extensions import assert_never
+
 from . import _report, _table
-from ._codec import RunLogError
+from ._codec import RunLogError, encode_record
 from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject
 from ._ledger import Ledger, RunView
-from ._logfile import FileLog, RunLogWriter, read_log
-from ._records import JSON, IntentPlanned, IntentReconciled, Record, RunStarted
+from ._logfile import FileLog, RunLogWriter
+from ._records import JSON, CorruptLine, IntentPlanned, IntentReconciled, Record, RunStarted, TornTail
 from ._recovery import Recovery
 from ._replay import replay
 from ._report import shown
 from ._resume import Supervisor, resume_log
+from ._store import Journal, LogSource
 from ._workflow import Workflow
 
 EXIT_OK: Final = 0
@@ -181,6 +185,16 @@ def _parser() -> argparse.ArgumentParser:
         "--result", metavar="JSON", help="with --confirmed: the effect's result, as JSON"
     )
     reconcile.add_argument("--note", default="", metavar="TEXT", help="why, for the record")
+    export = commands.add_parser(
+        "export",
+        help="write a journal (a PostgreSQL URL, or a log file) as a JSON Lines run log",
+        description="Write every record of the journal, or of one run with --run, to "
+        "standard output as a run log file that `replay` validates: the same records, "
+        "numbered 1, 2, ... in journal order, each with its checksum. Exit 0, or 2 for "
+        "usage or I/O errors (a corrupt record is refused, naming it).",
+    )
+    export.add_argument("log", metavar="URL", help="postgresql://... (or a log file)")
+    export.add_argument("--run", metavar="ID", help="only this run's records")
     return parser
 
 
@@ -267,8 +281,55 @@ def load_target(target: str) -> Workflow:
     return value
 
 
+def _is_url(log: str) -> bool:
+    return log.startswith(("postgresql://", "postgres://"))
+
+
+def _pg(url: str) -> Journal:
+    """The PostgreSQL journal a URL names (psycopg is an optional dependency)."""
+    try:
+        from ._pgjournal import PgJournal
+    except ImportError as error:
+        raise _Usage(
+            f"{_redacted(url)}: a PostgreSQL journal needs psycopg ({error});"
+            " install attempt-kernel[postgres]"
+        ) from None
+    return PgJournal(url)
+
+
+def _redacted(url: str) -> str:
+    """A URL without its password, for messages."""
+    head, at, tail = url.rpartition("@")
+    if not at or "://" not in head:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}@{tail}"
+
+
+def _source(log: str) -> LogSource:
+    """What a reading command reads: a file, or the journal a URL names."""
+    return _pg(log) if _is_url(log) else FileLog(log)
+
+
+@contextlib.contextmanager
+def _journal(log: str, *, create: bool) -> Generator[Journal, None, None]:
+    """What a writing command writes: a file under its lock, or the journal a URL names."""
+    if _is_url(log):
+        journal = _pg(log)
+        try:
+            yield journal
+        finally:
+            close = getattr(journal, "close", None)
+            if callable(close):
+                close()
+    else:
+        with RunLogWriter(log, create=create) as writer:
+            yield writer
+
+
 def _replay_and_print(log: str) -> int:
-    report = replay(log)
+    report = replay(_source(log))
     sys.stdout.write("\n" + _report.as_text(report, log))
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
 
@@ -310,7 +371,7 @@ def _demo(args: argparse.Namespace) -> int:
     return _replay_and_print(log_path)
 
 
-def _next_run_id(log: RunLogWriter, workflow: str) -> str:
+def _next_run_id(log: Journal, workflow: str) -> str:
     """``<workflow>-<n>``: one more than the runs of that workflow in the log."""
     ledger = Ledger()
     ledger.feed(log.read())
@@ -326,7 +387,7 @@ def _run(args: argparse.Namespace) -> int:
     workflow = load_target(target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
-    with RunLogWriter(log_path) as log:
+    with _journal(log_path, create=True) as log:
         run: str = args.run_id if args.run_id is not None else _next_run_id(log, workflow.name)
         if not run:
             raise _Usage("--run needs a non-empty id")
@@ -390,7 +451,7 @@ def _recover(args: argparse.Namespace) -> int:
     extra = "".join(f" --workflows {t}" for t in targets)
     try:
         resumed = resume_log(
-            log_path,
+            _pg(log_path) if _is_url(log_path) else log_path,
             workflows,
             supervisors=supervisors,
             progress=_progress(),
@@ -423,8 +484,8 @@ def _writer_holds(path: str) -> bool:
 def _runs(args: argparse.Namespace) -> int:
     log_path: str = args.log
     ledger = Ledger()
-    ledger.feed(FileLog(log_path).read())
-    live = _writer_holds(log_path)
+    ledger.feed(_source(log_path).read())
+    live = not _is_url(log_path) and _writer_holds(log_path)
     views: list[RunView] = list(ledger.runs.values())
     rows = [_report.RunRow.of(view, live) for view in views]
     if args.json:
@@ -437,10 +498,10 @@ def _runs(args: argparse.Namespace) -> int:
 def _show(args: argparse.Namespace) -> int:
     log_path: str = args.log
     run: str = args.run
-    history = run_history(read_log(log_path), run)
+    history = run_history(_source(log_path).read(), run)
     if history is None:
         raise _Usage(f"no run {run!r} in {log_path} (`attempt-kernel runs {log_path}` lists them)")
-    live = _writer_holds(log_path) and history.standing == "interrupted"
+    live = not _is_url(log_path) and _writer_holds(log_path) and history.standing == "interrupted"
     if args.json:
         sys.stdout.write(_report.show_json(history, live))
     else:
@@ -454,7 +515,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     if args.result is not None and not args.confirmed:
         raise _Usage("--result goes with --confirmed (a rejected effect has no result)")
     result = None if args.result is None else _json_argument(args.result, "--result")
-    with RunLogWriter(log_path, create=False) as log:
+    with _journal(log_path, create=False) as log:
         ledger = Ledger()
         planned = False
         items = list(log.read())
@@ -519,6 +580,30 @@ def _reconcile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _export(args: argparse.Namespace) -> int:
+    log: str = args.log
+    only: str | None = args.run
+    seq = 0
+    out = sys.stdout.buffer
+    for item in _source(log).read():
+        match item:
+            case Record():
+                if only is not None and item.run != only:
+                    continue
+                seq += 1
+                out.write(encode_record(seq, item.time_us, item.run, item.change))
+            case CorruptLine():
+                raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
+            case TornTail():
+                pass  # never acknowledged: not part of the journal
+            case _:
+                assert_never(item)
+    out.flush()
+    if only is not None and seq == 0:
+        raise _Usage(f"no run {only!r} in {_redacted(log)}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     for stream in (sys.stdout, sys.stderr):
@@ -543,6 +628,7 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "runs": _runs,
     "show": _show,
     "reconcile": _reconcile,
+    "export": _export,
 }
 
 
@@ -555,7 +641,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_OK
     if command == "replay":
         try:
-            report = replay(args.log)
+            report = replay(_source(args.log))
         except RunLogError as error:
             print(f"attempt-kernel replay: error: {shown(str(error))}", file=sys.stderr)
             return EXIT_USAGE

@@ -1,9 +1,10 @@
 """Resuming from Python: recover a log and drive its runs on, in one call.
 
 What ``attempt-kernel recover`` does, as a library function: `resume_log`
-recovers the log (`recover_log`: torn tail, reconcilers, orphans, cancelled
-runs closed) and resumes every run recovery hands back with the workflows
-given, on the same writer.
+recovers the log (a file through `recover_log`: its lock, its torn tail; any
+other `Journal` through `recover`: reconcilers, orphans, cancelled runs
+closed) and resumes every run recovery hands back with the workflows given,
+on the same writer.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing_extensions import TypeAlias, final
 
 from ._executor import Job, RunControl, RunReport, run_jobs
 from ._findings import RECONCILER_DEADLINE
-from ._recovery import Recovery, recover_log
+from ._recovery import Recovery, recover, recover_log
+from ._store import Journal
 from ._workflow import Workflow
 
 Supervisor: TypeAlias = Callable[[RunControl], Awaitable[None]]
@@ -33,7 +35,7 @@ class Resumed:
 
 
 def resume_log(
-    path: str | os.PathLike[str],
+    log: str | os.PathLike[str] | Journal,
     workflows: Iterable[Workflow],
     *,
     supervisors: Mapping[str, Supervisor] | None = None,
@@ -44,8 +46,10 @@ def resume_log(
     reconciler_deadline: float = RECONCILER_DEADLINE,
     on_recovered: Callable[[Recovery], None] | None = None,
 ) -> Resumed:
-    """Recover the run log at ``path`` and resume its runs; return what happened.
+    """Recover a run log and resume its runs; return what happened.
 
+    ``log`` is a path to a run log file (its lock is taken and a torn tail
+    cut, as `recover_log` does) or a `Journal` already open (any store).
     ``workflows`` are the workflows its runs may belong to (by name); a run
     of another workflow is refused (`RecoveryError`) before anything is
     written. ``supervisors`` (by workflow name) play the outside world beside
@@ -55,30 +59,48 @@ def resume_log(
     gracefully (`RunsStopped`), as `run_jobs` says.
     """
     by_name = {workflow.name: workflow for workflow in workflows}
-    watchers = supervisors or {}
-    writer, recovery = recover_log(path, by_name, reconciler_deadline=reconciler_deadline)
-    with writer:
-        if on_recovered is not None:
-            on_recovered(recovery)
-        jobs = [
-            Job(
-                workflow=by_name[run.workflow],
-                run=run.run,
-                prior=run.steps,
-                supervise=watchers.get(run.workflow),
-            )
-            for run in recovery.runs
-        ]
-        reports = (
-            run_jobs(
-                writer,
-                jobs,
-                admission_limit=admission_limit,
-                progress=progress,
-                stop_on_signals=stop_on_signals,
-                grace=grace,
-            )
-            if jobs
-            else []
-        )
+    if isinstance(log, (str, os.PathLike)):
+        writer, recovery = recover_log(log, by_name, reconciler_deadline=reconciler_deadline)
+        with writer:
+            reports = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
+                              stop_on_signals, grace, on_recovered)  # fmt: skip
+    else:
+        recovery = recover(log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline)
+        reports = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
+                          stop_on_signals, grace, on_recovered)  # fmt: skip
     return Resumed(recovery=recovery, reports=tuple(reports))
+
+
+def _resume(
+    journal: Journal,
+    recovery: Recovery,
+    by_name: Mapping[str, Workflow],
+    supervisors: Mapping[str, Supervisor] | None,
+    admission_limit: int,
+    progress: Callable[[str], None] | None,
+    stop_on_signals: bool,
+    grace: float,
+    on_recovered: Callable[[Recovery], None] | None,
+) -> list[RunReport]:
+    if on_recovered is not None:
+        on_recovered(recovery)
+    watchers = supervisors or {}
+    jobs = [
+        Job(
+            workflow=by_name[run.workflow],
+            run=run.run,
+            prior=run.steps,
+            supervise=watchers.get(run.workflow),
+        )
+        for run in recovery.runs
+    ]
+    if not jobs:
+        return []
+    return run_jobs(
+        journal,
+        jobs,
+        admission_limit=admission_limit,
+        progress=progress,
+        stop_on_signals=stop_on_signals,
+        grace=grace,
+    )
