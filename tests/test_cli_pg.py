@@ -1,0 +1,121 @@
+"""The command line on a PostgreSQL journal: a postgresql:// URL wherever a command takes LOG.
+
+Each test gets a database of its own on the session's throwaway server, and
+drives the CLI in subprocesses with the tutorial's workflow file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from attempt_kernel import replay
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+FLOWS = Path(__file__).resolve().parent.parent / "examples" / "tutorial" / "flows.py"
+ORDER = '{"order": 8, "amount_cents": 1250}'
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[str]:
+    """The URL of a fresh database on the session's server, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, _ = pg_url.rpartition("/")
+    yield f"{base}/{name}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def shop(tmp_path: Path) -> Path:
+    """A folder holding the tutorial's workflow file (the CLI imports flows:orders)."""
+    shutil.copy(FLOWS, tmp_path / "flows.py")
+    return tmp_path
+
+
+def cli(cwd: Path, *args: str, crash: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ}
+    env.pop("CRASH_DURING", None)
+    if crash is not None:
+        env["CRASH_DURING"] = crash
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_run_runs_and_replay_work_on_a_url(db: str, shop: Path) -> None:
+    """`run --log URL` writes the journal; `runs URL` and `replay URL` read it."""
+    done = cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "run status: succeeded" in done.stdout
+    runs = cli(shop, "runs", db, "--json")
+    assert runs.returncode == 0, runs.stderr
+    [row] = json.loads(runs.stdout)["runs"]
+    assert (row["run"], row["workflow"], row["status"]) == ("orders-1", "orders", "succeeded")
+    checked = cli(shop, "replay", db)
+    assert checked.returncode == 0 and "verdict: valid" in checked.stdout
+
+
+def test_a_crash_on_a_url_is_recovered_reconciled_and_resumed(db: str, shop: Path) -> None:
+    """Crash mid-effect, recover, reconcile, recover: the same session as the tutorial's, on PostgreSQL."""
+    crashed = cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER, crash="email-receipt")
+    assert crashed.returncode == -9
+    runs = cli(shop, "runs", db, "--json")
+    assert [r["status"] for r in json.loads(runs.stdout)["runs"]] == ["interrupted"]
+    first = cli(shop, "recover", db, "--workflows", "flows:orders")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "send-receipt  Indeterminate attempts 1" in first.stdout
+    shown = json.loads(cli(shop, "show", db, "orders-1", "--json").stdout)
+    [intent] = shown["steps"][1]["attempts"][0]["intents"]
+    assert intent["state"] == "Dispatched"
+    reconciled = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected", "--note", "not sent")
+    assert reconciled.returncode == 0, reconciled.stderr
+    second = cli(shop, "recover", db, "--workflows", "flows:orders")
+    assert second.returncode == 0 and "run status: succeeded" in second.stdout
+    assert json.loads((shop / "outbox.json").read_text()) == {intent["key"]: "receipt for order 8"}
+
+
+def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_path: Path) -> None:
+    """`export URL` is a JSON Lines run log; `--run` keeps one run, renumbered from 1."""
+    for _ in range(2):
+        assert cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER).returncode == 0
+    everything = cli(shop, "export", db)
+    assert everything.returncode == 0, everything.stderr
+    path = tmp_path / "all.jsonl"
+    path.write_text(everything.stdout)
+    report = replay(path)
+    assert report.valid and report.records == 38
+    one = cli(shop, "export", db, "--run", "orders-2")
+    lines = [json.loads(line) for line in one.stdout.splitlines()]
+    assert [line["seq"] for line in lines] == list(range(1, 20))
+    assert {line["run"] for line in lines} == {"orders-2"}
+    (tmp_path / "one.jsonl").write_text(one.stdout)
+    assert replay(tmp_path / "one.jsonl").valid
+    missing = cli(shop, "export", db, "--run", "orders-9")
+    assert missing.returncode == 2 and "no run 'orders-9'" in missing.stderr
+
+
+def test_a_url_that_does_not_connect_names_the_host_and_the_reason(shop: Path) -> None:
+    """An unreachable server: exit 2, host and the driver's reason, no traceback."""
+    result = cli(shop, "replay", "postgresql://nobody@127.0.0.1:1/nothing")
+    assert result.returncode == 2
+    assert "127.0.0.1:1" in result.stderr and "Connection refused" in result.stderr
+    assert "Traceback" not in result.stderr
