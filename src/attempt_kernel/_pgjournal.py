@@ -27,13 +27,14 @@ any later synchronous commit, makes it durable.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import TupleRow
 from typing_extensions import LiteralString, Self, assert_never, final
 
 from ._codec import RunLogError, decode_line, encode_record
@@ -57,7 +58,7 @@ from ._records import (
     StepResult,
 )
 
-PG_SCHEMA_VERSION: Final = 1
+PG_SCHEMA_VERSION: Final = 2
 """The newest version of the journal's tables this library knows; it refuses a newer one."""
 
 DEFAULT_SCHEMA: Final = "attempt_kernel"
@@ -106,13 +107,22 @@ class PgWriteFailed(PgJournalError):
 
 @final
 class LeaseLost(PgJournalError):
-    """The writer's lease on the run is gone (another owner or a newer fence); nothing was written."""
+    """The writer's lease on the run is gone (another owner or a newer fence); nothing was written.
 
-    def __init__(self, run: str, lease: Lease) -> None:
-        super().__init__(
-            f"run {run!r}: the lease of {lease.owner!r} at fence {lease.fence} is lost"
-            " (another worker took the run over); this writer must stop writing it"
-        )
+    ``lease`` is None when the writer holds no lease on the run at all.
+    """
+
+    def __init__(self, run: str, lease: Lease | None) -> None:
+        if lease is None:
+            super().__init__(
+                f"run {run!r}: this writer holds no lease on the run, so it may not write"
+                " it (claim the run first)"
+            )
+        else:
+            super().__init__(
+                f"run {run!r}: the lease of {lease.owner!r} at fence {lease.fence} is lost"
+                " (another worker took the run over); this writer must stop writing it"
+            )
         self.run: Final = run
         self.lease: Final = lease
 
@@ -156,6 +166,32 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             " run text PRIMARY KEY,"
             " owner text,"
             " fence bigint NOT NULL DEFAULT 0)",
+        ),
+    ),
+    (
+        2,
+        (
+            # The queue (spec §10): a submitted run waits with its workflow and
+            # input (strict JSON text) until a worker claims it; ``done`` once
+            # its driver wrote its end, with the run's status as ``outcome``.
+            "ALTER TABLE {s}.runs"
+            " ADD COLUMN workflow text,"
+            " ADD COLUMN input text,"
+            " ADD COLUMN done boolean NOT NULL DEFAULT false,"
+            " ADD COLUMN outcome text,"
+            " ADD COLUMN submitted_at timestamptz NOT NULL DEFAULT now(),"
+            " ADD COLUMN finished_at timestamptz",
+            "CREATE INDEX runs_open ON {s}.runs (submitted_at, run) WHERE NOT done",
+            # One row per worker process (a fresh id each time): its heartbeat
+            # is stamped by the database's clock, never the worker's; a worker
+            # found dead stays dead (its heartbeat no longer updates the row).
+            "CREATE TABLE {s}.workers ("
+            " id text PRIMARY KEY,"
+            " host text NOT NULL,"
+            " pid integer NOT NULL,"
+            " started_at timestamptz NOT NULL DEFAULT now(),"
+            " heartbeat_at timestamptz NOT NULL DEFAULT now(),"
+            " dead boolean NOT NULL DEFAULT false)",
         ),
     ),
 )
@@ -258,6 +294,14 @@ def _connect_error(url: str, error: psycopg.Error) -> PgConnectFailed:
     return PgConnectFailed(f"cannot connect to PostgreSQL at {where}{named}: {reason}")
 
 
+def connect(url: str, *, connect_timeout: int = 10) -> psycopg.Connection[TupleRow]:
+    """An autocommit connection to ``url``, or `PgConnectFailed` naming the host and why."""
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
+    except psycopg.Error as error:
+        raise _connect_error(url, error) from None
+
+
 @final
 class PgJournal:
     """A run log in PostgreSQL: the `Journal` seam (read, append, flush) over one schema.
@@ -271,8 +315,12 @@ class PgJournal:
 
     With ``lease``, every append also checks, in the statement that writes
     the record, that the run's ``runs`` row names this owner and fence, and
-    raises `LeaseLost` (writing nothing) when it does not. ``clock`` gives
-    ``time_us``; by default it is the database's clock.
+    raises `LeaseLost` (writing nothing) when it does not. A worker drives
+    many runs, each under its own fence: ``leases`` maps each run it holds
+    to its lease, read at every append (the caller adds and removes runs as
+    it claims and leaves them); an append to a run missing from it raises
+    `LeaseLost`. ``clock`` gives ``time_us``; by default it is the
+    database's clock.
     """
 
     def __init__(
@@ -281,22 +329,23 @@ class PgJournal:
         *,
         schema: str = DEFAULT_SCHEMA,
         lease: Lease | None = None,
+        leases: Mapping[str, Lease] | None = None,
         clock: Callable[[], int] | None = None,
         connect_timeout: int = 10,
     ) -> None:
+        if lease is not None and leases is not None:
+            raise ValueError("give lease (one run) or leases (per run), not both")
         if not _IDENTIFIER.fullmatch(schema):
             raise ValueError(
                 f"schema must be a lower-case SQL identifier (letters, digits, _), got {schema!r}"
             )
         self.schema: Final = schema
         self.lease: Final = lease
+        self._leases: Final = leases
         self._clock: Final = clock
         self._broken: str | None = None
         self._unflushed = False
-        try:
-            conn = psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
-        except psycopg.Error as error:
-            raise _connect_error(url, error) from None
+        conn = connect(url, connect_timeout=connect_timeout)
         try:
             _migrate(conn, schema)
         except BaseException:
@@ -398,7 +447,10 @@ class PgJournal:
                 # spec §10: client clocks skew; by default the database's clock stamps records.
                 now = db_now if self._clock is None else self._clock()
                 line = encode_record(seq, now, run, change)
-                lease = self.lease
+                leases = self._leases
+                lease = self.lease if leases is None else leases.get(run)
+                if leases is not None and lease is None:
+                    raise LeaseLost(run, None)
                 if lease is None:
                     self._conn.execute(self._insert, (run, seq, line))
                 else:

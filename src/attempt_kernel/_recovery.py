@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -129,6 +129,7 @@ def recover(
     *,
     source: str = "the log",
     reconciler_deadline: float = RECONCILER_DEADLINE,
+    only_runs: Collection[str] | None = None,
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, spec §4).
 
@@ -139,7 +140,9 @@ def recover(
     attempt through `transition` and into the journal, closes the runs whose
     cancel was decided, and returns the rest to resume: unfinished runs, and
     runs that ended needing reconciliation and were reconciled since.
-    ``source`` names the journal in error messages.
+    ``source`` names the journal in error messages. ``only_runs``, if given,
+    limits recovery to those runs (a worker taking one run over, spec §10);
+    the whole journal must still obey the kernel.
     """
     ledger = Ledger()
     ledger.feed(journal.read())
@@ -150,7 +153,11 @@ def recover(
             " recovery resumes only a log that obeys the kernel"
             " (see `attempt-kernel replay`)"
         )
-    todo = [view for view in ledger.runs.values() if view.standing() == "interrupted"]
+    todo = [
+        view
+        for view in ledger.runs.values()
+        if view.standing() == "interrupted" and (only_runs is None or view.run in only_runs)
+    ]
     for view in todo:
         if view.cancel_requested:
             continue  # closed below; its workflow is not needed

@@ -1,0 +1,587 @@
+"""Workers sharing one PostgreSQL journal: submit, claim, heartbeat, take over (spec §10).
+
+Owns the queue and the leases in the journal's ``runs`` and ``workers``
+tables (migration 2 of `_pgjournal`), and a worker's loop; it applies no
+kernel rule (the executor, ledger and recovery do, exactly as for a file)
+and judges no heartbeat itself (`_lease` does).
+
+Theory of operation:
+
+- `submit_run` inserts a ``runs`` row (workflow, input, no owner); a run id
+  is unique in the journal, queued or already written.
+- A worker process registers a fresh id (uuid4; reused ids orphan work),
+  and a thread of its own beats ``heartbeat_at = now()`` (the database's
+  clock) every ``heartbeat`` seconds on its own connection, so a busy
+  event loop never delays a beat.
+- Claiming is one fenced statement: a run with no owner, or owned by a
+  worker found dead, is locked ``FOR UPDATE SKIP LOCKED`` and given this
+  worker's id with ``fence + 1``, on condition that owner and fence are
+  still the ones read. Before claiming, a worker marks dead every worker
+  whose heartbeat is older than ``dead_after`` by the database's clock; a
+  worker marked dead stays dead (its heartbeat fails and it stops).
+- Every run a worker gets is handled the same way, new or taken over:
+  `recover` limited to that run (reconcilers first, then
+  ``Cancel(intent_dispatched=<outstanding?>)`` for orphans, a cancelled run
+  closed), then the executor drives it on the journal under the run's
+  lease (`PgJournal` with ``leases``): every append checks owner and fence
+  in its own statement, so a worker that lost a run writes nothing to it
+  (`LeaseLost`) and drops it. The ``runs`` row is closed (``done``) with
+  the owner and fence checked too.
+- A worker that cannot beat stops sending effects before anyone may take
+  its runs over: each ``Dispatched`` append first waits (briefly) for a
+  live heartbeat, else it is refused (`HeartbeatLate`); once its own
+  heartbeat is expired it stops its executors (spec §9's stop) and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import psycopg
+from psycopg import sql
+from typing_extensions import LiteralString, final
+
+from ._codec import encode_record
+from ._errors import AttemptKernelError
+from ._executor import Executor, RunRefused
+from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
+from ._pgjournal import (
+    DEFAULT_SCHEMA,
+    Lease,
+    LeaseLost,
+    PgJournal,
+    PgJournalError,
+    commits_synchronously,
+    connect,
+)
+from ._records import JSON, Change, LogItem, RunStarted
+from ._recovery import Recovery, recover
+from ._workflow import Workflow
+
+# --------------------------------------------------------------------------
+# Errors
+# --------------------------------------------------------------------------
+
+
+@final
+class HeartbeatLate(AttemptKernelError):
+    """This worker's heartbeat is too old to send an effect safely; nothing was written.
+
+    Another worker may soon take its runs over; the worker stops dispatching
+    until a heartbeat succeeds again, and stops altogether once it expired.
+    """
+
+
+@final
+class WorkerDeclaredDead(AttemptKernelError):
+    """Another worker found this one's heartbeat expired and took its runs over.
+
+    The worker stopped: every write to those runs was refused (`LeaseLost`).
+    Start a new worker process (it gets a fresh id).
+    """
+
+
+# --------------------------------------------------------------------------
+# Statements ({s} is the schema)
+# --------------------------------------------------------------------------
+
+_SUBMIT: Final[LiteralString] = (
+    "INSERT INTO {s}.runs (run, workflow, input) SELECT %s, %s, %s"
+    " WHERE NOT EXISTS (SELECT 1 FROM {s}.records WHERE run = %s)"
+    " ON CONFLICT (run) DO NOTHING"
+)
+_REGISTER: Final[LiteralString] = "INSERT INTO {s}.workers (id, host, pid) VALUES (%s, %s, %s)"
+_BEAT: Final[LiteralString] = (
+    "UPDATE {s}.workers SET heartbeat_at = now() WHERE id = %s AND NOT dead RETURNING id"
+)
+_RETIRE: Final[LiteralString] = "UPDATE {s}.workers SET dead = true WHERE id = %s"
+# Mirrors lease_decision's EXPIRED by the database's clock: age > dead_after.
+_FIND_DEAD: Final[LiteralString] = (
+    "UPDATE {s}.workers SET dead = true"
+    " WHERE NOT dead AND id <> %s AND heartbeat_at < now() - make_interval(secs => %s)"
+    " RETURNING id"
+)
+# The fenced claim: owner and fence must still be the ones read (spec §10).
+_CLAIM: Final[LiteralString] = (
+    "UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1"
+    " FROM (SELECT run, owner, fence FROM {s}.runs"
+    "  WHERE NOT done AND workflow = ANY(%(names)s)"
+    "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))"
+    "  ORDER BY submitted_at, run LIMIT 1 FOR UPDATE SKIP LOCKED) AS old"
+    " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
+    " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
+    " RETURNING r.run, r.fence, r.workflow, r.input, old.owner"
+)
+_COMPLETE: Final[LiteralString] = (
+    "UPDATE {s}.runs SET done = true, outcome = %s, finished_at = now()"
+    " WHERE run = %s AND owner = %s AND fence = %s"
+)
+_RELEASE: Final[LiteralString] = (
+    "UPDATE {s}.runs SET owner = NULL WHERE run = %s AND owner = %s AND fence = %s"
+)
+_OPEN_RUNS: Final[LiteralString] = (
+    "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%s)"
+)
+
+
+def _statement(text: LiteralString, schema: str) -> sql.Composed:
+    return sql.SQL(text).format(s=sql.Identifier(schema))
+
+
+# --------------------------------------------------------------------------
+# Submitting
+# --------------------------------------------------------------------------
+
+
+def submit_run(
+    url: str,
+    workflow: str,
+    run: str | None = None,
+    input: JSON = None,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> str:
+    """Queue run ``run`` (default: ``<workflow>-<12 hex digits>``) of ``workflow``; return its id.
+
+    A worker given the workflow (by name) claims and drives it. Run ids are
+    unique in the journal: an id already queued or already written is
+    refused (`RunRefused`), and nothing is queued. ``input`` must be strict
+    JSON (`UnencodableRecord` otherwise, nothing queued); it becomes the
+    run's ``ctx.input``.
+    """
+    run_id = run if run is not None else f"{workflow}-{uuid.uuid4().hex[:12]}"
+    # The start record must be encodable; refuse the input now, not in a worker.
+    encode_record(1, 0, run_id, RunStarted(workflow=workflow, input=input, domain_states=()))
+    text = json.dumps(input, allow_nan=False, separators=(",", ":"))
+    with PgJournal(url, schema=schema):  # connects (naming the host on failure) and migrates
+        pass
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            written = conn.execute(
+                _statement(_SUBMIT, schema), (run_id, workflow, text, run_id)
+            ).rowcount
+    except psycopg.Error as error:
+        raise PgJournalError(f"queueing run {run_id!r} failed: {error}") from error
+    if written != 1:
+        raise RunRefused(
+            f"run {run_id!r} is already in the journal (queued or written); run ids are"
+            " unique: choose another id, or recover the run that has it"
+        )
+    return run_id
+
+
+# --------------------------------------------------------------------------
+# The heartbeat
+# --------------------------------------------------------------------------
+
+
+@final
+class _Heart:
+    """Beats from a thread and a connection of its own.
+
+    ``last_ok`` is the worker's monotonic time at which the last successful
+    beat was *sent* (before the database stamped it), so the worker's age
+    of its lease is never younger than the database's (see `_lease`).
+    """
+
+    def __init__(self, url: str, schema: str, worker: str, period: float, started: float) -> None:
+        self._url: Final = url
+        self._beat: Final = _statement(_BEAT, schema)
+        self._worker: Final = worker
+        self._period: Final = period
+        self._halt: Final = threading.Event()
+        self._changed: Final = threading.Condition()
+        self.last_ok = started
+        self.declared_dead = False
+        self._thread: Final = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def halt(self) -> None:
+        self._halt.set()
+        self._thread.join(timeout=10)
+
+    def wait_for_beat(self, after: float, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a successful beat sent after ``after``; True if one came."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while self.last_ok <= after and not self.declared_dead:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return self.last_ok > after
+
+    def _loop(self) -> None:
+        conn: psycopg.Connection[tuple[object, ...]] | None = None
+        try:
+            while not self._halt.wait(self._period):
+                sent = time.monotonic()
+                try:
+                    if conn is None:
+                        conn = psycopg.connect(
+                            self._url, autocommit=True, connect_timeout=max(2, int(self._period * 2))
+                        )
+                    row = conn.execute(self._beat, (self._worker,)).fetchone()
+                except psycopg.Error:
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    continue  # the next period tries again; the lease ages meanwhile
+                with self._changed:
+                    if row is None:
+                        self.declared_dead = True
+                    else:
+                        self.last_ok = sent
+                    self._changed.notify_all()
+                if row is None:
+                    return
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+# --------------------------------------------------------------------------
+# The journal as one worker writes it
+# --------------------------------------------------------------------------
+
+
+@final
+class _WorkerJournal:
+    """The worker's `PgJournal` with the last guard before an effect.
+
+    A ``Dispatched`` append (the last write before an effect is sent) first
+    makes sure this worker's heartbeat is live (`_lease.may_dispatch`); if it
+    is not, it waits for a beat until the lease would expire, then refuses
+    with `HeartbeatLate`, writing nothing.
+    """
+
+    def __init__(self, journal: PgJournal, live: Callable[[], LeaseVerdict], heart: _Heart, dead_after: float) -> None:
+        self._journal: Final = journal
+        self._live: Final = live
+        self._heart: Final = heart
+        self._dead_after: Final = dead_after
+
+    def read(self) -> Iterator[LogItem]:
+        return self._journal.read()
+
+    def append(self, run: str, change: Change) -> int:
+        if commits_synchronously(change) and not may_dispatch(self._live()):
+            heart = self._heart
+            seen = heart.last_ok
+            left = self._dead_after - (time.monotonic() - seen)
+            if not heart.wait_for_beat(seen, max(0.0, left)) or not may_dispatch(self._live()):
+                raise HeartbeatLate(
+                    f"run {run!r}: this worker's last heartbeat is"
+                    f" {time.monotonic() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
+                    " it sends no new effect until a heartbeat succeeds"
+                )
+        return self._journal.append(run, change)
+
+    def flush(self) -> None:
+        self._journal.flush()
+
+
+# --------------------------------------------------------------------------
+# The worker
+# --------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Claim:
+    run: str
+    fence: int
+    workflow: str
+    input: JSON
+    previous: str | None
+    """The owner it was taken from (a dead worker), or None for a queued run."""
+
+
+@final
+class Worker:
+    """One worker process's loop over a PostgreSQL journal (see the module doc).
+
+    ``concurrency`` bounds the runs it drives at once (each run's own
+    attempts run under the executor's ``admission_limit``). ``heartbeat``
+    is the beat period and ``dead_after`` (at least three periods) the age
+    at which another worker takes its runs over, both in seconds.
+    ``progress`` receives one line per state change and per claim, takeover
+    and lost lease. ``stop_when_idle`` returns once no run of its workflows
+    is left undone in the journal (for tests and batch jobs).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        workflows: Iterable[Workflow],
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        concurrency: int = 4,
+        admission_limit: int = 8,
+        heartbeat: float = 1.0,
+        dead_after: float = 5.0,
+        stop_when_idle: bool = False,
+        progress: Callable[[str], None] | None = None,
+        grace: float = 5.0,
+    ) -> None:
+        if type(concurrency) is not int or concurrency < 1:
+            raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        self._margin: Final = check_timing(heartbeat, dead_after)
+        self.id: Final = str(uuid.uuid4())
+        self._url: Final = url
+        self._schema: Final = schema
+        self._workflows: Final = {w.name: w for w in workflows}
+        if not self._workflows:
+            raise ValueError("a worker needs at least one workflow")
+        self._concurrency: Final = concurrency
+        self._admission_limit: Final = admission_limit
+        self._heartbeat: Final = heartbeat
+        self._dead_after: Final = dead_after
+        self._stop_when_idle: Final = stop_when_idle
+        self._progress: Final = progress
+        self._grace: Final = grace
+        self._leases: Final[dict[str, Lease]] = {}
+        self._executors: Final[set[Executor]] = set()
+        self._stop_reason: str | None = None
+        self._heart: _Heart | None = None
+
+    # ------------------------------------------------------------ public
+
+    def run(self, *, stop_on_signals: bool = False) -> int:
+        """Serve until stopped (or idle, with ``stop_when_idle``); return how many runs it closed.
+
+        Raises `WorkerDeclaredDead` when another worker took its runs over
+        (its heartbeat expired), and `PgJournalError` when the database
+        fails. With ``stop_on_signals``, SIGINT and SIGTERM stop it
+        gracefully: its runs are stopped (spec §9) and handed back to the
+        queue for another worker.
+        """
+        return asyncio.run(self._serve(stop_on_signals))
+
+    def stop(self, reason: str = "Worker.stop()") -> None:
+        """Stop gracefully; call it from the worker's event loop thread."""
+        self._stop_reason = reason
+
+    # ------------------------------------------------------------ helpers
+
+    def _say(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress(line)
+
+    def _verdict(self) -> LeaseVerdict:
+        heart = self._heart
+        assert heart is not None
+        if heart.declared_dead:
+            return LeaseVerdict.EXPIRED
+        return lease_decision(time.monotonic(), heart.last_ok, self._dead_after, self._margin)
+
+    def _claim(self, conn: psycopg.Connection[tuple[object, ...]]) -> _Claim | None:
+        schema = self._schema
+        with conn.transaction():
+            dead = conn.execute(
+                _statement(_FIND_DEAD, schema), (self.id, self._dead_after)
+            ).fetchall()
+            row = conn.execute(
+                _statement(_CLAIM, schema), {"me": self.id, "names": sorted(self._workflows)}
+            ).fetchone()
+        for (worker,) in dead:
+            self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)")
+        if row is None:
+            return None
+        run, fence, workflow, text, previous = row
+        if (
+            type(run) is not str
+            or type(fence) is not int
+            or type(workflow) is not str
+            or type(text) is not str
+            or not (previous is None or type(previous) is str)
+        ):
+            raise PgJournalError(f"the runs table answered {row!r} for a claim")
+        value: JSON = json.loads(text)
+        return _Claim(run=run, fence=fence, workflow=workflow, input=value, previous=previous)
+
+    def _idle(self, conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+        row = conn.execute(
+            _statement(_OPEN_RUNS, self._schema), (sorted(self._workflows),)
+        ).fetchone()
+        return row is not None and row[0] == 0
+
+    # ------------------------------------------------------------ one run
+
+    async def _drive(
+        self,
+        journal: _WorkerJournal,
+        conn: psycopg.Connection[tuple[object, ...]],
+        claim: _Claim,
+    ) -> bool:
+        """Recover and drive one claimed run; True once its row is closed by this worker."""
+        run = claim.run
+        lease = Lease(owner=self.id, fence=claim.fence)
+        self._leases[run] = lease
+        workflow = self._workflows[claim.workflow]
+        if claim.previous is None:
+            self._say(f"{run}: claimed at fence {claim.fence}")
+        else:
+            self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}")
+        executor: Executor | None = None
+        try:
+            recovery = await asyncio.to_thread(self._recover, run)
+            prior = next((r.steps for r in recovery.runs if r.run == run), None)
+            for orphan in recovery.orphans:
+                self._say(
+                    f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
+                    f" {type(orphan.to_state).__name__}"
+                )
+            executor = Executor(journal, admission_limit=self._admission_limit, progress=self._progress)
+            self._executors.add(executor)
+            if self._stop_reason is not None:
+                executor.stop(self._stop_reason, grace=self._grace)
+            report = await executor.run(workflow, run, prior=prior, input=claim.input)
+        except LeaseLost as lost:
+            self._say(f"{run}: LeaseLost: {lost}")
+            return False
+        finally:
+            if executor is not None:
+                self._executors.discard(executor)
+            self._leases.pop(run, None)
+        schema = self._schema
+        if report.status == "interrupted":  # stopped: back to the queue, for another worker
+            conn.execute(_statement(_RELEASE, schema), (run, lease.owner, lease.fence))
+            self._say(f"{run}: stopped and released")
+            return False
+        closed = conn.execute(
+            _statement(_COMPLETE, schema), (report.status, run, lease.owner, lease.fence)
+        ).rowcount
+        if closed != 1:
+            self._say(f"{run}: LeaseLost: taken over before its row was closed")
+            return False
+        self._say(f"{run}: {report.status}")
+        return True
+
+    def _recover(self, run: str) -> Recovery:
+        """`recover` limited to ``run``, on a journal of its own (this runs in a thread:
+        reconcilers need an event loop, and a connection serves one thread)."""
+        with PgJournal(self._url, schema=self._schema, leases=self._leases) as journal:
+            return recover(
+                journal, self._workflows, source=f"journal {self._schema!r}", only_runs=frozenset({run})
+            )
+
+    # ------------------------------------------------------------ the loop
+
+    async def _serve(self, stop_on_signals: bool) -> int:
+        url, schema = self._url, self._schema
+        pg = PgJournal(url, schema=schema, leases=self._leases)
+        tasks: dict[asyncio.Task[bool], str] = {}
+        closed = 0
+        try:
+            conn = connect(url)
+        except BaseException:
+            pg.close()
+            raise
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
+        started = time.monotonic()
+        heart = _Heart(url, schema, self.id, self._heartbeat, started)
+        expired = False
+        try:
+            conn.execute(_statement(_REGISTER, schema), (self.id, socket.gethostname(), os.getpid()))
+            self._heart = heart
+            heart.start()
+            self._say(f"worker {self.id} started")
+            journal = _WorkerJournal(pg, self._verdict, heart, self._dead_after)
+            for number in signals:
+                loop.add_signal_handler(number, self.stop, signal.Signals(number).name)
+            poll = self._heartbeat / 2
+            while self._stop_reason is None:
+                verdict = self._verdict()
+                if verdict is LeaseVerdict.EXPIRED:
+                    expired = True
+                    break
+                if may_dispatch(verdict):
+                    while len(tasks) < self._concurrency:
+                        claim = self._claim(conn)
+                        if claim is None:
+                            break
+                        task = asyncio.ensure_future(self._drive(journal, conn, claim))
+                        tasks[task] = claim.run
+                if not tasks and self._stop_when_idle and self._idle(conn):
+                    break
+                if tasks:
+                    done, _ = await asyncio.wait(
+                        list(tasks), timeout=poll, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    for task in done:
+                        del tasks[task]
+                        closed += task.result()
+                else:
+                    await asyncio.sleep(poll)
+        finally:
+            reason = self._stop_reason or (
+                "this worker's heartbeat expired" if expired else "the worker stopped"
+            )
+            for executor in list(self._executors):
+                executor.stop(reason, grace=self._grace)
+            errors: list[BaseException] = []
+            for task in tasks:
+                try:
+                    closed += await task
+                except Exception as error:  # noqa: BLE001  # re-raised below
+                    errors.append(error)
+            for number in signals:
+                loop.remove_signal_handler(number)
+            heart.halt()
+            try:
+                conn.execute(_statement(_RETIRE, schema), (self.id,))
+            except psycopg.Error:
+                pass  # its heartbeat expires anyway
+            conn.close()
+            pg.close()
+        if errors:
+            raise errors[0]
+        if heart.declared_dead or expired:
+            raise WorkerDeclaredDead(
+                f"worker {self.id}: its heartbeat expired"
+                + (" and another worker declared it dead" if heart.declared_dead else "")
+                + f"; it stopped after closing {closed} run(s); start a new worker process"
+            )
+        return closed
+
+
+def run_worker(
+    url: str,
+    workflows: Iterable[Workflow],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    concurrency: int = 4,
+    heartbeat: float = 1.0,
+    dead_after: float = 5.0,
+    stop_when_idle: bool = False,
+    progress: Callable[[str], None] | None = None,
+    stop_on_signals: bool = False,
+) -> int:
+    """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
+    worker = Worker(
+        url,
+        workflows,
+        schema=schema,
+        concurrency=concurrency,
+        heartbeat=heartbeat,
+        dead_after=dead_after,
+        stop_when_idle=stop_when_idle,
+        progress=progress,
+    )
+    return worker.run(stop_on_signals=stop_on_signals)
+
+

@@ -1,0 +1,79 @@
+"""A workflow for the worker tests: prepare, charge a card (an effect), finish.
+
+The fake downstream service is the file named by ``DOWNSTREAM``: every call
+of the effect appends its idempotency key as one line, and nothing is
+deduplicated, so a test counts how often each key was really sent. The
+charge step's reconciler asks that same file, unless ``RECONCILE=off``
+(then it cannot tell).
+
+The run's input steers the charge step: ``{"sleep": S}`` makes its first
+attempt sleep S seconds before the effect (a worker stopped there is past
+its lease when it wakes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from attempt_kernel import (
+    JSON,
+    EffectFinding,
+    EffectHappened,
+    EffectNotHappened,
+    EffectUnknown,
+    Step,
+    StepContext,
+    load_workflow,
+)
+
+
+def _downstream() -> Path:
+    return Path(os.environ["DOWNSTREAM"])
+
+
+def calls(path: Path) -> list[str]:
+    """The keys the downstream service was called with, one per call."""
+    return path.read_text().split() if path.exists() else []
+
+
+async def prepare(ctx: StepContext) -> JSON:
+    return {"prepared": ctx.run}
+
+
+async def charge(ctx: StepContext) -> JSON:
+    order = ctx.input
+    if ctx.attempt == 1 and isinstance(order, dict):
+        pause = order.get("sleep")
+        if isinstance(pause, (int, float)):
+            await asyncio.sleep(pause)
+
+    async def charge_card(key: str) -> JSON:
+        with _downstream().open("a") as book:
+            book.write(key + "\n")
+        return {"charged": key}
+
+    return await ctx.effect("card", charge_card)
+
+
+async def ask_card(key: str) -> EffectFinding:
+    if os.environ.get("RECONCILE") == "off":
+        return EffectUnknown(reason="the test switched the reconciler off")
+    if key in calls(_downstream()):
+        return EffectHappened(result={"charged": key})
+    return EffectNotHappened()
+
+
+async def finish(ctx: StepContext) -> JSON:
+    return {"done": ctx.inputs["charge"]}
+
+
+PAY = load_workflow(
+    "pay",
+    [
+        Step(name="prepare", run=prepare),
+        Step(name="charge", run=charge, after=("prepare",), reconcilers={"card": ask_card}),
+        Step(name="finish", run=finish, after=("charge",)),
+    ],
+)

@@ -1,0 +1,59 @@
+"""A worker process for the tests: ``python -c 'from workerflows.start import main; main()' URL SCHEMA``.
+
+Prints each progress line. ``KILL_AFTER=N`` SIGKILLs the process right
+after its N-th record reached the journal (a crash at that point). Exits 0
+after `run_worker` returns (``closed N``), 3 when the worker was declared
+dead.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from workerflows.pay import PAY
+
+from attempt_kernel._pgjournal import PgJournal
+from attempt_kernel._records import Change
+from attempt_kernel._worker import WorkerDeclaredDead, run_worker
+
+HEARTBEAT = 0.2
+DEAD_AFTER = 0.8
+
+
+def _kill_after(n: int) -> None:
+    """Wrap every journal's append so that the process dies right after record ``n``."""
+    append = PgJournal.append
+    written = [0]
+
+    def counted(self: PgJournal, run: str, change: Change) -> int:
+        seq = append(self, run, change)
+        written[0] += 1
+        if written[0] == n:
+            print(f"killed after record {n} (seq {seq})", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return seq
+
+    setattr(PgJournal, "append", counted)
+
+
+def main() -> None:
+    url, schema = sys.argv[1], sys.argv[2]
+    kill_after = int(os.environ.get("KILL_AFTER", "0"))
+    if kill_after:
+        _kill_after(kill_after)
+    try:
+        closed = run_worker(
+            url,
+            [PAY],
+            schema=schema,
+            heartbeat=HEARTBEAT,
+            dead_after=DEAD_AFTER,
+            stop_when_idle=True,
+            progress=lambda line: print(line, flush=True),
+        )
+    except WorkerDeclaredDead as error:
+        print(f"declared dead: {error}", flush=True)
+        sys.exit(3)
+    print(f"closed {closed}", flush=True)
