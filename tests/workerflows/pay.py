@@ -1,10 +1,13 @@
 """A workflow for the worker tests: prepare, charge a card (an effect), finish.
 
 The fake downstream service is the file named by ``DOWNSTREAM``: every call
-of the effect appends its idempotency key as one line, and nothing is
+of the effect appends one line (``run/step/effect key``) and nothing is
 deduplicated, so a test counts how often each key was really sent. The
 charge step's reconciler asks that same file, unless ``RECONCILE=off``
 (then it cannot tell).
+
+``CRASH_IN_EFFECT=1`` SIGKILLs the process inside the effect, right after
+the downstream service saw the call (as a power cut would).
 
 The run's input steers the charge step: ``{"sleep": S}`` makes its first
 attempt sleep S seconds before the effect (a worker stopped there is past
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 from attempt_kernel import (
@@ -34,8 +38,12 @@ def _downstream() -> Path:
 
 
 def calls(path: Path) -> list[str]:
-    """The keys the downstream service was called with, one per call."""
-    return path.read_text().split() if path.exists() else []
+    """The keys the downstream service was called with, one per call, as ``run/step/effect``."""
+    return [line.split()[0] for line in _lines(path)]
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
 
 
 async def prepare(ctx: StepContext) -> JSON:
@@ -51,7 +59,9 @@ async def charge(ctx: StepContext) -> JSON:
 
     async def charge_card(key: str) -> JSON:
         with _downstream().open("a") as book:
-            book.write(key + "\n")
+            book.write(f"{ctx.run}/{ctx.step}/card {key}\n")
+        if os.environ.get("CRASH_IN_EFFECT") == "1":
+            os.kill(os.getpid(), signal.SIGKILL)
         return {"charged": key}
 
     return await ctx.effect("card", charge_card)
@@ -60,7 +70,7 @@ async def charge(ctx: StepContext) -> JSON:
 async def ask_card(key: str) -> EffectFinding:
     if os.environ.get("RECONCILE") == "off":
         return EffectUnknown(reason="the test switched the reconciler off")
-    if key in calls(_downstream()):
+    if any(line.split()[1] == key for line in _lines(_downstream())):
         return EffectHappened(result={"charged": key})
     return EffectNotHappened()
 

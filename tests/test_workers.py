@@ -1,0 +1,450 @@
+"""Workers sharing one PostgreSQL journal: submitting, claiming, fencing, takeover.
+
+Against the session's real server (`pg_url`), each test in a schema of its
+own. Workers that must die run as subprocesses (``workerflows.start``),
+killed with SIGKILL right after their N-th record, or frozen with SIGSTOP
+past their lease; the fake downstream service is a file of the keys it was
+called with (``workerflows.pay``). Beside them, a hypothesis state machine
+runs the lease decisions (`_lease`) on a fake clock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.strategies import sampled_from
+from psycopg import sql
+from typing_extensions import LiteralString
+from workerflows.pay import PAY, calls
+
+from attempt_kernel import (
+    AttemptTransitioned,
+    Dispatched,
+    Indeterminate,
+    IntentChanged,
+    Record,
+    RunFinished,
+    RunRefused,
+    RunStarted,
+    Running,
+    Succeeded,
+    UnencodableRecord,
+    replay,
+)
+from attempt_kernel._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
+from attempt_kernel._pgjournal import Lease, LeaseLost, PgJournal
+from attempt_kernel._worker import run_worker, submit_run
+
+pytestmark = pytest.mark.postgres
+
+TESTS = Path(__file__).parent
+START = "from workerflows.start import main; main()"
+
+# --------------------------------------------------------------------------
+# Fixtures and helpers
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema name for one test; dropped with its tables after it."""
+    name = f"w_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def downstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fake downstream service's call book, for this process and its workers."""
+    path = tmp_path / "downstream.txt"
+    monkeypatch.setenv("DOWNSTREAM", str(path))
+    return path
+
+
+def sql_in(url: str, schema: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
+    query = sql.SQL(statement).format(s=sql.Identifier(schema))
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(query, params or None)
+        return cursor.fetchall() if cursor.description is not None else []
+
+
+def journal_records(url: str, schema: str) -> list[Record]:
+    with PgJournal(url, schema=schema) as journal:
+        return [item for item in journal.read() if isinstance(item, Record)]
+
+
+def worker(url: str, schema: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
+    """Start a worker process (heartbeat 0.2 s, dead after 0.8 s, stops when idle)."""
+    environment = {**os.environ, "PYTHONPATH": str(TESTS), **env}
+    return subprocess.Popen(
+        [sys.executable, "-c", START, url, schema],
+        cwd=tmp_path,
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out
+
+
+def succeeded_per_step(records: list[Record]) -> Counter[str]:
+    return Counter(
+        r.change.step
+        for r in records
+        if isinstance(r.change, AttemptTransitioned) and r.change.to_state == Succeeded()
+    )
+
+
+def ended_indeterminate(records: list[Record], step: str) -> bool:
+    return any(
+        isinstance(r.change, AttemptTransitioned)
+        and r.change.step == step
+        and r.change.to_state == Indeterminate()
+        for r in records
+    )
+
+
+# --------------------------------------------------------------------------
+# Submitting and one worker
+# --------------------------------------------------------------------------
+
+
+def test_submit_returns_the_run_id_and_queues_its_workflow_and_input(pg_url: str, schema: str) -> None:
+    """A submitted run is a runs row with its workflow and input, no owner, not done."""
+    assert submit_run(pg_url, "pay", "r1", {"n": 1}, schema=schema) == "r1"
+    assert sql_in(pg_url, schema, "SELECT run, workflow, input, owner, fence, done FROM {s}.runs") == [
+        ("r1", "pay", '{"n":1}', None, 0, False)
+    ]
+
+
+def test_submit_refuses_an_id_already_queued(pg_url: str, schema: str) -> None:
+    """A second submit of the same id raises RunRefused and queues nothing."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    with pytest.raises(RunRefused, match="run 'r1' is already in the journal"):
+        submit_run(pg_url, "pay", "r1", {"other": True}, schema=schema)
+    assert sql_in(pg_url, schema, "SELECT run, input FROM {s}.runs") == [("r1", "null")]
+
+
+def test_submit_refuses_an_id_already_written_in_the_journal(pg_url: str, schema: str) -> None:
+    """A run written straight to the journal (no queue row) keeps its id."""
+    with PgJournal(pg_url, schema=schema) as journal:
+        journal.append("r1", RunStarted(workflow="pay"))
+    with pytest.raises(RunRefused):
+        submit_run(pg_url, "pay", "r1", schema=schema)
+
+
+def test_submit_refuses_input_json_cannot_carry(pg_url: str, schema: str) -> None:
+    """A NaN input is refused before anything is queued."""
+    PgJournal(pg_url, schema=schema).close()
+    with pytest.raises(UnencodableRecord):
+        submit_run(pg_url, "pay", "r1", float("nan"), schema=schema)
+    assert sql_in(pg_url, schema, "SELECT run FROM {s}.runs") == []
+
+
+def test_submit_without_an_id_names_the_run_after_its_workflow(pg_url: str, schema: str) -> None:
+    """The default id is the workflow's name and 12 hex digits."""
+    run = submit_run(pg_url, "pay", schema=schema)
+    assert run.startswith("pay-") and len(run) == len("pay-") + 12
+
+
+def test_one_worker_runs_a_submitted_run_to_the_end(pg_url: str, schema: str, downstream: Path) -> None:
+    """run_worker claims the run, drives it to success, closes its row; the journal replays clean."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    closed = run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=0.8, stop_when_idle=True)
+    assert closed == 1
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 1)]
+    with PgJournal(pg_url, schema=schema) as journal:
+        report = replay(journal)
+    assert report.valid and report.records == 17
+    assert calls(downstream) == ["r1/charge/card"]
+
+
+def test_a_worker_drives_several_runs_and_retires_its_id(pg_url: str, schema: str, downstream: Path) -> None:
+    """Three runs, concurrency 2: all succeed; the worker's row is dead once it returns."""
+    for run in ("r1", "r2", "r3"):
+        submit_run(pg_url, "pay", run, schema=schema)
+    assert run_worker(pg_url, [PAY], schema=schema, concurrency=2, heartbeat=0.2, dead_after=0.8, stop_when_idle=True) == 3
+    assert sql_in(pg_url, schema, "SELECT dead FROM {s}.workers") == [(True,)]
+    assert sorted(calls(downstream)) == ["r1/charge/card", "r2/charge/card", "r3/charge/card"]
+
+
+def test_dead_after_shorter_than_three_heartbeats_is_refused(pg_url: str) -> None:
+    """dead_after 0.5 s with a 0.2 s heartbeat: ValueError naming the fix."""
+    with pytest.raises(ValueError, match="at least three heartbeat periods"):
+        run_worker(pg_url, [PAY], heartbeat=0.2, dead_after=0.5)
+
+
+# --------------------------------------------------------------------------
+# Per-run leases in the journal
+# --------------------------------------------------------------------------
+
+
+def test_an_append_to_a_run_missing_from_the_leases_raises_lease_lost(pg_url: str, schema: str) -> None:
+    """A journal with per-run leases writes nothing to a run it holds no lease on."""
+    with PgJournal(pg_url, schema=schema, leases={}) as journal:
+        with pytest.raises(LeaseLost, match="holds no lease on the run"):
+            journal.append("r", RunStarted(workflow="pay"))
+    assert journal_records(pg_url, schema) == []
+
+
+def test_each_run_is_written_under_its_own_fence(pg_url: str, schema: str) -> None:
+    """r1 at fence 2 writes; r2 held at fence 1 while its row says 2 raises LeaseLost."""
+    leases = {"r1": Lease(owner="w", fence=2), "r2": Lease(owner="w", fence=1)}
+    with PgJournal(pg_url, schema=schema, leases=leases) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 2), ('r2', 'w', 2)")
+        journal.append("r1", RunStarted(workflow="pay"))
+        with pytest.raises(LeaseLost, match="fence 1 is lost"):
+            journal.append("r2", RunStarted(workflow="pay"))
+    assert [r.run for r in journal_records(pg_url, schema)] == ["r1"]
+
+
+# --------------------------------------------------------------------------
+# SIGKILL: another worker takes the run over
+# --------------------------------------------------------------------------
+
+# (kill after record N, environment of the killed worker, of the taker,
+#  what record N is, the run's outcome, calls of the effect): by hand from
+#  the 17 records of an undisturbed run (see the test above).
+KILLS = [
+    pytest.param(1, {}, {}, "run_started", "succeeded", 1, id="after-run-started"),
+    pytest.param(7, {}, {}, "charge-running", "succeeded", 1, id="charge-running"),
+    pytest.param(9, {}, {}, "dispatched", "succeeded", 1, id="after-dispatched-reconciled-not-sent"),
+    pytest.param(9, {}, {"RECONCILE": "off"}, "dispatched", "needs-reconciliation", 0, id="after-dispatched-unknown"),
+    pytest.param(0, {"CRASH_IN_EFFECT": "1"}, {}, "dispatched", "succeeded", 1, id="inside-the-effect-reconciled-sent"),
+    pytest.param(10, {}, {}, "confirmed", "succeeded", 1, id="after-confirmed"),
+    pytest.param(17, {}, {}, "run_finished", "succeeded", 1, id="after-run-finished"),
+]
+
+
+def kind(record: Record) -> str:
+    change = record.change
+    if isinstance(change, RunStarted):
+        return "run_started"
+    if isinstance(change, RunFinished):
+        return "run_finished"
+    if isinstance(change, IntentChanged):
+        return "dispatched" if change.to_state == Dispatched() else "confirmed"
+    if isinstance(change, AttemptTransitioned) and change.to_state == Running():
+        return f"{change.step}-running"
+    return type(change).__name__
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("n", "killed_env", "taker_env", "nth", "outcome", "sent"), KILLS)
+def test_a_killed_workers_run_is_taken_over_and_finished(
+    pg_url: str,
+    schema: str,
+    tmp_path: Path,
+    downstream: Path,
+    n: int,
+    killed_env: dict[str, str],
+    taker_env: dict[str, str],
+    nth: str,
+    outcome: str,
+    sent: int,
+) -> None:
+    """SIGKILL right after record N; a second worker takes over after dead_after and closes the run."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    env = {**killed_env, **({"KILL_AFTER": str(n)} if n else {})}
+    code, out = finish(worker(pg_url, schema, tmp_path, **env))
+    assert code == -signal.SIGKILL, out
+    before = journal_records(pg_url, schema)
+    assert kind(before[-1]) == nth
+    code, out = finish(worker(pg_url, schema, tmp_path, **taker_env))
+    assert code == 0, out
+    assert "r1: taken over from worker" in out and "at fence 2" in out
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, outcome, 2)]
+    records = journal_records(pg_url, schema)
+    assert records[: len(before)] == before  # the taker only appended
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+    assert max(succeeded_per_step(records).values()) == 1
+    keys = Counter(calls(downstream))
+    assert keys == (Counter({"r1/charge/card": sent}) if sent else Counter())
+    assert all(count == 1 for count in keys.values()) or ended_indeterminate(records, "charge")
+
+
+@pytest.mark.slow
+def test_two_workers_share_the_queue_and_each_run_is_driven_once(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """Six runs, two worker processes at once: every run succeeds, every key is sent once."""
+    runs = [f"r{i}" for i in range(6)]
+    for run in runs:
+        submit_run(pg_url, "pay", run, schema=schema)
+    first, second = worker(pg_url, schema, tmp_path), worker(pg_url, schema, tmp_path)
+    assert finish(first)[0] == 0 and finish(second)[0] == 0
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.runs WHERE done AND outcome = 'succeeded'") == [(6,)]
+    assert sorted(calls(downstream)) == [f"{run}/charge/card" for run in runs]
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+
+
+# --------------------------------------------------------------------------
+# SIGSTOP: a worker wakes up past its lease
+# --------------------------------------------------------------------------
+
+
+def wait_for(predicate: object, timeout: float = 10) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_worker_frozen_past_its_lease_writes_nothing_after_the_takeover(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """SIGSTOP inside charge's sleep, takeover, SIGCONT: its writes fail with LeaseLost and the journal is unchanged."""
+    submit_run(pg_url, "pay", "r1", {"sleep": 1.5}, schema=schema)
+    frozen = worker(pg_url, schema, tmp_path)
+
+    def charging() -> bool:
+        return any(kind(r) == "charge-running" for r in journal_records(pg_url, schema))
+
+    wait_for(charging)
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        code, out = finish(worker(pg_url, schema, tmp_path))
+        assert code == 0, out
+        assert "taken over from worker" in out
+        after_takeover = journal_records(pg_url, schema)
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    code, out = finish(frozen)
+    assert code == 3, out  # declared dead
+    assert "r1: LeaseLost" in out
+    assert journal_records(pg_url, schema) == after_takeover
+    assert calls(downstream) == ["r1/charge/card"]
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 2)]
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+
+
+# --------------------------------------------------------------------------
+# Lease decisions on a fake clock
+# --------------------------------------------------------------------------
+
+HEARTBEAT = 1.0
+DEAD_AFTER = 4.0
+MARGIN = check_timing(HEARTBEAT, DEAD_AFTER)
+
+
+def test_lease_decision_by_age() -> None:
+    """Ages 0, 2.9, 3, 4 and 4.1 s with dead_after 4 and margin 1: live, live, expiring, expiring, expired."""
+    verdicts = [lease_decision(100 + age, 100, DEAD_AFTER, MARGIN) for age in (0, 2.9, 3, 4, 4.1)]
+    assert verdicts == [
+        LeaseVerdict.LIVE,
+        LeaseVerdict.LIVE,
+        LeaseVerdict.EXPIRING,
+        LeaseVerdict.EXPIRING,
+        LeaseVerdict.EXPIRED,
+    ]
+
+
+WORKERS = ["a", "b", "c"]
+RUNS = ["r1", "r2"]
+
+
+class Leases(RuleBasedStateMachine):
+    """Claim, heartbeat, time passing, takeover and dispatch on one database clock.
+
+    Each worker measures its own lease from when it *sent* its last good
+    beat (the database stamps it later, by ``delay``); a taker judges by the
+    database's stamp. A worker keeps believing it holds a run until an
+    append tells it otherwise, so the invariant is on beliefs: never two
+    workers that may dispatch on one run.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.stamped = {w: 0.0 for w in WORKERS}  # heartbeat_at, database clock
+        self.sent = {w: 0.0 for w in WORKERS}  # the worker's own last good beat
+        self.dead: set[str] = set()
+        self.rows: dict[str, Lease | None] = {r: None for r in RUNS}
+        self.fences = {r: 0 for r in RUNS}
+        self.held: dict[tuple[str, str], Lease] = {}  # what each worker believes it holds
+        self.dispatched: list[tuple[str, str, int]] = []
+
+    def own_verdict(self, w: str) -> LeaseVerdict:
+        return lease_decision(self.now, self.sent[w], DEAD_AFTER, MARGIN)
+
+    def database_verdict(self, w: str) -> LeaseVerdict:
+        return lease_decision(self.now, self.stamped[w], DEAD_AFTER, MARGIN)
+
+    @rule(seconds=sampled_from([0.1, 0.5, 1.0, 2.5, 3.2, 5.0]))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+
+    @rule(w=sampled_from(WORKERS), delay=sampled_from([0.0, 0.05, 0.3, 0.9]))
+    def heartbeat(self, w: str, delay: float) -> None:
+        sent = self.now
+        self.now += delay
+        if w not in self.dead:  # UPDATE ... WHERE NOT dead
+            self.stamped[w] = self.now
+            self.sent[w] = sent
+
+    @rule(w=sampled_from(WORKERS), run=sampled_from(RUNS))
+    def claim(self, w: str, run: str) -> None:
+        row = self.rows[run]
+        if w in self.dead or not may_dispatch(self.own_verdict(w)):
+            return  # a worker that is not live claims nothing
+        free = row is None
+        taken_over = row is not None and row.owner != w and may_take_over(self.database_verdict(row.owner))
+        if free or taken_over:
+            if row is not None:
+                self.dead.add(row.owner)
+            self.fences[run] += 1
+            lease = Lease(owner=w, fence=self.fences[run])
+            self.rows[run] = lease
+            self.held[(w, run)] = lease
+
+    @rule(w=sampled_from(WORKERS), run=sampled_from(RUNS))
+    def dispatch(self, w: str, run: str) -> None:
+        lease = self.held.get((w, run))
+        if lease is None or not may_dispatch(self.own_verdict(w)):
+            return
+        if self.rows[run] != lease:  # the fenced append: LeaseLost, nothing written
+            del self.held[(w, run)]
+            return
+        self.dispatched.append((w, run, lease.fence))
+
+    @invariant()
+    def at_most_one_worker_may_dispatch_per_run(self) -> None:
+        for run in RUNS:
+            able = [w for w in WORKERS if (w, run) in self.held and may_dispatch(self.own_verdict(w))]
+            assert len(able) <= 1, (run, able, self.now)
+
+    @invariant()
+    def a_dead_worker_is_never_live_by_its_own_clock(self) -> None:
+        assert all(self.own_verdict(w) is not LeaseVerdict.LIVE for w in self.dead)
+
+    @invariant()
+    def dispatches_of_a_run_never_go_back_in_fence(self) -> None:
+        for run in RUNS:
+            fences = [f for _, r, f in self.dispatched if r == run]
+            assert fences == sorted(fences)
+
+
+TestLeases = Leases.TestCase
+TestLeases.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
