@@ -111,3 +111,34 @@ def test_errors_are_one_family() -> None:
     for error in errors:
         assert issubclass(error, attempt_kernel.AttemptKernelError), error
     assert getattr(attempt_kernel.IllegalTransition, "__final__", False) is True
+
+
+# Hand-written, exact: the optional PostgreSQL doorway (issue 9).
+EXPECTED_POSTGRES = {
+    "DEFAULT_SCHEMA", "PG_SCHEMA_VERSION", "PgJournal", "Lease", "LeaseLost",
+    "PgJournalError", "PgConnectFailed", "PgSchemaTooNew", "PgWriteFailed",
+    "LeaseVerdict", "lease_decision", "Worker", "WorkerDeclaredDead", "HeartbeatLate",
+    "run_worker", "submit_run",
+}  # fmt: skip
+
+
+def test_the_postgres_module_binds_exactly_its_hand_written_list() -> None:
+    """attempt_kernel.postgres: __all__ is what it binds, and is the hand-written list."""
+    import attempt_kernel.postgres as postgres
+
+    bound = {
+        name
+        for name, value in vars(postgres).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert set(postgres.__all__) == bound == EXPECTED_POSTGRES
+
+
+def test_the_postgres_classes_are_final_but_the_error_base() -> None:
+    """Every class attempt_kernel.postgres exports is final, except its error family's base."""
+    import attempt_kernel.postgres as postgres
+
+    classes = {n for n in postgres.__all__ if inspect.isclass(getattr(postgres, n))}
+    not_final = {n for n in classes if getattr(getattr(postgres, n), "__final__", False) is not True}
+    assert not_final == {"PgJournalError"}
+    assert issubclass(postgres.PgJournalError, attempt_kernel.AttemptKernelError)

@@ -195,7 +195,51 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("log", metavar="URL", help="postgresql://... (or a log file)")
     export.add_argument("--run", metavar="ID", help="only this run's records")
+    submit = commands.add_parser(
+        "submit",
+        help="enqueue a run of your workflow in a PostgreSQL journal, for the workers",
+        description="Enqueue a run of MODULE:ATTR (its name is what the workers match) in "
+        "the PostgreSQL journal at URL; a worker claims it. Prints the run id. Exit 0, or 2 "
+        "for usage or I/O errors (an id already in the journal is refused).",
+    )
+    submit.add_argument("url", metavar="URL", help="postgresql://...")
+    submit.add_argument("target", metavar="MODULE:ATTR", help="the workflow, e.g. flows:orders")
+    submit.add_argument("--run", metavar="ID", dest="run_id", help="the run's id (default: <workflow>-<random>)")
+    submit.add_argument("--input", metavar="JSON", help="the run's input, as JSON")
+    worker = commands.add_parser(
+        "worker",
+        help="serve the runs of a PostgreSQL journal, beside any number of other workers",
+        description="One worker process: a fresh id, a heartbeat judged by the database's "
+        "clock, a fenced lease on each run it drives. It claims queued runs and takes over "
+        "the runs of workers whose heartbeat is older than --dead-after (reconcilers first, "
+        "then their orphans end as recovery ends them). SIGINT/SIGTERM stop it gracefully "
+        "and hand its runs back. Exit 0 when stopped or idle (--until-idle), 1 when it was "
+        "declared dead (another worker took its runs over), 2 for usage or I/O errors.",
+    )
+    worker.add_argument("url", metavar="URL", help="postgresql://...")
+    worker.add_argument(
+        "--workflows", nargs="+", required=True, metavar="MODULE:ATTR",
+        help="the workflows this worker can run",
+    )  # fmt: skip
+    worker.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
+                        help="runs driven at once (default 4)")  # fmt: skip
+    worker.add_argument("--heartbeat", type=_positive_float, default=1.0, metavar="S",
+                        help="seconds between heartbeats (default 1)")  # fmt: skip
+    worker.add_argument("--dead-after", type=_positive_float, default=5.0, metavar="S",
+                        help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
+    worker.add_argument("--until-idle", action="store_true",
+                        help="exit once no run of these workflows is left unfinished")  # fmt: skip
     return parser
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -481,13 +525,23 @@ def _writer_holds(path: str) -> bool:
     return False
 
 
+def _held(log: str) -> frozenset[str] | None:
+    """Which unfinished runs are being driven right now: None means all of
+    them (a writer holds the log file), an empty set none."""
+    if _is_url(log):
+        from ._pgjournal import held_runs
+
+        return held_runs(log)
+    return None if _writer_holds(log) else frozenset()
+
+
 def _runs(args: argparse.Namespace) -> int:
     log_path: str = args.log
     ledger = Ledger()
     ledger.feed(_source(log_path).read())
-    live = not _is_url(log_path) and _writer_holds(log_path)
     views: list[RunView] = list(ledger.runs.values())
-    rows = [_report.RunRow.of(view, live) for view in views]
+    held = _held(log_path)
+    rows = [_report.RunRow.of(view, held is None or view.run in held) for view in views]
     if args.json:
         sys.stdout.write(_report.runs_json(rows, log_path, ledger.violation_count))
     else:
@@ -501,7 +555,8 @@ def _show(args: argparse.Namespace) -> int:
     history = run_history(_source(log_path).read(), run)
     if history is None:
         raise _Usage(f"no run {run!r} in {log_path} (`attempt-kernel runs {log_path}` lists them)")
-    live = not _is_url(log_path) and _writer_holds(log_path) and history.standing == "interrupted"
+    held = _held(log_path)
+    live = history.standing == "interrupted" and (held is None or history.run in held)
     if args.json:
         sys.stdout.write(_report.show_json(history, live))
     else:
@@ -604,6 +659,49 @@ def _export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _needs_url(url: str, command: str) -> None:
+    if not _is_url(url):
+        raise _Usage(f"{command} works on a PostgreSQL journal: give a postgresql:// URL, not {url!r}")
+
+
+def _submit(args: argparse.Namespace) -> int:
+    url: str = args.url
+    _needs_url(url, "submit")
+    workflow = load_target(args.target)
+    run_input = None if args.input is None else _json_argument(args.input, "--input")
+    from ._worker import submit_run
+
+    print(submit_run(url, workflow.name, args.run_id, run_input))
+    return EXIT_OK
+
+
+def _worker(args: argparse.Namespace) -> int:
+    url: str = args.url
+    _needs_url(url, "worker")
+    workflows = [load_target(t) for t in args.workflows]
+    from ._worker import WorkerDeclaredDead, run_worker
+
+    def say(line: str) -> None:
+        print(f"{shown(line)}", flush=True)
+
+    try:
+        closed = run_worker(
+            url,
+            workflows,
+            concurrency=args.concurrency,
+            heartbeat=args.heartbeat,
+            dead_after=args.dead_after,
+            stop_when_idle=args.until_idle,
+            progress=say,
+            stop_on_signals=True,
+        )
+    except WorkerDeclaredDead as error:
+        print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
+        return EXIT_NOT_SUCCEEDED
+    print(f"worker stopped; runs closed: {closed}", flush=True)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     for stream in (sys.stdout, sys.stderr):
@@ -629,6 +727,8 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "show": _show,
     "reconcile": _reconcile,
     "export": _export,
+    "submit": _submit,
+    "worker": _worker,
 }
 
 

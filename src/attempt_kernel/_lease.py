@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import enum
 
-from typing_extensions import assert_never
+from typing_extensions import assert_never, final
 
 
+@final
 class LeaseVerdict(enum.Enum):
     """How old a worker's last heartbeat is, measured against ``dead_after``."""
 

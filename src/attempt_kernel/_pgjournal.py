@@ -517,3 +517,21 @@ def _reason(error: psycopg.Error) -> str:
         error
     ).__name__
 
+
+
+def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
+    """Runs a live worker holds right now (not done, its owner not found dead).
+
+    What `attempt-kernel runs` and `show` call ``running`` on a PostgreSQL
+    journal; an unfinished run nobody holds is ``interrupted``.
+    """
+    if not _IDENTIFIER.fullmatch(schema):
+        raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
+    with connect(url) as conn:
+        rows = conn.execute(
+            sql.SQL(
+                "SELECT r.run FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
+                " WHERE NOT r.done AND NOT w.dead"
+            ).format(s=sql.Identifier(schema))
+        ).fetchall()
+    return frozenset(str(row[0]) for row in rows)

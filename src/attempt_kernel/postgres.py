@@ -1,0 +1,43 @@
+"""attempt-kernel on PostgreSQL: the journal, its leases, and the workers (spec §10).
+
+Needs the ``postgres`` extra (``pip install 'attempt-kernel[postgres]'``, which
+brings psycopg 3); the rest of the library does not, and the embedded
+default stays the run log file. Like the package's own doorway, this module
+only binds names (from private modules) and lists them once in ``__all__``.
+"""
+
+from ._lease import LeaseVerdict as LeaseVerdict
+from ._lease import lease_decision as lease_decision
+from ._pgjournal import DEFAULT_SCHEMA as DEFAULT_SCHEMA
+from ._pgjournal import PG_SCHEMA_VERSION as PG_SCHEMA_VERSION
+from ._pgjournal import Lease as Lease
+from ._pgjournal import LeaseLost as LeaseLost
+from ._pgjournal import PgConnectFailed as PgConnectFailed
+from ._pgjournal import PgJournal as PgJournal
+from ._pgjournal import PgJournalError as PgJournalError
+from ._pgjournal import PgSchemaTooNew as PgSchemaTooNew
+from ._pgjournal import PgWriteFailed as PgWriteFailed
+from ._worker import HeartbeatLate as HeartbeatLate
+from ._worker import Worker as Worker
+from ._worker import WorkerDeclaredDead as WorkerDeclaredDead
+from ._worker import run_worker as run_worker
+from ._worker import submit_run as submit_run
+
+__all__ = [
+    "DEFAULT_SCHEMA",
+    "HeartbeatLate",
+    "Lease",
+    "LeaseLost",
+    "LeaseVerdict",
+    "PG_SCHEMA_VERSION",
+    "PgConnectFailed",
+    "PgJournal",
+    "PgJournalError",
+    "PgSchemaTooNew",
+    "PgWriteFailed",
+    "Worker",
+    "WorkerDeclaredDead",
+    "lease_decision",
+    "run_worker",
+    "submit_run",
+]
