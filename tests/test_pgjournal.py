@@ -169,17 +169,17 @@ def test_opening_again_keeps_the_records_and_migrates_once(pg_url: str, schema: 
         first.append("r", RunStarted(workflow="w"))
     with PgJournal(pg_url, schema=schema) as second:
         assert records(second) == [(1, "r", RunStarted(workflow="w"))]
-    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,)]
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,)]
 
 
 def test_a_newer_schema_is_refused_naming_both_versions(pg_url: str, schema: str) -> None:
-    """A database at version 3 is refused by a library that knows version 2."""
+    """A database at version 4 is refused by a library that knows version 3."""
     PgJournal(pg_url, schema=schema).close()
-    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (3)")
-    with pytest.raises(PgSchemaTooNew, match=r"at version 3, but this library knows versions up to 2") as caught:
+    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (4)")
+    with pytest.raises(PgSchemaTooNew, match=r"at version 4, but this library knows versions up to 3") as caught:
         PgJournal(pg_url, schema=schema)
-    assert (caught.value.found, caught.value.known) == (3, 2)
-    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,)]
+    assert (caught.value.found, caught.value.known) == (4, 3)
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,)]
 
 
 def test_a_schema_name_that_is_not_an_identifier_is_refused(pg_url: str) -> None:

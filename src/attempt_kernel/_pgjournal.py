@@ -8,7 +8,8 @@ here decodes, replays and exports like a file. It applies no kernel rule
 (that is the ledger's), never rewrites or deletes a row, and runs no
 worker: leases are only *checked* here (an append can carry the writer's
 owner and fence, and writes nothing when they do not match the ``runs``
-row); claiming, heartbeats, takeover and admission belong elsewhere.
+row); claiming, heartbeats, takeover and admission (the ``pools`` and
+``slots`` tables of migration 3) belong elsewhere.
 
 Sequence numbers are journal-wide and gapless, as in a file: the ledger
 requires that they go up by one across the whole journal (spec §5), so one
@@ -58,7 +59,7 @@ from ._records import (
     StepResult,
 )
 
-PG_SCHEMA_VERSION: Final = 2
+PG_SCHEMA_VERSION: Final = 3
 """The newest version of the journal's tables this library knows; it refuses a newer one."""
 
 DEFAULT_SCHEMA: Final = "attempt_kernel"
@@ -192,6 +193,34 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             " started_at timestamptz NOT NULL DEFAULT now(),"
             " heartbeat_at timestamptz NOT NULL DEFAULT now(),"
             " dead boolean NOT NULL DEFAULT false)",
+        ),
+    ),
+    (
+        3,
+        (
+            # Admission across workers (spec §10): a pool is a name and a size;
+            # its slots are rows, each held by at most one attempt (run, step,
+            # attempt), taken by a worker under the run's fence. Claims lock a
+            # free row FOR UPDATE SKIP LOCKED; nothing ever counts rows.
+            "CREATE TABLE {s}.pools ("
+            " name text PRIMARY KEY,"
+            " slots integer NOT NULL CHECK (slots >= 0),"
+            " changed_at timestamptz NOT NULL DEFAULT now())",
+            "CREATE TABLE {s}.slots ("
+            " pool text NOT NULL REFERENCES {s}.pools (name),"
+            " slot integer NOT NULL CHECK (slot >= 0),"
+            " run text,"
+            " step text,"
+            " attempt integer,"
+            " worker text,"
+            " fence bigint,"
+            " taken_at timestamptz,"
+            " PRIMARY KEY (pool, slot),"
+            # free (all six null) or held (none null), never half held
+            " CHECK (num_nulls(run, step, attempt, worker, fence, taken_at) IN (0, 6)))",
+            # One slot per attempt, and a run's slots found by its name.
+            "CREATE UNIQUE INDEX slots_holder ON {s}.slots (run, step, attempt)"
+            " WHERE run IS NOT NULL",
         ),
     ),
 )
