@@ -32,7 +32,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final, TypeVar, Union
+from typing import Final, Protocol, TypeVar, Union
 
 from typing_extensions import TypeAlias, assert_never, final
 
@@ -44,6 +44,7 @@ from ._attempt import (
     StepDeadlinePassed,
     Succeed,
     TransitionCause,
+    is_terminal,
 )
 from ._codec import UnencodableRecord, state_name
 from ._context import Perform
@@ -164,6 +165,37 @@ class RunControl:
     async def wait(self) -> None:
         """Return once `cancel` was called."""
         await self._event.wait()
+
+
+# --------------------------------------------------------------------------
+# Admission to shared pools
+# --------------------------------------------------------------------------
+
+
+class PoolAdmission(Protocol):
+    """Admits the attempts of steps that name a ``pool`` (spec §10), in place of
+    the executor's own ``admission_limit``.
+
+    The executor calls `acquire` while the attempt is ``Pending`` and appends
+    ``Admit`` only once it returned True; it calls `release` exactly once per
+    slot taken, after the attempt's terminal record (``ended=True``), or,
+    when the log failed before one could be written, with ``ended=False``:
+    the attempt may still be ``Running`` in the log, so a store shared by
+    many workers keeps the slot held until whoever ends the attempt (a
+    takeover) frees it. All calls come from the executor's event loop.
+    """
+
+    async def acquire(self, run: str, step: Step, attempt: int) -> bool:
+        """Take a slot of ``step.pool`` for the attempt: True once held, False when
+        ``step.queue_deadline`` seconds passed first.
+
+        Cancelled while waiting, it holds nothing.
+        """
+        ...
+
+    def release(self, run: str, step: Step, attempt: int, *, ended: bool) -> None:
+        """Free the attempt's slot (see the class doc for ``ended``)."""
+        ...
 
 
 # --------------------------------------------------------------------------
@@ -303,6 +335,11 @@ class Executor:
     When ``log`` can be read back (a `Journal` such as `RunLogWriter`), the
     executor reads it first, so that run ids stay unique in it; a log whose
     records break the kernel's rules is refused (`RunRefused`).
+
+    ``pools``, if given, admits the attempts of every step that names a
+    ``pool`` (a slot of that pool, shared with other processes), instead of
+    ``admission_limit``; without it, such steps are admitted under
+    ``admission_limit`` like the others.
     """
 
     def __init__(
@@ -311,6 +348,7 @@ class Executor:
         *,
         admission_limit: int = 8,
         progress: Callable[[str], None] | None = None,
+        pools: PoolAdmission | None = None,
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
@@ -318,6 +356,7 @@ class Executor:
         self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
+        self._pools: Final = pools
         # One limit for every run this executor drives; made on first use so
         # that it belongs to the running event loop.
         self._admission: asyncio.Semaphore | None = None
@@ -504,8 +543,14 @@ class Executor:
         """Run attempt ``number`` of ``step`` to a terminal state (the ledger has it)."""
         name = step.name
         self._write(run, AttemptCreated(step=name, attempt=number))
+        # A pooled step takes a shared slot instead of this executor's limit.
+        pools = self._pools if step.pool is not None else None
         try:
-            if admission.locked():  # a free slot is taken at once, without a timer
+            if pools is not None:
+                if not await pools.acquire(run, step, number):
+                    self._move(run, name, QueueDeadlinePassed())
+                    return
+            elif admission.locked():  # a free slot is taken at once, without a timer
                 await _within(step.queue_deadline, admission.acquire())
             else:
                 await admission.acquire()
@@ -549,7 +594,13 @@ class Executor:
                 case _:
                     assert_never(output)
         finally:
-            admission.release()
+            if pools is None:
+                admission.release()
+            else:
+                # spec §10: the slot is freed after the terminal record, never
+                # before (a sampler must never see more Running than slots)
+                ended = is_terminal(self._ledger.attempt(run, name).state)
+                pools.release(run, step, number, ended=ended)
 
     # ------------------------------------------------------------ one step
 

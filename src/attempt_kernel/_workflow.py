@@ -68,6 +68,15 @@ class Step:
     the workflow. ``reconcilers`` maps an effect's name to the function that
     asks the downstream system about it (spec §9): recovery calls it for an
     effect a crash left outstanding, before it ends the attempt.
+
+    ``pool`` names the shared pool whose slot each attempt of the step needs
+    to run (spec §10: never more than the pool's size running at once,
+    across every worker); None (the default) needs none. Workers on
+    PostgreSQL honour it (the pool is made and sized by `set_pool`); an
+    executor given no pool admission (``Executor(pools=...)``) admits the
+    step under its ``admission_limit`` like any other. A pooled attempt
+    waits ``Pending`` for a slot up to ``queue_deadline``, then ends
+    ``TimedOut``.
     """
 
     name: str
@@ -78,6 +87,7 @@ class Step:
     step_deadline: float = 60.0
     domain_states: tuple[str, ...] = ()
     reconcilers: Mapping[str, Reconciler] = field(default_factory=lambda: MappingProxyType({}))
+    pool: str | None = None
 
 
 @final
@@ -111,8 +121,9 @@ def load_workflow(
     ``domain_states`` declares the workflow's domain step state names
     (spec §7). Raises `WorkflowError` naming the culprit: an empty or
     duplicate step name, an unknown dependency, a cycle (listed in order), a
-    non-positive deadline or attempt limit, an empty or repeated domain
-    state name, a step naming a domain state the workflow does not declare.
+    non-positive deadline or attempt limit, an empty pool name, an empty or
+    repeated domain state name, a step naming a domain state the workflow
+    does not declare.
     """
     if not name:
         raise WorkflowError("a workflow needs a non-empty name")
@@ -133,6 +144,9 @@ def load_workflow(
         where = f"workflow {name!r}, step {step.name!r}"
         _positive(step.queue_deadline, f"{where}: queue_deadline")
         _positive(step.step_deadline, f"{where}: step_deadline")
+        pool: object = step.pool
+        if pool is not None and (type(pool) is not str or not pool):
+            raise WorkflowError(f"{where}: pool must be None or a non-empty name, got {pool!r}")
         limit: object = step.retry.max_attempts
         if type(limit) is not int or limit < 1:
             raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
