@@ -27,6 +27,12 @@ Theory of operation:
   in its own statement, so a worker that lost a run writes nothing to it
   (`LeaseLost`) and drops it. The ``runs`` row is closed (``done``) with
   the owner and fence checked too.
+- Admission across workers (`_pools`): an attempt of a step that names a
+  ``pool`` takes a slot row of that pool (fenced by the run's lease) before
+  its ``Admit`` and frees it after its terminal record; a takeover frees
+  the slots of the runs it took, after recovery ended their orphans. A
+  worker refuses to start when a step names a pool the journal lacks
+  (`PoolMissing`).
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
@@ -64,6 +70,7 @@ from ._pgjournal import (
     commits_synchronously,
     connect,
 )
+from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
 from ._records import JSON, Change, LogItem, RunStarted
 from ._recovery import Recovery, recover
 from ._workflow import Workflow
@@ -354,6 +361,7 @@ class Worker:
         self._grace: Final = grace
         self._leases: Final[dict[str, Lease]] = {}
         self._executors: Final[set[Executor]] = set()
+        self._pools: SlotAdmission | None = None
         self._stop_reason: str | None = None
         self._heart: _Heart | None = None
 
@@ -444,7 +452,19 @@ class Worker:
                     f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
                     f" {type(orphan.to_state).__name__}"
                 )
-            executor = Executor(journal, admission_limit=self._admission_limit, progress=self._progress)
+            # spec §10: only now that no attempt of an older fence is Running
+            # in the journal may the slots it held be taken again.
+            for freed in free_slots_of_taken_over_run(conn, self._schema, run, lease):
+                self._say(
+                    f"{run}: freed slot {freed.slot} of pool {freed.pool!r}"
+                    f" held by {freed.step}#{freed.attempt} of worker {freed.worker}"
+                )
+            executor = Executor(
+                journal,
+                admission_limit=self._admission_limit,
+                progress=self._progress,
+                pools=self._pools,
+            )
             self._executors.add(executor)
             if self._stop_reason is not None:
                 executor.stop(self._stop_reason, grace=self._grace)
@@ -489,6 +509,18 @@ class Worker:
             conn = connect(url)
         except BaseException:
             pg.close()
+            raise
+        # A step naming a pool the journal lacks would only ever time out.
+        slots_conn: psycopg.Connection[tuple[object, ...]] | None = None
+        try:
+            check_pools(conn, schema, self._workflows.values())
+            if pools_named(self._workflows.values()):
+                slots_conn = connect(url)
+                self._pools = SlotAdmission(slots_conn, schema=schema, worker=self.id, leases=self._leases)
+        except BaseException:
+            for opened in (slots_conn, conn, pg):
+                if opened is not None:
+                    opened.close()
             raise
         loop = asyncio.get_running_loop()
         signals = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
@@ -547,6 +579,8 @@ class Worker:
             except psycopg.Error:
                 pass  # its heartbeat expires anyway
             conn.close()
+            if slots_conn is not None:
+                slots_conn.close()
             pg.close()
         if errors:
             raise errors[0]

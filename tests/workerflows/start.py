@@ -3,7 +3,8 @@
 Prints each progress line. ``KILL_AFTER=N`` SIGKILLs the process right
 after its N-th record reached the journal (a crash at that point). Exits 0
 after `run_worker` returns (``closed N``), 3 when the worker was declared
-dead.
+dead. ``WORKFLOWS=pooled`` serves the admission tests' workflows
+(``workerflows.pooled``) instead of ``pay``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import signal
 import sys
 
 from workerflows.pay import PAY
+from workerflows.pooled import HURRY, THINK
 
 from attempt_kernel._pgjournal import PgJournal
 from attempt_kernel._records import Change
@@ -46,7 +48,7 @@ def main() -> None:
     try:
         closed = run_worker(
             url,
-            [PAY],
+            [THINK, HURRY] if os.environ.get("WORKFLOWS") == "pooled" else [PAY],
             schema=schema,
             heartbeat=HEARTBEAT,
             dead_after=DEAD_AFTER,
