@@ -119,3 +119,18 @@ def test_a_url_that_does_not_connect_names_the_host_and_the_reason(shop: Path) -
     assert result.returncode == 2
     assert "127.0.0.1:1" in result.stderr and "Connection refused" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_pool_sets_a_pool_and_pools_lists_it(db: str, shop: Path) -> None:
+    """`pool URL NAME --slots N` creates or resizes a pool; `pools URL` lists it; bad input exits 2."""
+    empty = cli(shop, "pools", db)
+    assert empty.returncode == 0 and empty.stdout.startswith("no pools in ")
+    made = cli(shop, "pool", db, "llm", "--slots", "2")
+    assert made.returncode == 0 and made.stdout == "pool llm: 2 slots, 0 held\n", made.stderr
+    resized = cli(shop, "pool", db, "llm", "--slots", "0")
+    assert resized.stdout == "pool llm: 0 slots, 0 held\n"
+    assert cli(shop, "pools", db).stdout == "pool llm: 0 slots, 0 held\n"
+    negative = cli(shop, "pool", db, "llm", "--slots", "-1")
+    assert negative.returncode == 2 and "expected 0 or more" in negative.stderr
+    not_a_url = cli(shop, "pool", "runs.jsonl", "llm", "--slots", "1")
+    assert not_a_url.returncode == 2 and "give a postgresql:// URL" in not_a_url.stderr

@@ -42,12 +42,14 @@ EXPECTED_PUBLIC = {
     "IntentReconciled", "DomainStateSet", "RunStopRequested", "RunResumed",
     "EffectFinding", "EffectHappened", "EffectNotHappened", "EffectUnknown", "Reconciler",
     "RunRefused", "RunsStopped", "RunStanding", "resume_log", "Resumed", "Supervisor",
+    # many workers (spec §10): the executor's seam for shared pools
+    "PoolAdmission",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
     "AttemptKernelError", "RunLogError", "EffectRejected",
-    "StepContext", "LogSource", "RunLog", "Journal",
+    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission",
 }  # fmt: skip
 STATES_AND_CAUSES = [
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",
@@ -118,7 +120,7 @@ EXPECTED_POSTGRES = {
     "DEFAULT_SCHEMA", "PG_SCHEMA_VERSION", "PgJournal", "Lease", "LeaseLost",
     "PgJournalError", "PgConnectFailed", "PgSchemaTooNew", "PgWriteFailed",
     "LeaseVerdict", "lease_decision", "Worker", "WorkerDeclaredDead", "HeartbeatLate",
-    "run_worker", "submit_run",
+    "run_worker", "submit_run", "set_pool", "list_pools", "PoolState", "PoolMissing",
 }  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from ._errors import AttemptKernelError as AttemptKernelError
 from ._executor import EffectRejected as EffectRejected
 from ._executor import Executor as Executor
 from ._executor import Job as Job
+from ._executor import PoolAdmission as PoolAdmission
 from ._executor import RunControl as RunControl
 from ._executor import RunRefused as RunRefused
 from ._executor import RunReport as RunReport
@@ -164,6 +165,7 @@ __all__ = [
     "Pending",
     "Perform",
     "Planned",
+    "PoolAdmission",
     "PriorStep",
     "QueueDeadlinePassed",
     "RECONCILER_DEADLINE",

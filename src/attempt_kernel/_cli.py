@@ -229,6 +229,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
                         help="exit once no run of these workflows is left unfinished")  # fmt: skip
+    pool = commands.add_parser(
+        "pool",
+        help="create or resize a pool of slots shared by all workers",
+        description="Set the size of pool NAME in the PostgreSQL journal at URL: never "
+        "more than N attempts of steps naming this pool (Step(pool=NAME)) run at once, "
+        "whatever the number of workers. 0 pauses the pool; shrinking stops no running "
+        "attempt. Prints the pool. Exit 0, or 2 for usage or I/O errors.",
+    )
+    pool.add_argument("url", metavar="URL", help="postgresql://...")
+    pool.add_argument("name", metavar="NAME", help="the pool's name")
+    pool.add_argument("--slots", type=_non_negative_int, required=True, metavar="N",
+                      help="how many attempts of the pool may run at once")  # fmt: skip
+    pools = commands.add_parser(
+        "pools",
+        help="list the pools of a PostgreSQL journal",
+        description="One line per pool: its name, its size and how many slots are held now.",
+    )
+    pools.add_argument("url", metavar="URL", help="postgresql://...")
     return parser
 
 
@@ -239,6 +257,16 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
     return value
 
 
@@ -702,6 +730,32 @@ def _worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _pool(args: argparse.Namespace) -> int:
+    url: str = args.url
+    _needs_url(url, "pool")
+    from ._pools import set_pool
+
+    try:
+        state = set_pool(url, args.name, args.slots)
+    except ValueError as error:
+        raise _Usage(str(error)) from None
+    print(f"pool {shown(state.name)}: {state.slots} slots, {state.held} held")
+    return EXIT_OK
+
+
+def _pools(args: argparse.Namespace) -> int:
+    url: str = args.url
+    _needs_url(url, "pools")
+    from ._pools import list_pools
+
+    states = list_pools(url)
+    if not states:
+        print(f"no pools in {_redacted(url)} (`attempt-kernel pool URL NAME --slots N` makes one)")
+    for state in states:
+        print(f"pool {shown(state.name)}: {state.slots} slots, {state.held} held")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     for stream in (sys.stdout, sys.stderr):
@@ -729,6 +783,8 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "export": _export,
     "submit": _submit,
     "worker": _worker,
+    "pool": _pool,
+    "pools": _pools,
 }
 
 

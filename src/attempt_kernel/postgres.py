@@ -17,6 +17,10 @@ from ._pgjournal import PgJournal as PgJournal
 from ._pgjournal import PgJournalError as PgJournalError
 from ._pgjournal import PgSchemaTooNew as PgSchemaTooNew
 from ._pgjournal import PgWriteFailed as PgWriteFailed
+from ._pools import PoolMissing as PoolMissing
+from ._pools import PoolState as PoolState
+from ._pools import list_pools as list_pools
+from ._pools import set_pool as set_pool
 from ._worker import HeartbeatLate as HeartbeatLate
 from ._worker import Worker as Worker
 from ._worker import WorkerDeclaredDead as WorkerDeclaredDead
@@ -35,9 +39,13 @@ __all__ = [
     "PgJournalError",
     "PgSchemaTooNew",
     "PgWriteFailed",
+    "PoolMissing",
+    "PoolState",
     "Worker",
     "WorkerDeclaredDead",
     "lease_decision",
+    "list_pools",
     "run_worker",
+    "set_pool",
     "submit_run",
 ]
