@@ -116,9 +116,12 @@ def bench(session: nox.Session) -> None:
     """Benchmarks: print each cost beside a baseline measured in the same run.
 
     BENCH_TMP picks the folder for the benchmark logs (default: the system's
-    temporary folder); fsync costs depend on the disk under it.
+    temporary folder); fsync costs depend on the disk under it. The workers'
+    benchmark starts a throwaway PostgreSQL of its own (tests/pgserver.py;
+    TMPDIR picks the folder of its data).
     """
-    session.install(".")
+    session.install(".[postgres]")
     session.run("python", "benchmarks/bench_kernel.py")
     session.run("python", "benchmarks/bench_runlog.py")
     session.run("python", "benchmarks/bench_executor.py")
+    session.run("python", "benchmarks/bench_workers.py")
