@@ -401,8 +401,59 @@ class PgJournal:
         self._read: Final = sql.SQL(
             "SELECT seq, run, line FROM {s}.records WHERE seq > %s ORDER BY seq LIMIT %s"
         ).format(s=s)
+        self._read_run: Final = sql.SQL(
+            "SELECT seq, line FROM {s}.records WHERE run = %s AND seq > %s ORDER BY seq LIMIT %s"
+        ).format(s=s)
 
     # ------------------------------------------------------------ reading
+
+    def read_run(self, run: str) -> Iterator[LogItem]:
+        """Yield one run's records in order, numbered 1, 2, ... as `export --run` writes them.
+
+        What a worker needs to recover and drive one run without reading the
+        whole journal (its ``(run, seq)`` key makes this an index range). A
+        row that fails its checksum is a `CorruptLine` naming run and seq.
+        """
+        after = 0
+        position = 0
+        while True:
+            try:
+                rows = self._conn.execute(self._read_run, (run, after, READ_BATCH)).fetchall()
+            except psycopg.Error as error:
+                raise PgJournalError(
+                    f"reading run {run!r} after seq {after} failed: {_reason(error)}"
+                ) from error
+            for row in rows:
+                seq, line = row
+                if type(seq) is not int or type(line) is not bytes:
+                    raise PgJournalError(f"the records table holds an unexpected row of run {run!r}")
+                position += 1
+                after = seq
+                item = decode_line(line, position)
+                match item:
+                    case Record():
+                        if item.run != run or item.seq != seq:
+                            yield CorruptLine(
+                                line=position,
+                                reason=f"row of run {run!r} seq {seq} holds the record of run"
+                                f" {item.run!r} seq {item.seq}",
+                            )
+                        else:
+                            yield Record(
+                                line=position,
+                                seq=position,
+                                time_us=item.time_us,
+                                run=run,
+                                change=item.change,
+                            )
+                    case CorruptLine():
+                        yield CorruptLine(
+                            line=position, reason=f"row of run {run!r} seq {seq}: {item.reason}"
+                        )
+                    case _:
+                        assert_never(item)
+            if len(rows) < READ_BATCH:
+                return
 
     def read(self) -> Iterator[LogItem]:
         """Yield every record of the journal in sequence order (a `Record` or `CorruptLine`).

@@ -299,6 +299,35 @@ class _WorkerJournal:
     def flush(self) -> None:
         self._journal.flush()
 
+    def one_run(self, run: str) -> _OneRun:
+        """This journal as seen by the driver of ``run``: only its records are read."""
+        return _OneRun(self, self._journal, run)
+
+
+@final
+class _OneRun:
+    """A `Journal` for driving one run: it reads only that run's records
+    (`PgJournal.read_run`, numbered from 1), and appends through the
+    worker's journal. Reading the whole journal per claimed run made a
+    worker's cost grow with the journal's length."""
+
+    def __init__(self, writer: _WorkerJournal | PgJournal, journal: PgJournal, run: str) -> None:
+        self._writer: Final = writer
+        self._journal: Final = journal
+        self._run: Final = run
+
+    def read(self) -> Iterator[LogItem]:
+        return self._journal.read_run(self._run)
+
+    def append(self, run: str, change: Change) -> int:
+        return self._writer.append(run, change)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def __repr__(self) -> str:
+        return f"run {self._run!r} of {self._journal!r}"
+
 
 # --------------------------------------------------------------------------
 # The worker
@@ -376,7 +405,16 @@ class Worker:
         gracefully: its runs are stopped (spec §9) and handed back to the
         queue for another worker.
         """
-        return asyncio.run(self._serve(stop_on_signals))
+        try:
+            return asyncio.run(self._serve(stop_on_signals))
+        except psycopg.Error as error:
+            # The worker's own connection (claims, completions) failed: the
+            # runs it held are taken over by another worker once it is dead.
+            raise PgJournalError(
+                f"worker {self.id}: its database connection failed:"
+                f" {str(error).strip() or type(error).__name__}; another worker takes its"
+                " runs over"
+            ) from None
 
     def stop(self, reason: str = "Worker.stop()") -> None:
         """Stop gracefully; call it from the worker's event loop thread."""
@@ -460,7 +498,7 @@ class Worker:
                     f" held by {freed.step}#{freed.attempt} of worker {freed.worker}"
                 )
             executor = Executor(
-                journal,
+                journal.one_run(run),
                 admission_limit=self._admission_limit,
                 progress=self._progress,
                 pools=self._pools,
@@ -495,7 +533,10 @@ class Worker:
         reconcilers need an event loop, and a connection serves one thread)."""
         with PgJournal(self._url, schema=self._schema, leases=self._leases) as journal:
             return recover(
-                journal, self._workflows, source=f"journal {self._schema!r}", only_runs=frozenset({run})
+                _OneRun(journal, journal, run),
+                self._workflows,
+                source=f"journal {self._schema!r}",
+                only_runs=frozenset({run}),
             )
 
     # ------------------------------------------------------------ the loop
