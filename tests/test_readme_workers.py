@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from attempt_kernel import replay
+from attempt_kernel import AttemptTransitioned, Record, read_log, replay, transition
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -118,6 +118,17 @@ def test_a_killed_worker_s_runs_are_taken_over_and_posted_once(db: str, tmp_path
         assert exported.returncode == 0, exported.stderr
         (tmp_path / "journal.jsonl").write_text(exported.stdout)
         assert replay(tmp_path / "journal.jsonl").valid
+        # The seed's recorded-fixture check, on a journal several workers wrote
+        # with a takeover: every observed change goes through transition,
+        # nothing is rejected, and it reaches the recorded state.
+        moves = [
+            item.change
+            for item in read_log(tmp_path / "journal.jsonl")
+            if isinstance(item, Record) and isinstance(item.change, AttemptTransitioned)
+        ]
+        assert len(moves) >= 2 * 6 + 2  # Admit and an end for every attempt, two more per takeover
+        for move in moves:
+            assert transition(move.from_state, move.cause) == move.to_state
     finally:
         for worker in workers:
             if worker.poll() is None:
