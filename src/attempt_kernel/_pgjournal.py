@@ -402,7 +402,7 @@ class PgJournal:
             "SELECT seq, run, line FROM {s}.records WHERE seq > %s ORDER BY seq LIMIT %s"
         ).format(s=s)
         self._read_run: Final = sql.SQL(
-            "SELECT seq, line FROM {s}.records WHERE run = %s AND seq > %s ORDER BY seq LIMIT %s"
+            "SELECT seq, run, line FROM {s}.records WHERE run = %s AND seq > %s ORDER BY seq LIMIT %s"
         ).format(s=s)
 
     # ------------------------------------------------------------ reading
@@ -414,46 +414,16 @@ class PgJournal:
         whole journal (its ``(run, seq)`` key makes this an index range). A
         row that fails its checksum is a `CorruptLine` naming run and seq.
         """
-        after = 0
-        position = 0
-        while True:
-            try:
-                rows = self._conn.execute(self._read_run, (run, after, READ_BATCH)).fetchall()
-            except psycopg.Error as error:
-                raise PgJournalError(
-                    f"reading run {run!r} after seq {after} failed: {_reason(error)}"
-                ) from error
-            for row in rows:
-                seq, line = row
-                if type(seq) is not int or type(line) is not bytes:
-                    raise PgJournalError(f"the records table holds an unexpected row of run {run!r}")
-                position += 1
-                after = seq
-                item = decode_line(line, position)
-                match item:
-                    case Record():
-                        if item.run != run or item.seq != seq:
-                            yield CorruptLine(
-                                line=position,
-                                reason=f"row of run {run!r} seq {seq} holds the record of run"
-                                f" {item.run!r} seq {item.seq}",
-                            )
-                        else:
-                            yield Record(
-                                line=position,
-                                seq=position,
-                                time_us=item.time_us,
-                                run=run,
-                                change=item.change,
-                            )
-                    case CorruptLine():
-                        yield CorruptLine(
-                            line=position, reason=f"row of run {run!r} seq {seq}: {item.reason}"
-                        )
-                    case _:
-                        assert_never(item)
-            if len(rows) < READ_BATCH:
-                return
+        for item in self._rows(self._read_run, (run,), f"run {run!r}"):
+            match item:
+                case Record():
+                    yield Record(
+                        line=item.line, seq=item.line, time_us=item.time_us, run=run, change=item.change
+                    )
+                case CorruptLine():
+                    yield item
+                case _:
+                    assert_never(item)
 
     def read(self) -> Iterator[LogItem]:
         """Yield every record of the journal in sequence order (a `Record` or `CorruptLine`).
@@ -464,14 +434,20 @@ class PgJournal:
         run and seq; ``line`` is the row's position in the journal (1-based),
         its line number in an export.
         """
+        return self._rows(self._read, (), "the journal")
+
+    def _rows(
+        self, query: sql.Composed, params: tuple[object, ...], what: str
+    ) -> Iterator[Record | CorruptLine]:
+        """Decode the rows ``query`` returns (``seq, run, line``), in batches after a seq."""
         after = 0
         position = 0
         while True:
             try:
-                rows = self._conn.execute(self._read, (after, READ_BATCH)).fetchall()
+                rows = self._conn.execute(query, (*params, after, READ_BATCH)).fetchall()
             except psycopg.Error as error:
                 raise PgJournalError(
-                    f"reading the journal after seq {after} failed: {_reason(error)}"
+                    f"reading {what} after seq {after} failed: {_reason(error)}"
                 ) from error
             for row in rows:
                 seq, run, line = row
