@@ -479,6 +479,16 @@ def _decode_change(obj: dict[str, object]) -> Change:
     # Arms in the order of how often each kind occurs in a log.
     match kind:
         case Kind.TRANSITION:
+            # The common case without a helper call per field; any field in
+            # doubt goes through the helpers, which name what is wrong.
+            step, attempt, before, after = obj.get("step"), obj.get("attempt"), obj.get("from"), obj.get("to")
+            from_state = _STATES.get(before) if type(before) is str else None
+            to_state = _STATES.get(after) if type(after) is str else None
+            if (
+                type(step) is str and step and type(attempt) is int and attempt > 0
+                and from_state is not None and to_state is not None
+            ):  # fmt: skip
+                return _new_transition(step, attempt, from_state, _cause(obj), to_state)
             return _new_transition(
                 _str(obj, "step"),
                 _int(obj, "attempt"),
@@ -506,6 +516,17 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 to_state=_intent_state(obj, "to"),
                 result=cast(JSON, obj.get("result")),
             )
+        case Kind.INTENT_PLANNED:
+            return IntentPlanned(
+                step=_str(obj, "step"),
+                attempt=_int(obj, "attempt"),
+                name=_str(obj, "intent"),
+                key=_str(obj, "key"),
+            )
+        case Kind.DOMAIN_STATE:
+            return DomainStateSet(
+                step=_str(obj, "step"), attempt=_int(obj, "attempt"), state=_str(obj, "state")
+            )
         case Kind.RECONCILED:
             return IntentReconciled(
                 step=_str(obj, "step"),
@@ -519,31 +540,20 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 by=_str(obj, "by"),
                 note=_text(obj, "note"),
             )
-        case Kind.DOMAIN_STATE:
-            return DomainStateSet(
-                step=_str(obj, "step"), attempt=_int(obj, "attempt"), state=_str(obj, "state")
-            )
-        case Kind.INTENT_PLANNED:
-            return IntentPlanned(
-                step=_str(obj, "step"),
-                attempt=_int(obj, "attempt"),
-                name=_str(obj, "intent"),
-                key=_str(obj, "key"),
-            )
         case Kind.RUN_STARTED:
             return RunStarted(
                 workflow=_str(obj, "workflow"),
                 input=cast(JSON, obj.get("input")),  # json.loads yields only JSON values
                 domain_states=_names(obj, "domain_states"),
             )
+        case Kind.RUN_FINISHED:
+            return RunFinished()
+        case Kind.RUN_RESUMED:
+            return RunResumed()
         case Kind.RUN_CANCEL_REQUESTED:
             return RunCancelRequested(reason=_text(obj, "reason"))
         case Kind.RUN_STOP_REQUESTED:
             return RunStopRequested(reason=_text(obj, "reason"))
-        case Kind.RUN_RESUMED:
-            return RunResumed()
-        case Kind.RUN_FINISHED:
-            return RunFinished()
         case _:
             assert_never(kind)
 

@@ -525,11 +525,20 @@ class Ledger:
     def feed(self, items: Iterable[LogItem]) -> TornTail | None:
         """Apply every item of a log, in order; return its torn tail, if any."""
         torn: TornTail | None = None
-        apply = self.apply
+        change = self._change
         for item in items:
             match item:
                 case Record():
-                    apply(item)
+                    # apply(item), inlined: this loop is replay's hot path
+                    self.records += 1
+                    self._line = item.line
+                    self._time = item.time_us
+                    expect = self._expect_seq
+                    if expect is not None and item.seq != expect:
+                        self._seq_violation(item.seq, expect)
+                    self._expect_seq = item.seq + 1
+                    self.last_seq = item.seq
+                    change(item.run, item.change)
                 case CorruptLine():
                     self.corrupt(item.line, item.reason)
                 case TornTail():
@@ -551,11 +560,14 @@ class Ledger:
         self._time = record.time_us
         expect = self._expect_seq
         if expect is not None and record.seq != expect:
-            kind = "a gap" if record.seq > expect else "a repeat"
-            self._violate(f"sequence number {record.seq} where {expect} was expected ({kind})")
+            self._seq_violation(record.seq, expect)
         self._expect_seq = record.seq + 1
         self.last_seq = record.seq
         self._change(record.run, record.change)
+
+    def _seq_violation(self, seq: int, expect: int) -> None:
+        kind = "a gap" if seq > expect else "a repeat"
+        self._violate(f"sequence number {seq} where {expect} was expected ({kind})")
 
     def apply_change(self, run: str, change: Change) -> None:
         """Apply a change the caller has just appended (no line number to report).
@@ -675,9 +687,10 @@ class Ledger:
                     f"attempt {change.attempt} of {where} created after attempt"
                     f" {previous.number} (expected {previous.number + 1})"
                 )
-            for name, state in previous.intents.items():
-                if is_outstanding(state):
-                    step.superseded[name] = step.superseded.get(name, 0) + 1
+            if previous.intents:
+                for name, state in previous.intents.items():
+                    if is_outstanding(state):
+                        step.superseded[name] = step.superseded.get(name, 0) + 1
             step.attempt = attempt
             step.result = step.error = None
         self._counts[Pending] += 1
@@ -854,7 +867,10 @@ class Ledger:
                 assert_never(state)
         # An outcome for the key settles what earlier attempts left under it,
         # and the attempts listed for reconciliation list what is left.
-        self.unresolved_intents -= step.superseded.pop(name, 0)
+        if step.superseded:
+            self.unresolved_intents -= step.superseded.pop(name, 0)
+        if not (self.indeterminate or self.to_reconcile):
+            return
         left = step.outstanding()
         for entries in (self.indeterminate, self.to_reconcile):
             for i, entry in enumerate(entries):
