@@ -830,22 +830,7 @@ class Ledger:
         if current is None:
             self._violate(f"intent {change.name!r} changes before it was planned")
             return
-        if type(current) is not type(change.from_state):
-            self._violate(
-                f"intent {change.name!r} change starts from {change.from_state!r},"
-                f" but the intent is {current!r}"
-            )
-        else:
-            try:
-                expected = intent_transition(current, change.cause)
-            except IllegalIntentTransition as error:
-                self._violate(str(error))
-            else:
-                if type(expected) is not type(change.to_state):
-                    self._violate(
-                        f"{change.cause!r} from {current!r} goes to {expected!r},"
-                        f" but the record says {change.to_state!r}"
-                    )
+        self._check_intent_move(current, change, f"intent {change.name!r} change", "the record")
         self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
         intents[change.name] = change.to_state
         self._settle(run, step, change.name, change.to_state, change.result)
@@ -887,6 +872,31 @@ class Ledger:
                         outstanding=kept,
                     )
 
+    def _check_intent_move(
+        self,
+        current: IntentState,
+        change: IntentChanged | IntentReconciled,
+        what: str,
+        source: str,
+    ) -> None:
+        """The recorded intent move must start where the intent is and obey the table."""
+        # States carry no data: same class, same state.
+        if type(current) is not type(change.from_state):
+            self._violate(
+                f"{what} starts from {change.from_state!r}, but the intent is {current!r}"
+            )
+            return
+        try:
+            expected = intent_transition(current, change.cause)
+        except IllegalIntentTransition as error:
+            self._violate(str(error))
+            return
+        if type(expected) is not type(change.to_state):
+            self._violate(
+                f"{change.cause!r} from {current!r} goes to {expected!r},"
+                f" but {source} says {change.to_state!r}"
+            )
+
     def _reconciled(self, run: str, change: IntentReconciled) -> None:
         step = self._step(run, change.step, change.attempt)
         if step is None:
@@ -908,22 +918,9 @@ class Ledger:
                 f"reconciliation of intent {change.name!r} names key {change.key!r}, but its"
                 f" key is {known!r}"
             )
-        if type(current) is not type(change.from_state):
-            self._violate(
-                f"reconciliation of intent {change.name!r} starts from {change.from_state!r},"
-                f" but the intent is {current!r}"
-            )
-        else:
-            try:
-                expected = intent_transition(current, change.cause)
-            except IllegalIntentTransition as error:
-                self._violate(str(error))
-            else:
-                if type(expected) is not type(change.to_state):
-                    self._violate(
-                        f"{change.cause!r} from {current!r} goes to {expected!r},"
-                        f" but the reconciliation says {change.to_state!r}"
-                    )
+        self._check_intent_move(
+            current, change, f"reconciliation of intent {change.name!r}", "the reconciliation"
+        )
         if not left_behind:  # the attempt keeps its state (spec §9), its intent moves
             self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
             intents[change.name] = change.to_state
