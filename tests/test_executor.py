@@ -554,3 +554,36 @@ def test_admission_limit_holds_across_concurrent_runs(tmp_path: Path) -> None:
     assert [r.status for r in reports] == ["succeeded", "succeeded"]
     assert peak == 2
     assert replay(tmp_path / "log").valid
+
+
+def test_a_step_started_as_a_stop_arrives_creates_no_attempt(tmp_path: Path) -> None:
+    """Found by the PostgreSQL fault tests: a dependent whose task was started just before
+    the stop was recorded must not create an attempt during the grace period."""
+    path = tmp_path / "log"
+
+    async def first(ctx: StepContext) -> JSON:
+        return 1
+
+    async def second(ctx: StepContext) -> JSON:
+        return 2
+
+    workflow = load_workflow(
+        "w", [Step(name="a", run=first), Step(name="b", run=second, after=("a",))]
+    )
+
+    async def main() -> RunReport:
+        with RunLogWriter(path) as log:
+            executor: Executor | None = None
+
+            def progress(line: str) -> None:
+                if line.endswith("a#1: Running -> Succeeded") and executor is not None:
+                    executor.stop("test", grace=0.2)
+
+            executor = Executor(log, progress=progress)
+            return await executor.run(workflow, "r")
+
+    report = asyncio.run(main())
+    assert report.status == "interrupted"
+    assert outcome(report, "b").state is None and outcome(report, "b").attempts == 0
+    check = replay(path)
+    assert check.valid, check.violations

@@ -611,6 +611,10 @@ class Executor:
         ledger = self._ledger
         while True:
             view = ledger.step(run, step.name)
+            if not self._may_start(run):
+                # A step started just before a stop (or cancel) was recorded
+                # creates no attempt after it (spec §9).
+                return _outcome(step.name, view)
             number = 1 if view is None else view.attempt.number + 1
             context = _Context(self._effect, self._set_state, run, step.name, number, input, inputs)
             await self._attempt(run, step, number, context, admission)
