@@ -374,19 +374,19 @@ class Sampler:
     halt: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        running: set[tuple[str, str, int]] = set()
-        after = 0
         s = sql.Identifier(self.schema)
-        read = sql.SQL("SELECT seq, line FROM {s}.records WHERE seq > %s ORDER BY seq").format(s=s)
+        # One statement reads one snapshot, in which each run's records are a
+        # prefix of the run (its writer commits one before the next): the
+        # whole journal (a few hundred rows) is read again at every sample.
+        read = sql.SQL("SELECT pos, line FROM {s}.records ORDER BY pos").format(s=s)
         held = sql.SQL("SELECT count(*) FROM {s}.slots WHERE pool = 'llm' AND run IS NOT NULL").format(s=s)
         active = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
         with psycopg.connect(self.url, autocommit=True) as conn:
             while not self.halt.wait(0.005):
-                # Sequence numbers commit in order: each read is a prefix of the journal.
-                for seq, line in conn.execute(read, (after,)).fetchall():
-                    assert type(seq) is int and type(line) is bytes
-                    after = seq
-                    record = decode_line(line, seq)
+                running: set[tuple[str, str, int]] = set()
+                for pos, line in conn.execute(read).fetchall():
+                    assert type(pos) is int and type(line) is bytes
+                    record = decode_line(line, pos)
                     assert isinstance(record, Record)
                     change = record.change
                     if isinstance(change, AttemptTransitioned):

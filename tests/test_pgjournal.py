@@ -169,17 +169,19 @@ def test_opening_again_keeps_the_records_and_migrates_once(pg_url: str, schema: 
         first.append("r", RunStarted(workflow="w"))
     with PgJournal(pg_url, schema=schema) as second:
         assert records(second) == [(1, "r", RunStarted(workflow="w"))]
-    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,)]
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,)]
 
 
 def test_a_newer_schema_is_refused_naming_both_versions(pg_url: str, schema: str) -> None:
-    """A database at version 4 is refused by a library that knows version 3."""
+    """A database at version 5 is refused by a library that knows version 4."""
     PgJournal(pg_url, schema=schema).close()
-    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (4)")
-    with pytest.raises(PgSchemaTooNew, match=r"at version 4, but this library knows versions up to 3") as caught:
+    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (5)")
+    with pytest.raises(PgSchemaTooNew, match=r"at version 5, but this library knows versions up to 4") as caught:
         PgJournal(pg_url, schema=schema)
-    assert (caught.value.found, caught.value.known) == (4, 3)
-    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,)]
+    assert (caught.value.found, caught.value.known) == (5, 4)
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [
+        (1,), (2,), (3,), (4,), (5,)
+    ]  # fmt: skip
 
 
 def test_a_schema_name_that_is_not_an_identifier_is_refused(pg_url: str) -> None:
@@ -295,6 +297,146 @@ def test_replay_reports_a_forged_row_as_a_violation(pg: PgJournal, pg_url: str) 
     assert not report.valid
     assert report.violations[0].line == 4
     assert report.violations[0].reason == "corrupt line: row of run 'r' seq 4: no checksum at the end of the line"
+
+
+# --------------------------------------------------------------------------
+# Numbering: per run in the rows, one gapless sequence when read
+# --------------------------------------------------------------------------
+
+
+def test_each_run_is_numbered_from_one(pg: PgJournal, pg_url: str) -> None:
+    """Appends to a, b, a, b, a return 1, 1, 2, 2, 3; the rows hold those numbers."""
+    runs = ["a", "b", "a", "b", "a"]
+    changes = simple_changes()
+    assert [pg.append(run, changes[i // 2]) for i, run in enumerate(runs)] == [1, 1, 2, 2, 3]
+    rows = sql_in(pg_url, pg.schema, "SELECT run, seq FROM {s}.records ORDER BY pos")
+    assert rows == [("a", 1), ("b", 1), ("a", 2), ("b", 2), ("a", 3)]
+
+
+def test_read_numbers_the_journal_one_by_one_in_the_order_written(pg: PgJournal) -> None:
+    """The five records of two runs read back as seq 1..5 in append order, and replay clean."""
+    pg.append("a", RunStarted(workflow="w"))
+    pg.append("b", RunStarted(workflow="w"))
+    pg.append("a", RunFinished())
+    pg.append("b", RunFinished())
+    assert records(pg) == [
+        (1, "a", RunStarted(workflow="w")),
+        (2, "b", RunStarted(workflow="w")),
+        (3, "a", RunFinished()),
+        (4, "b", RunFinished()),
+    ]
+    assert replay(pg).valid
+
+
+def test_read_run_numbers_one_run_and_the_next_append_follows_it(pg_url: str, schema: str) -> None:
+    """A second journal reads run a (2 records) and appends its third as seq 3."""
+    with PgJournal(pg_url, schema=schema) as first:
+        first.append("a", RunStarted(workflow="w"))
+        first.append("b", RunStarted(workflow="w"))
+        first.append("a", RunResumed())
+    with PgJournal(pg_url, schema=schema) as second:
+        assert [(i.seq, i.line) for i in second.read_run("a") if isinstance(i, Record)] == [(1, 1), (2, 2)]
+        assert second.append("a", RunFinished()) == 3
+        assert second.append("b", RunFinished()) == 2  # b was not read: its number comes from the database
+
+
+def test_a_missing_row_is_a_gap_named_by_run_and_seq(pg: PgJournal, pg_url: str) -> None:
+    """Delete row (r, 2): reading finds seq 3 after seq 1, a violation at that line."""
+    for change in simple_changes():
+        pg.append("r", change)
+    sql_in(pg_url, pg.schema, "DELETE FROM {s}.records WHERE run = 'r' AND seq = 2")
+    items = list(pg.read())
+    assert items[1] == CorruptLine(
+        line=2, reason="row of run 'r' seq 3: the run's previous record is seq 1 (a gap: records are missing)"
+    )
+    assert [type(i) for i in items] == [Record, CorruptLine, Record, Record]
+    gap = [i for i in pg.read_run("r") if isinstance(i, CorruptLine)]
+    assert [c.reason for c in gap] == [
+        "row of run 'r' seq 3: the run's previous record is seq 1 (a gap: records are missing)"
+    ]
+    report = replay(pg)
+    assert not report.valid and report.violations[0].line == 2
+
+
+def test_two_writers_of_one_run_collide_instead_of_interleaving(pg_url: str, schema: str) -> None:
+    """Both journals think seq 2 of run r is theirs: the second append fails, naming the key."""
+    with PgJournal(pg_url, schema=schema) as first, PgJournal(pg_url, schema=schema) as second:
+        first.append("r", RunStarted(workflow="w"))
+        assert second.append("r", RunResumed()) == 2
+        with pytest.raises(RunLogError, match=r"append of record seq 2 of run 'r' failed: .*duplicate key"):
+            first.append("r", RunResumed())
+    assert sql_in(pg_url, schema, "SELECT run, seq FROM {s}.records ORDER BY pos") == [("r", 1), ("r", 2)]
+
+
+def test_read_is_one_snapshot_and_appends_go_on_during_it(pg: PgJournal) -> None:
+    """A read half done sees none of the appends made meanwhile, which neither block nor fail."""
+    for run in ("a", "b", "c"):
+        pg.append(run, RunStarted(workflow="w"))
+    reading = pg.read()
+    first = next(reading)
+    assert isinstance(first, Record) and first.run == "a"
+    assert pg.append("d", RunStarted(workflow="w")) == 1
+    assert pg.append("a", RunFinished()) == 2
+    assert [i.run for i in reading if isinstance(i, Record)] == ["b", "c"]
+    assert [i.run for i in pg.read() if isinstance(i, Record)] == ["a", "b", "c", "d", "a"]
+
+
+def version_3_journal(url: str, schema: str, rows: list[tuple[str, Change]]) -> None:
+    """A journal as version 3 left it: migrations 1 to 3, rows numbered journal-wide, head at the last."""
+    from attempt_kernel._codec import encode_record
+    from attempt_kernel._pgjournal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 3 as it was created
+
+    s = sql.Identifier(schema)
+    clock = fixed_clock()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {s}").format(s=s))
+        conn.execute(sql.SQL("CREATE TABLE {s}.schema_version (version integer PRIMARY KEY,"
+                             " applied_at timestamptz NOT NULL DEFAULT now())").format(s=s))  # fmt: skip
+        for version, statements in _MIGRATIONS[:3]:
+            for statement in statements:
+                conn.execute(sql.SQL(statement).format(s=s))
+            conn.execute(sql.SQL("INSERT INTO {s}.schema_version (version) VALUES (%s)").format(s=s), (version,))
+        for seq, (run, change) in enumerate(rows, start=1):
+            conn.execute(
+                sql.SQL("INSERT INTO {s}.records (run, seq, line) VALUES (%s, %s, %s)").format(s=s),
+                (run, seq, encode_record(seq, clock(), run, change)),
+            )
+        conn.execute(sql.SQL("UPDATE {s}.head SET last_seq = %s").format(s=s), (len(rows),))
+
+
+def test_a_version_3_journal_upgrades_and_its_runs_continue(pg_url: str, schema: str) -> None:
+    """Rows numbered journal-wide (version 3) keep their numbers; runs spanning the upgrade go on."""
+    version_3_journal(
+        pg_url, schema, [("a", RunStarted(workflow="w")), ("b", RunStarted(workflow="w")), ("a", RunResumed())]
+    )
+    with PgJournal(pg_url, schema=schema, clock=fixed_clock()) as journal:
+        assert journal.append("a", RunFinished()) == 4  # a's last number was 3
+        assert journal.append("b", RunFinished()) == 3  # b's was 2
+        assert journal.append("c", RunStarted(workflow="w")) == 1  # a new run starts at 1
+        items = list(journal.read())
+        assert all(isinstance(i, Record) for i in items)
+        assert [(i.seq, i.run) for i in items if isinstance(i, Record)] == [
+            (1, "a"), (2, "b"), (3, "a"), (4, "a"), (5, "b"), (6, "c")
+        ]  # fmt: skip
+        assert [i.line for i in journal.read_run("a") if isinstance(i, Record)] == [1, 2, 3]
+        assert replay(journal).valid
+    rows = sql_in(pg_url, schema, "SELECT pos, run, seq FROM {s}.records ORDER BY pos")
+    assert rows == [(1, "a", 1), (2, "b", 2), (3, "a", 3), (4, "a", 4), (5, "b", 3), (6, "c", 1)]
+    assert sql_in(pg_url, schema, "SELECT per_run_after FROM {s}.head") == [(3,)]
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,)]
+
+
+def test_a_missing_version_3_row_is_still_found(pg_url: str, schema: str) -> None:
+    """Below the upgrade mark numbers go up by one across the journal: a deleted b (seq 2) leaves 3 after 1."""
+    version_3_journal(
+        pg_url, schema, [("a", RunStarted(workflow="w")), ("b", RunStarted(workflow="w")), ("a", RunResumed())]
+    )
+    sql_in(pg_url, schema, "DELETE FROM {s}.records WHERE seq = 2")  # before the upgrade: no pos yet
+    with PgJournal(pg_url, schema=schema) as journal:
+        reasons = [i.reason for i in journal.read() if isinstance(i, CorruptLine)]
+    assert reasons == [
+        "row of run 'a' seq 3: sequence number 3 follows 1 (rows numbered journal-wide, before schema version 4)"
+    ]
 
 
 # --------------------------------------------------------------------------

@@ -16,9 +16,10 @@ Theory of operation:
 - Claiming is one fenced statement: a run with no owner, or owned by a
   worker found dead, is locked ``FOR UPDATE SKIP LOCKED`` and given this
   worker's id with ``fence + 1``, on condition that owner and fence are
-  still the ones read. Before claiming, a worker marks dead every worker
-  whose heartbeat is older than ``dead_after`` by the database's clock; a
-  worker marked dead stays dead (its heartbeat fails and it stops).
+  still the ones read. Before claiming (at most every half heartbeat
+  period), a worker marks dead every worker whose heartbeat is older than
+  ``dead_after`` by the database's clock; a worker marked dead stays dead
+  (its heartbeat fails and it stops).
 - Every run a worker gets is handled the same way, new or taken over:
   `recover` limited to that run (reconcilers first, then
   ``Cancel(intent_dispatched=<outstanding?>)`` for orphans, a cancelled run
@@ -127,14 +128,19 @@ _CLAIM: Final[LiteralString] = (
     "  ORDER BY submitted_at, run LIMIT 1 FOR UPDATE SKIP LOCKED) AS old"
     " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
     " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
-    " RETURNING r.run, r.fence, r.workflow, r.input, old.owner"
+    " RETURNING r.run, r.fence, r.workflow, r.input, old.owner,"
+    " EXISTS (SELECT 1 FROM {s}.records WHERE run = r.run) AS written"
 )
+# Closing or releasing a run commits synchronously: it makes the run's
+# records durable (see _WorkerJournal.flush).
 _COMPLETE: Final[LiteralString] = (
     "UPDATE {s}.runs SET done = true, outcome = %s, finished_at = now()"
     " WHERE run = %s AND owner = %s AND fence = %s"
+    " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
 )
 _RELEASE: Final[LiteralString] = (
     "UPDATE {s}.runs SET owner = NULL WHERE run = %s AND owner = %s AND fence = %s"
+    " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
 )
 _OPEN_RUNS: Final[LiteralString] = (
     "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%s)"
@@ -297,11 +303,23 @@ class _WorkerJournal:
         return self._journal.append(run, change)
 
     def flush(self) -> None:
-        self._journal.flush()
+        """Nothing to wait for here: the worker makes a run durable when it closes it.
 
-    def one_run(self, run: str) -> _OneRun:
-        """This journal as seen by the driver of ``run``: only its records are read."""
-        return _OneRun(self, self._journal, run)
+        A ``Dispatched`` append committed synchronously already (before its
+        effect). Every other record a run's executor flushes is made durable
+        by the statement that closes or releases the run's row, which
+        commits synchronously, and a synchronous commit flushes the WAL up
+        to it: every earlier commit of every run (spec §10). A worker that
+        stops otherwise flushes as it closes its journal.
+        """
+
+    def one_run(self, run: str, *, fresh: bool = False) -> _OneRun:
+        """This journal as seen by the driver of ``run``: only its records are read.
+
+        ``fresh``: the run had no record when this worker claimed it, so the
+        first read finds nothing without asking the database.
+        """
+        return _OneRun(self, self._journal, run, fresh=fresh)
 
 
 @final
@@ -311,12 +329,19 @@ class _OneRun:
     worker's journal. Reading the whole journal per claimed run made a
     worker's cost grow with the journal's length."""
 
-    def __init__(self, writer: _WorkerJournal | PgJournal, journal: PgJournal, run: str) -> None:
+    def __init__(
+        self, writer: _WorkerJournal | PgJournal, journal: PgJournal, run: str, *, fresh: bool = False
+    ) -> None:
         self._writer: Final = writer
         self._journal: Final = journal
         self._run: Final = run
+        self._fresh = fresh
 
     def read(self) -> Iterator[LogItem]:
+        if self._fresh:  # once: a later read reads what was written since
+            self._fresh = False
+            self._journal.new_run(self._run)
+            return iter(())
         return self._journal.read_run(self._run)
 
     def append(self, run: str, change: Change) -> int:
@@ -343,6 +368,8 @@ class _Claim:
     input: JSON
     previous: str | None
     """The owner it was taken from (a dead worker), or None for a queued run."""
+    written: bool
+    """Whether the journal held records of the run when it was claimed (else nothing to recover)."""
 
 
 @final
@@ -381,6 +408,7 @@ class Worker:
         self._workflows: Final = {w.name: w for w in workflows}
         if not self._workflows:
             raise ValueError("a worker needs at least one workflow")
+        self._names: Final = sorted(self._workflows)
         self._concurrency: Final = concurrency
         self._admission_limit: Final = admission_limit
         self._heartbeat: Final = heartbeat
@@ -433,34 +461,39 @@ class Worker:
             return LeaseVerdict.EXPIRED
         return lease_decision(time.monotonic(), heart.last_ok, self._dead_after, self._margin)
 
-    def _claim(self, conn: psycopg.Connection[tuple[object, ...]]) -> _Claim | None:
-        schema = self._schema
-        with conn.transaction():
-            dead = conn.execute(
-                _statement(_FIND_DEAD, schema), (self.id, self._dead_after)
-            ).fetchall()
-            row = conn.execute(
-                _statement(_CLAIM, schema), {"me": self.id, "names": sorted(self._workflows)}
-            ).fetchone()
+    def _find_dead(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Mark dead every worker whose heartbeat expired by the database's clock."""
+        dead = conn.execute(
+            _statement(_FIND_DEAD, self._schema), (self.id, self._dead_after)
+        ).fetchall()
         for (worker,) in dead:
             self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)")
+
+    def _claim(self, conn: psycopg.Connection[tuple[object, ...]]) -> _Claim | None:
+        """One fenced statement: a queued run, or one whose owner was found dead (`_find_dead`)."""
+        row = conn.execute(
+            _statement(_CLAIM, self._schema), {"me": self.id, "names": self._names}
+        ).fetchone()
         if row is None:
             return None
-        run, fence, workflow, text, previous = row
+        run, fence, workflow, text, previous, written = row
         if (
             type(run) is not str
             or type(fence) is not int
             or type(workflow) is not str
             or type(text) is not str
             or not (previous is None or type(previous) is str)
+            or type(written) is not bool
         ):
             raise PgJournalError(f"the runs table answered {row!r} for a claim")
         value: JSON = json.loads(text)
-        return _Claim(run=run, fence=fence, workflow=workflow, input=value, previous=previous)
+        return _Claim(
+            run=run, fence=fence, workflow=workflow, input=value, previous=previous, written=written
+        )
 
     def _idle(self, conn: psycopg.Connection[tuple[object, ...]]) -> bool:
         row = conn.execute(
-            _statement(_OPEN_RUNS, self._schema), (sorted(self._workflows),)
+            _statement(_OPEN_RUNS, self._schema), (self._names,)
         ).fetchone()
         return row is not None and row[0] == 0
 
@@ -483,22 +516,26 @@ class Worker:
             self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}")
         executor: Executor | None = None
         try:
-            recovery = await asyncio.to_thread(self._recover, run)
-            prior = next((r.steps for r in recovery.runs if r.run == run), None)
-            for orphan in recovery.orphans:
-                self._say(
-                    f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
-                    f" {type(orphan.to_state).__name__}"
-                )
-            # spec §10: only now that no attempt of an older fence is Running
-            # in the journal may the slots it held be taken again.
-            for freed in free_slots_of_taken_over_run(conn, self._schema, run, lease):
-                self._say(
-                    f"{run}: freed slot {freed.slot} of pool {freed.pool!r}"
-                    f" held by {freed.step}#{freed.attempt} of worker {freed.worker}"
-                )
+            prior = None
+            # A run with no record has nothing to recover and holds no slot
+            # (a slot is taken after its attempt's first record).
+            if claim.written:
+                recovery = await asyncio.to_thread(self._recover, run)
+                prior = next((r.steps for r in recovery.runs if r.run == run), None)
+                for orphan in recovery.orphans:
+                    self._say(
+                        f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
+                        f" {type(orphan.to_state).__name__}"
+                    )
+                # spec §10: only now that no attempt of an older fence is Running
+                # in the journal may the slots it held be taken again.
+                for freed in free_slots_of_taken_over_run(conn, self._schema, run, lease):
+                    self._say(
+                        f"{run}: freed slot {freed.slot} of pool {freed.pool!r}"
+                        f" held by {freed.step}#{freed.attempt} of worker {freed.worker}"
+                    )
             executor = Executor(
-                journal.one_run(run),
+                journal.one_run(run, fresh=not claim.written),
                 admission_limit=self._admission_limit,
                 progress=self._progress,
                 pools=self._pools,
@@ -548,6 +585,10 @@ class Worker:
         closed = 0
         try:
             conn = connect(url)
+            # Claims commit asynchronously (spec §10): the run's synchronous
+            # commits (Dispatched, its closing) come later in the WAL and make
+            # them durable too.
+            conn.execute("SET synchronous_commit = off")
         except BaseException:
             pg.close()
             raise
@@ -577,12 +618,16 @@ class Worker:
             for number in signals:
                 loop.add_signal_handler(number, self.stop, signal.Signals(number).name)
             poll = self._heartbeat / 2
+            swept = -poll
             while self._stop_reason is None:
                 verdict = self._verdict()
                 if verdict is LeaseVerdict.EXPIRED:
                     expired = True
                     break
                 if may_dispatch(verdict):
+                    if time.monotonic() - swept >= poll:  # a dead worker's runs wait at most poll longer
+                        swept = time.monotonic()
+                        self._find_dead(conn)
                     while len(tasks) < self._concurrency:
                         claim = self._claim(conn)
                         if claim is None:
