@@ -20,6 +20,7 @@ import pytest
 from psycopg import sql
 
 from attempt_kernel import replay
+from attempt_kernel.postgres import PgJournal
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -134,3 +135,32 @@ def test_pool_sets_a_pool_and_pools_lists_it(db: str, shop: Path) -> None:
     assert negative.returncode == 2 and "expected 0 or more" in negative.stderr
     not_a_url = cli(shop, "pool", "runs.jsonl", "llm", "--slots", "1")
     assert not_a_url.returncode == 2 and "give a postgresql:// URL" in not_a_url.stderr
+
+
+def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, shop: Path) -> None:
+    """A live worker's run (its row names a worker with a fresh heartbeat) is not recovered or reconciled.
+
+    Once that worker is found dead, recover ends the run's orphan as usual.
+    """
+    crashed = cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER, crash="email-receipt")
+    assert crashed.returncode == -9
+    shown = json.loads(cli(shop, "show", db, "orders-1", "--json").stdout)
+    [intent] = shown["steps"][1]["attempts"][0]["intents"]
+    PgJournal(db).close()  # the queue's tables
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("INSERT INTO attempt_kernel.workers (id, host, pid) VALUES ('w-live', 'elsewhere', 1)")
+        conn.execute("INSERT INTO attempt_kernel.runs (run, owner, fence, workflow) VALUES ('orders-1', 'w-live', 1, 'orders')")
+        count = "SELECT count(*) FROM attempt_kernel.records"
+        before = conn.execute(count).fetchall()
+        recovered = cli(shop, "recover", db, "--workflows", "flows:orders")
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        assert "recover: leaving run orders-1 alone: a live worker drives it" in recovered.stdout
+        refused = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected")
+        assert refused.returncode == 2
+        assert "run orders-1 is being driven by a live worker" in refused.stderr
+        assert conn.execute(count).fetchall() == before  # nothing written by either
+        conn.execute("UPDATE attempt_kernel.workers SET dead = true WHERE id = 'w-live'")
+    again = cli(shop, "recover", db, "--workflows", "flows:orders")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "leaving run" not in again.stdout
+    assert "send-receipt  Indeterminate attempts 1" in again.stdout

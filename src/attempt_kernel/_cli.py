@@ -521,10 +521,16 @@ def _recover(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
     extra = "".join(f" --workflows {t}" for t in targets)
+    # spec §10: a run a live worker drives is that worker's; recovering it
+    # here would end its live attempts as orphans.
+    held = _held(log_path) if _is_url(log_path) else None
+    for run in sorted(held or ()):
+        print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
     try:
         resumed = resume_log(
             _pg(log_path) if _is_url(log_path) else log_path,
             workflows,
+            skip_runs=held or frozenset(),
             supervisors=supervisors,
             progress=_progress(),
             stop_on_signals=True,
@@ -623,6 +629,12 @@ def _reconcile(args: argparse.Namespace) -> int:
                 raise _Usage(f"intent {key!r} is not outstanding: its outcome is already recorded")
             raise _Usage(f"no intent with key {key!r} in {log_path}")
         view, step, name = found
+        if _is_url(log_path) and view.run in (_held(log_path) or ()):
+            raise _Usage(
+                f"run {shown(view.run)} is being driven by a live worker; reconcile {shown(key)}"
+                " once the worker has finished or released the run (`attempt-kernel runs"
+                f" {_redacted(log_path)}` shows it as running until then); nothing was written"
+            )
         if key not in step.outstanding():
             state = step.attempt.intents[name]
             raise _Usage(

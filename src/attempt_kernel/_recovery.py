@@ -130,6 +130,7 @@ def recover(
     source: str = "the log",
     reconciler_deadline: float = RECONCILER_DEADLINE,
     only_runs: Collection[str] | None = None,
+    skip_runs: Collection[str] = frozenset(),
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, spec §4).
 
@@ -142,7 +143,8 @@ def recover(
     runs that ended needing reconciliation and were reconciled since.
     ``source`` names the journal in error messages. ``only_runs``, if given,
     limits recovery to those runs (a worker taking one run over, spec §10);
-    the whole journal must still obey the kernel.
+    ``skip_runs`` leaves those alone (runs a live worker drives); the whole
+    journal must still obey the kernel.
     """
     ledger = Ledger()
     ledger.feed(journal.read())
@@ -156,7 +158,9 @@ def recover(
     todo = [
         view
         for view in ledger.runs.values()
-        if view.standing() == "interrupted" and (only_runs is None or view.run in only_runs)
+        if view.standing() == "interrupted"
+        and (only_runs is None or view.run in only_runs)
+        and view.run not in skip_runs
     ]
     for view in todo:
         if view.cancel_requested:
@@ -263,16 +267,24 @@ def recover_log(
     workflows: Mapping[str, Workflow],
     *,
     reconciler_deadline: float = RECONCILER_DEADLINE,
+    skip_runs: Collection[str] = frozenset(),
 ) -> tuple[RunLogWriter, Recovery]:
     """Recover the run log file at ``path``; return the open writer and what was done.
 
     Takes the writer's lock (a missing file is an error, never created), cuts
-    a torn tail (kept in a side file), then `recover`s it. The caller resumes
-    ``Recovery.runs`` with the returned writer and closes it.
+    a torn tail (kept in a side file), then `recover`s it (leaving
+    ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
+    returned writer and closes it.
     """
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
     try:
-        done = recover(writer, workflows, source=str(path), reconciler_deadline=reconciler_deadline)
+        done = recover(
+            writer,
+            workflows,
+            source=str(path),
+            reconciler_deadline=reconciler_deadline,
+            skip_runs=skip_runs,
+        )
     except BaseException:
         writer.close()
         raise

@@ -10,7 +10,7 @@ on the same writer.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from typing_extensions import TypeAlias, final
@@ -45,6 +45,7 @@ def resume_log(
     grace: float = 5.0,
     reconciler_deadline: float = RECONCILER_DEADLINE,
     on_recovered: Callable[[Recovery], None] | None = None,
+    skip_runs: Collection[str] = frozenset(),
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -56,16 +57,22 @@ def resume_log(
     each resumed run. ``on_recovered`` is called once recovery is done and
     before any run is resumed (the CLI prints what recovery did there).
     With ``stop_on_signals``, SIGINT and SIGTERM stop the resumed runs
-    gracefully (`RunsStopped`), as `run_jobs` says.
+    gracefully (`RunsStopped`), as `run_jobs` says. ``skip_runs`` are left
+    alone: neither recovered nor resumed (on a PostgreSQL journal, the runs
+    a live worker drives: `attempt_kernel.postgres.held_runs`).
     """
     by_name = {workflow.name: workflow for workflow in workflows}
     if isinstance(log, (str, os.PathLike)):
-        writer, recovery = recover_log(log, by_name, reconciler_deadline=reconciler_deadline)
+        writer, recovery = recover_log(
+            log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
+        )
         with writer:
             reports = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
                               stop_on_signals, grace, on_recovered)  # fmt: skip
     else:
-        recovery = recover(log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline)
+        recovery = recover(
+            log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
+        )
         reports = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
                           stop_on_signals, grace, on_recovered)  # fmt: skip
     return Resumed(recovery=recovery, reports=tuple(reports))
