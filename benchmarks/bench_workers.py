@@ -129,6 +129,11 @@ COMPLETE: Final = sql.SQL(
     " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
 ).format(s=_S)
 SWEEP_EVERY: Final = 0.5  # run_worker's default heartbeat (1 s) / 2
+# Composed once, as the worker's statements are (psycopg would compose a
+# `sql.Composed` again at every execute).
+CLAIM_B: Final = CLAIM.as_bytes(None)
+INSERT_FENCED_B: Final = INSERT_FENCED.as_bytes(None)
+COMPLETE_B: Final = COMPLETE.as_bytes(None)
 
 
 def bare_loop(url: str, ready: Event, go: Event) -> None:
@@ -144,7 +149,7 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
             if time.monotonic() - swept >= SWEEP_EVERY:
                 swept = time.monotonic()
                 conn.execute(FIND_DEAD, (me, 5.0)).fetchall()
-            row = conn.execute(CLAIM, {"me": me, "names": ["noop"]}).fetchone()
+            row = conn.execute(CLAIM_B, {"me": me, "names": ["noop"]}).fetchone()
             if row is None:
                 return
             run, fence = str(row[0]), int(str(row[1]))
@@ -152,9 +157,9 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
             assert row[5] is False, "the bare loop found records of a queued run"
             for seq, change in enumerate(ONE_RUN, start=1):
                 line = encode_record(seq, time.time_ns() // 1000, run, change)
-                written = conn.execute(INSERT_FENCED, (run, seq, line, run, me, fence)).rowcount
+                written = conn.execute(INSERT_FENCED_B, (run, seq, line, run, me, fence)).rowcount
                 assert written == 1, "the bare loop lost its own lease"
-            assert conn.execute(COMPLETE, (run, me, fence)).rowcount == 1
+            assert conn.execute(COMPLETE_B, (run, me, fence)).rowcount == 1
 
 
 def one_worker(url: str, ready: Event, go: Event) -> None:

@@ -502,6 +502,11 @@ class PgJournal:
             " AND EXISTS (SELECT 1 FROM {s}.runs"
             " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
         ).format(s=s)
+        # The append path's statements as bytes, composed once (psycopg would
+        # compose a `sql.Composed` again at every execute).
+        self._last_seq_b: Final = self._last_seq.as_bytes(conn)
+        self._insert_b: Final = self._insert.as_bytes(conn)
+        self._insert_fenced_b: Final = self._insert_fenced.as_bytes(conn)
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -654,15 +659,15 @@ class PgJournal:
         seq = self._next.get(run, 0)
         try:
             if seq == 0:
-                seq = _int_of(self._conn.execute(self._last_seq, (run,)).fetchone()) + 1
+                seq = _int_of(self._conn.execute(self._last_seq_b, (run,)).fetchone()) + 1
             # spec §10: client clocks skew; by default the database's clock stamps records.
             line = encode_record(seq, self._now(), run, change)
             mode = "on" if sync else "off"
             if lease is None:
-                self._conn.execute(self._insert, (run, seq, line, mode))
+                self._conn.execute(self._insert_b, (run, seq, line, mode))
             else:
                 written = self._conn.execute(
-                    self._insert_fenced, (run, seq, line, mode, run, lease.owner, lease.fence)
+                    self._insert_fenced_b, (run, seq, line, mode, run, lease.owner, lease.fence)
                 ).rowcount
                 if written != 1:
                     self._next.pop(run, None)

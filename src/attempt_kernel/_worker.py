@@ -43,6 +43,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -147,8 +148,10 @@ _OPEN_RUNS: Final[LiteralString] = (
 )
 
 
-def _statement(text: LiteralString, schema: str) -> sql.Composed:
-    return sql.SQL(text).format(s=sql.Identifier(schema))
+@functools.lru_cache(maxsize=64)
+def _statement(text: LiteralString, schema: str) -> bytes:
+    """The statement for ``schema``, composed once (a claim and a completion run per run)."""
+    return sql.SQL(text).format(s=sql.Identifier(schema)).as_bytes(None)
 
 
 # --------------------------------------------------------------------------
