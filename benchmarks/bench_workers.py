@@ -8,8 +8,10 @@ release until the queue holds no open run. Beside them, in the same run,
 4 processes of a bare psycopg loop do the same work with the same statement
 shapes: the dead-worker sweep (at most every half heartbeat period, as a
 worker does), the fenced claim, the six records of a one-step run appended
-as `PgJournal` appends them (one fenced insert each, numbered per run,
-asynchronous commit, the codec's line), and the fenced completion, which
+as `PgJournal` appends them for the executor (numbered per run, asynchronous
+commit, the codec's lines, fenced): the start, then creation and admission
+in one statement, then result and end in one, then the run's end; and the
+fenced completion, which
 commits synchronously: one durable commit per run, as the worker's flush
 at the end of a run. Targets (issue 9): workers >= 50% of the bare loop,
 and >= 1,000 attempts/s.
@@ -123,6 +125,15 @@ INSERT_FENCED: Final = sql.SQL(
     " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
     " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
 ).format(s=_S)
+INSERT_ALL_FENCED: Final = sql.SQL(
+    "INSERT INTO {s}.records (run, seq, line) SELECT %s, n, l"
+    " FROM unnest(%s::bigint[], %s::bytea[]) WITH ORDINALITY AS u(n, l, o)"
+    " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+    " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
+    " ORDER BY o"
+).format(s=_S)
+# How the executor hands ONE_RUN to a journal that takes several records at once.
+STATEMENTS: Final = ((0,), (1, 2), (3, 4), (5,))
 COMPLETE: Final = sql.SQL(
     "UPDATE {s}.runs SET done = true, outcome = 'succeeded', finished_at = now()"
     " WHERE run = %s AND owner = %s AND fence = %s"
@@ -133,6 +144,7 @@ SWEEP_EVERY: Final = 0.5  # run_worker's default heartbeat (1 s) / 2
 # `sql.Composed` again at every execute).
 CLAIM_B: Final = CLAIM.as_bytes(None)
 INSERT_FENCED_B: Final = INSERT_FENCED.as_bytes(None)
+INSERT_ALL_FENCED_B: Final = INSERT_ALL_FENCED.as_bytes(None)
 COMPLETE_B: Final = COMPLETE.as_bytes(None)
 
 
@@ -155,10 +167,14 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
             run, fence = str(row[0]), int(str(row[1]))
             json.loads(str(row[3]))  # the worker decodes the run's input too
             assert row[5] is False, "the bare loop found records of a queued run"
-            for seq, change in enumerate(ONE_RUN, start=1):
-                line = encode_record(seq, time.time_ns() // 1000, run, change)
-                written = conn.execute(INSERT_FENCED_B, (run, seq, line, run, me, fence)).rowcount
-                assert written == 1, "the bare loop lost its own lease"
+            for indexes in STATEMENTS:
+                seqs = [i + 1 for i in indexes]
+                lines = [encode_record(i + 1, time.time_ns() // 1000, run, ONE_RUN[i]) for i in indexes]
+                if len(lines) == 1:
+                    written = conn.execute(INSERT_FENCED_B, (run, seqs[0], lines[0], run, me, fence)).rowcount
+                else:
+                    written = conn.execute(INSERT_ALL_FENCED_B, (run, seqs, lines, run, me, fence)).rowcount
+                assert written == len(lines), "the bare loop lost its own lease"
             assert conn.execute(COMPLETE_B, (run, me, fence)).rowcount == 1
 
 

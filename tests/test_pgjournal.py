@@ -358,6 +358,30 @@ def test_a_missing_row_is_a_gap_named_by_run_and_seq(pg: PgJournal, pg_url: str)
     assert not report.valid and report.violations[0].line == 2
 
 
+def test_append_all_writes_records_of_a_run_in_order_in_one_go(pg: PgJournal, pg_url: str) -> None:
+    """Four records at once after one alone: numbers 2..5, read back in the order given."""
+    changes = simple_changes()
+    assert pg.append("r", RunStarted(workflow="w")) == 1
+    assert pg.append_all("r", changes) == 5
+    assert pg.append("r", RunFinished()) == 6
+    assert records(pg) == [
+        (1, "r", RunStarted(workflow="w")), *[(i, "r", c) for i, c in enumerate(changes, start=2)], (6, "r", RunFinished())
+    ]  # fmt: skip
+    assert sql_in(pg_url, pg.schema, "SELECT seq FROM {s}.records ORDER BY pos") == [(i,) for i in range(1, 7)]
+    with pytest.raises(ValueError, match="at least one change"):
+        pg.append_all("r", [])
+
+
+def test_append_all_under_a_lost_lease_writes_none_of_them(pg_url: str, schema: str) -> None:
+    """The fence moved on: LeaseLost, and not one of the three records is in the journal."""
+    PgJournal(pg_url, schema=schema).close()
+    sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r', 'worker-b', 2)")
+    with PgJournal(pg_url, schema=schema, lease=Lease(owner="worker-a", fence=1)) as journal:
+        with pytest.raises(LeaseLost):
+            journal.append_all("r", simple_changes()[:3])
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.records") == [(0,)]
+
+
 def test_two_writers_of_one_run_collide_instead_of_interleaving(pg_url: str, schema: str) -> None:
     """Both journals think seq 2 of run r is theirs: the second append fails, naming the key."""
     with PgJournal(pg_url, schema=schema) as first, PgJournal(pg_url, schema=schema) as second:

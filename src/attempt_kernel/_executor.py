@@ -40,11 +40,13 @@ from ._attempt import (
     Admit,
     AttemptState,
     Fail,
+    Pending,
     QueueDeadlinePassed,
     StepDeadlinePassed,
     Succeed,
     TransitionCause,
     is_terminal,
+    transition,
 )
 from ._codec import UnencodableRecord, state_name
 from ._context import Perform
@@ -72,6 +74,7 @@ from ._ledger import (
 from ._records import (
     JSON,
     AttemptCreated,
+    AttemptTransitioned,
     Change,
     DomainStateSet,
     IntentChanged,
@@ -84,7 +87,7 @@ from ._records import (
     RunStopRequested,
     StepResult,
 )
-from ._store import LogSource, RunLog
+from ._store import BatchLog, LogSource, RunLog
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -353,6 +356,9 @@ class Executor:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
         self._log: Final = log
+        # A log that takes several records in one go gets the records that
+        # are written back to back that way (one round trip to a database).
+        self._batch: Final = log if isinstance(log, BatchLog) else None
         self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
@@ -387,12 +393,55 @@ class Executor:
         """Through the kernel, into the log, and only then into the ledger."""
         change = self._ledger.propose_move(run, step, cause)
         self._write(run, change)
+        self._said(run, change)
+        return change.to_state
+
+    def _said(self, run: str, change: AttemptTransitioned) -> None:
         if self._progress is not None:
             self._progress(
-                f"{run} {step}#{change.attempt}:"
+                f"{run} {change.step}#{change.attempt}:"
                 f" {state_name(change.from_state)} -> {state_name(change.to_state)}"
             )
-        return change.to_state
+
+    def _write_all(self, run: str, changes: tuple[Change, ...], batch: BatchLog) -> None:
+        """Append records written back to back in one go, then apply each: as `_write` does."""
+        batch.append_all(run, changes)
+        ledger = self._ledger
+        for change in changes:
+            ledger.apply_change(run, change)
+        if ledger.violation_count:  # the executor asked the ledger first: a bug
+            raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
+
+    def _created_and_admitted(self, run: str, created: AttemptCreated, batch: BatchLog) -> None:
+        """A new attempt admitted at once: its creation and its admission in one append.
+
+        The admission goes through `transition` from ``Pending``, the state
+        every created attempt is in; the ledger checks it as it applies it.
+        """
+        admit = AttemptTransitioned(
+            step=created.step,
+            attempt=created.attempt,
+            from_state=Pending(),
+            cause=Admit(),
+            to_state=transition(Pending(), Admit()),
+        )
+        self._write_all(run, (created, admit), batch)
+        self._said(run, admit)
+
+    def _conclude(self, run: str, step: str, result: StepResult, cause: TransitionCause) -> None:
+        """A step's result and the move it makes (`Succeed` or `Fail`), back to back.
+
+        Raises `UnencodableRecord` (nothing written) for a result the log
+        cannot encode.
+        """
+        batch = self._batch
+        if batch is None:
+            self._write(run, result)
+            self._move(run, step, cause)
+            return
+        change = self._ledger.propose_move(run, step, cause)
+        self._write_all(run, (result, change), batch)
+        self._said(run, change)
 
     def _intent(
         self, run: str, step: str, name: str, cause: IntentCause, result: JSON = None
@@ -542,9 +591,14 @@ class Executor:
     ) -> None:
         """Run attempt ``number`` of ``step`` to a terminal state (the ledger has it)."""
         name = step.name
-        self._write(run, AttemptCreated(step=name, attempt=number))
+        created = AttemptCreated(step=name, attempt=number)
         # A pooled step takes a shared slot instead of this executor's limit.
         pools = self._pools if step.pool is not None else None
+        # Admitted at once (a free slot of this executor's limit): creation and
+        # admission go to a batch log together, else one after the other.
+        batch = self._batch if pools is None and not admission.locked() else None
+        if batch is None:
+            self._write(run, created)
         try:
             if pools is not None:
                 if not await pools.acquire(run, step, number):
@@ -558,13 +612,20 @@ class Executor:
             self._move(run, name, QueueDeadlinePassed())
             return
         except asyncio.CancelledError:
+            if batch is not None:
+                self._write(run, created)
             self._cancel(run, name)
             raise
         try:
             if not self._may_start(run):
+                if batch is not None:
+                    self._write(run, created)
                 self._cancel(run, name)  # admitted just as the run was cancelled or stopped
                 return
-            self._move(run, name, Admit())
+            if batch is None:
+                self._move(run, name, Admit())
+            else:
+                self._created_and_admitted(run, created, batch)
             try:
                 output = await _within(step.step_deadline, _guarded(step.run(context)))
             except asyncio.TimeoutError:
@@ -580,17 +641,15 @@ class Executor:
             match output:
                 case _Ok():
                     try:
-                        self._write(run, StepResult(step=name, attempt=number, value=output.value))
+                        self._conclude(
+                            run, name, StepResult(step=name, attempt=number, value=output.value), Succeed()
+                        )
                     except UnencodableRecord as error:  # nothing was written
                         message = f"the step returned a value the run log cannot encode: {error}"
-                        self._write(run, StepResult(step=name, attempt=number, error=message))
-                        self._move(run, name, Fail())
-                        return
-                    self._move(run, name, Succeed())
+                        self._conclude(run, name, StepResult(step=name, attempt=number, error=message), Fail())
                 case _Raised():
                     message = _describe(output.error)
-                    self._write(run, StepResult(step=name, attempt=number, error=message))
-                    self._move(run, name, Fail())
+                    self._conclude(run, name, StepResult(step=name, attempt=number, error=message), Fail())
                 case _:
                     assert_never(output)
         finally:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -507,6 +507,21 @@ class PgJournal:
         self._last_seq_b: Final = self._last_seq.as_bytes(conn)
         self._insert_b: Final = self._insert.as_bytes(conn)
         self._insert_fenced_b: Final = self._insert_fenced.as_bytes(conn)
+        # Several records of one run in one statement (`append_all`), in order.
+        insert_all = (
+            "INSERT INTO {s}.records (run, seq, line) SELECT %s, n, l"
+            " FROM unnest(%s::bigint[], %s::bytea[]) WITH ORDINALITY AS u(n, l, o)"
+            " WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
+        )
+        self._insert_all_b: Final = sql.SQL(insert_all + " ORDER BY o").format(s=s).as_bytes(conn)
+        self._insert_all_fenced_b: Final = (
+            sql.SQL(
+                insert_all + " AND EXISTS (SELECT 1 FROM {s}.runs"
+                " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE) ORDER BY o"
+            )
+            .format(s=s)
+            .as_bytes(conn)
+        )
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -647,6 +662,21 @@ class PgJournal:
         carry, `LeaseLost` when the writer's lease does not match, and
         `PgWriteFailed` when the database fails.
         """
+        return self._write(run, (change,))
+
+    def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        """Write several records of one run in one statement, all or none; return the last one's number.
+
+        What `append` does for each, in order, at the cost of one: the
+        executor hands over records it writes back to back (an attempt's
+        creation and admission, a step's result and its end). Commits
+        synchronously if any of them must.
+        """
+        if not changes:
+            raise ValueError("append_all needs at least one change")
+        return self._write(run, changes)
+
+    def _write(self, run: str, changes: Sequence[Change]) -> int:
         if self._broken is not None:
             raise PgWriteFailed(
                 f"the journal failed earlier ({self._broken}); open it again before appending"
@@ -655,35 +685,43 @@ class PgJournal:
         lease = self.lease if leases is None else leases.get(run)
         if leases is not None and lease is None:
             raise LeaseLost(run, None)
-        sync = commits_synchronously(change)
-        seq = self._next.get(run, 0)
+        sync = any(commits_synchronously(change) for change in changes)
+        first = self._next.get(run, 0)
         try:
-            if seq == 0:
-                seq = _int_of(self._conn.execute(self._last_seq_b, (run,)).fetchone()) + 1
+            if first == 0:
+                first = _int_of(self._conn.execute(self._last_seq_b, (run,)).fetchone()) + 1
             # spec §10: client clocks skew; by default the database's clock stamps records.
-            line = encode_record(seq, self._now(), run, change)
+            lines = [
+                encode_record(first + i, self._now(), run, change) for i, change in enumerate(changes)
+            ]
             mode = "on" if sync else "off"
-            if lease is None:
-                self._conn.execute(self._insert_b, (run, seq, line, mode))
+            fence = () if lease is None else (run, lease.owner, lease.fence)
+            if len(lines) == 1:
+                statement = self._insert_b if lease is None else self._insert_fenced_b
+                params: tuple[object, ...] = (run, first, lines[0], mode, *fence)
             else:
-                written = self._conn.execute(
-                    self._insert_fenced_b, (run, seq, line, mode, run, lease.owner, lease.fence)
-                ).rowcount
-                if written != 1:
-                    self._next.pop(run, None)
-                    raise LeaseLost(run, lease)
+                statement = self._insert_all_b if lease is None else self._insert_all_fenced_b
+                numbers = list(range(first, first + len(lines)))
+                params = (run, numbers, lines, mode, *fence)
+            written = self._conn.execute(statement, params).rowcount
+            if written != len(lines):
+                self._next.pop(run, None)
+                raise LeaseLost(run, lease)
         except psycopg.Error as error:
-            self._broken = f"append of record seq {seq or '?'} of run {run!r} failed: {_reason(error)}"
+            last = first + len(changes) - 1
+            numbers_text = f"seq {first or '?'}" if len(changes) == 1 else f"seq {first}-{last}"
+            self._broken = f"append of record {numbers_text} of run {run!r} failed: {_reason(error)}"
             raise PgWriteFailed(
                 f"{self._broken}; whether it was committed is unknown until the journal is read again"
             ) from error
-        if isinstance(change, RunFinished):
+        last = first + len(lines) - 1
+        if isinstance(changes[-1], RunFinished):
             self._next.pop(run, None)  # a finished run takes no more records: forget it
         else:
-            self._next[run] = seq + 1
+            self._next[run] = last + 1
         # A synchronous commit flushes the WAL up to it: every earlier append too.
         self._unflushed = not sync
-        return seq
+        return last
 
     def flush(self) -> None:
         """Make every returned append durable (a synchronous commit that writes WAL).

@@ -7,7 +7,7 @@ can later read a journal that is not a file. `RunLogWriter` and `FileLog`
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from ._records import Change, LogItem
@@ -40,3 +40,16 @@ class RunLog(Protocol):
 
 class Journal(LogSource, RunLog, Protocol):
     """A run log held by one writer, which can also read it back (recovery does)."""
+
+
+@runtime_checkable
+class BatchLog(Protocol):
+    """A run log that can also append several records of one run in one go (optional).
+
+    `append_all` appends ``changes`` in order, as `append` would one by
+    one, and returns the last one's sequence number; a crash may keep a
+    prefix of them (the PostgreSQL journal keeps all or none). The executor
+    uses it, where a log has it, for records it writes back to back.
+    """
+
+    def append_all(self, run: str, changes: Sequence[Change]) -> int: ...

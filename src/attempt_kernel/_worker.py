@@ -51,7 +51,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -305,6 +305,14 @@ class _WorkerJournal:
                 )
         return self._journal.append(run, change)
 
+    def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        if any(commits_synchronously(change) for change in changes):
+            seq = 0
+            for change in changes:  # one by one, each behind the guard before an effect
+                seq = self.append(run, change)
+            return seq
+        return self._journal.append_all(run, changes)
+
     def flush(self) -> None:
         """Nothing to wait for here: the worker makes a run durable when it closes it.
 
@@ -349,6 +357,9 @@ class _OneRun:
 
     def append(self, run: str, change: Change) -> int:
         return self._writer.append(run, change)
+
+    def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        return self._writer.append_all(run, changes)
 
     def flush(self) -> None:
         self._writer.flush()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Sequence
 
 from workerflows.pay import PAY
 from workerflows.pooled import HURRY, THINK
@@ -25,7 +26,8 @@ DEAD_AFTER = 0.8
 
 
 def _kill_after(n: int) -> None:
-    """Wrap every journal's append so that the process dies right after record ``n``."""
+    """Wrap every journal's appends so that the process dies right after record ``n``
+    (right after the statement that wrote it, when several records went in one)."""
     append = PgJournal.append
     written = [0]
 
@@ -37,7 +39,19 @@ def _kill_after(n: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return seq
 
+    append_all = PgJournal.append_all
+
+    def counted_all(self: PgJournal, run: str, changes: Sequence[Change]) -> int:
+        seq = append_all(self, run, changes)
+        before = written[0]
+        written[0] += len(changes)
+        if before < n <= written[0]:  # record n went in with this statement
+            print(f"killed after record {n} (seq {seq - (written[0] - n)})", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return seq
+
     setattr(PgJournal, "append", counted)
+    setattr(PgJournal, "append_all", counted_all)
 
 
 def main() -> None:
