@@ -133,7 +133,7 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
             line += 1
             start = offset
             offset += len(raw)
-            if not raw.endswith(b"\n"):
+            if raw[-1] != 0x0A:  # no newline: cheaper than raw.endswith per line
                 if len(raw) <= MAX_LINE_BYTES:
                     yield TornTail(line=line, offset=start, length=len(raw))
                     return
