@@ -467,7 +467,7 @@ def test_fast_change_builders_make_exactly_the_dataclass_values() -> None:
     """The decoder's descriptor-based builders equal the classes called as usual."""
     from dataclasses import FrozenInstanceError
 
-    from attempt_kernel._codec import _new_created, _new_transition  # pyright: ignore[reportPrivateUsage]  # the private fast builders are under test
+    from attempt_kernel._codec import _new_created, _new_result, _new_transition  # pyright: ignore[reportPrivateUsage]  # the private fast builders are under test
 
     transition_change = _new_transition("s", 2, Pending(), Admit(), Running())
     assert transition_change == AttemptTransitioned(
@@ -475,6 +475,9 @@ def test_fast_change_builders_make_exactly_the_dataclass_values() -> None:
     )
     assert repr(_new_created("s", 2)) == "AttemptCreated(step='s', attempt=2)"
     assert _new_created("s", 2) == AttemptCreated(step="s", attempt=2)
+    assert _new_result("s", 2, {"n": 1}, None) == StepResult(step="s", attempt=2, value={"n": 1})
+    assert _new_result("s", 2, None, "boom") == StepResult(step="s", attempt=2, error="boom")
+    assert repr(_new_result("s", 2, None, "boom")) == "StepResult(step='s', attempt=2, value=None, error='boom')"
     with pytest.raises(FrozenInstanceError):
         transition_change.attempt = 3  # type: ignore[misc]
 

@@ -89,6 +89,7 @@ MAX_LINE_BYTES: Final = 1 << 20
 # that tail replaced by "}" (the record's JSON without its crc field).
 _CRC_OPEN: Final = b',"crc":"'
 _TAIL_LEN: Final = len(_CRC_OPEN) + 8 + len(b'"}\n')
+_CRC_OPEN_END: Final = -_TAIL_LEN + len(_CRC_OPEN)
 
 
 class RunLogError(AttemptKernelError):
@@ -247,6 +248,10 @@ def _flag(cause: TransitionCause) -> bool | None:
 _STATES: Final[dict[str, AttemptState]] = {state_name(s): s for s in ALL_STATES}
 _CAUSES: Final[dict[tuple[str, bool | None], TransitionCause]] = {
     (cause_name(c), _flag(c)): c for c in ALL_CAUSES
+}
+# The causes without a flag, by name: a transition's common case, one lookup.
+_PLAIN_CAUSES: Final[dict[str, TransitionCause]] = {
+    name: c for (name, flag), c in _CAUSES.items() if flag is None
 }
 _INTENT_STATES: Final[dict[str, IntentState]] = {
     intent_state_name(s): s for s in ALL_INTENT_STATES
@@ -488,7 +493,17 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 type(step) is str and step and type(attempt) is int and attempt > 0
                 and from_state is not None and to_state is not None
             ):  # fmt: skip
-                return _new_transition(step, attempt, from_state, _cause(obj), to_state)
+                # A cause without a flag is one lookup; a Cancel (or a stray
+                # flag) goes through _cause, which checks the pair.
+                name = obj.get("cause")
+                cause = (
+                    _PLAIN_CAUSES.get(name)
+                    if type(name) is str and "intent_dispatched" not in obj
+                    else None
+                )
+                return _new_transition(
+                    step, attempt, from_state, _cause(obj) if cause is None else cause, to_state
+                )
             return _new_transition(
                 _str(obj, "step"),
                 _int(obj, "attempt"),
@@ -497,14 +512,19 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 _state(obj, "to"),
             )
         case Kind.CREATED:
+            step, attempt = obj.get("step"), obj.get("attempt")
+            if type(step) is str and step and type(attempt) is int and attempt > 0:
+                return _new_created(step, attempt)
             return _new_created(_str(obj, "step"), _int(obj, "attempt"))
         case Kind.RESULT:
-            step, attempt = _str(obj, "step"), _int(obj, "attempt")
+            step, attempt = obj.get("step"), obj.get("attempt")
+            if not (type(step) is str and step and type(attempt) is int and attempt > 0):
+                step, attempt = _str(obj, "step"), _int(obj, "attempt")  # raise, naming the field
             ok = obj.get("ok")
             if ok is True:
-                return StepResult(step=step, attempt=attempt, value=cast(JSON, obj.get("value")))
+                return _new_result(step, attempt, cast(JSON, obj.get("value")), None)
             if ok is False:
-                return StepResult(step=step, attempt=attempt, error=_str(obj, "error"))
+                return _new_result(step, attempt, None, _str(obj, "error"))
             raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
         case Kind.INTENT:
             return IntentChanged(
@@ -635,6 +655,11 @@ _set_t_to: Final[Callable[[AttemptTransitioned, AttemptState], None]] = _transit
 _created_slots = vars(AttemptCreated)
 _set_c_step: Final[Callable[[AttemptCreated, str], None]] = _created_slots["step"].__set__
 _set_c_attempt: Final[Callable[[AttemptCreated, int], None]] = _created_slots["attempt"].__set__
+_result_slots = vars(StepResult)
+_set_r_step: Final[Callable[[StepResult, str], None]] = _result_slots["step"].__set__
+_set_r_attempt: Final[Callable[[StepResult, int], None]] = _result_slots["attempt"].__set__
+_set_r_value: Final[Callable[[StepResult, JSON], None]] = _result_slots["value"].__set__
+_set_r_error: Final[Callable[[StepResult, str | None], None]] = _result_slots["error"].__set__
 
 
 def _new_transition(
@@ -656,6 +681,15 @@ def _new_created(step: str, attempt: int) -> AttemptCreated:
     return change
 
 
+def _new_result(step: str, attempt: int, value: JSON, error: str | None) -> StepResult:
+    change: StepResult = object.__new__(StepResult)
+    _set_r_step(change, step)
+    _set_r_attempt(change, attempt)
+    _set_r_value(change, value)
+    _set_r_error(change, error)
+    return change
+
+
 def _new_record(line: int, seq: int, time_us: int, run: str, change: Change) -> Record:
     record: Record = object.__new__(Record)
     _set_line(record, line)
@@ -668,10 +702,11 @@ def _new_record(line: int, seq: int, time_us: int, run: str, change: Change) -> 
 
 def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
     """Decode one complete line (with its newline) into a record, or say why not."""
-    if len(raw) < _TAIL_LEN or raw[-_TAIL_LEN : -_TAIL_LEN + len(_CRC_OPEN)] != _CRC_OPEN:
+    if len(raw) < _TAIL_LEN or raw[-_TAIL_LEN:_CRC_OPEN_END] != _CRC_OPEN:
         return CorruptLine(line=line, reason="no checksum at the end of the line")
-    # crc32 of the line with its tail replaced by "}", computed without a copy
-    crc = zlib.crc32(b"}", zlib.crc32(memoryview(raw)[:-_TAIL_LEN]))
+    # crc32 of the line with its tail replaced by "}". One copy of the line
+    # (at most MAX_LINE_BYTES) is cheaper than a memoryview and two calls.
+    crc = zlib.crc32(raw[:-_TAIL_LEN] + b"}")
     # Compared as written (lowercase hex), so that no altered byte goes unseen.
     if raw[-11:] != b'%08x"}\n' % crc:
         return CorruptLine(line=line, reason="checksum mismatch (the line was altered)")

@@ -27,6 +27,7 @@ and then end as recovery would end them, and the run stays unfinished.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import os
 import signal
 import sys
@@ -265,6 +266,14 @@ class _Raised:
 
 _StepOutput: TypeAlias = Union[_Ok, _Raised]
 
+# Causes carry no data: one value of each serves every attempt's moves.
+_ADMIT: Final = Admit()
+_PENDING: Final = Pending()
+_SUCCEED: Final = Succeed()
+_FAIL: Final = Fail()
+_QUEUE_DEADLINE_PASSED: Final = QueueDeadlinePassed()
+_STEP_DEADLINE_PASSED: Final = StepDeadlinePassed()
+
 
 async def _guarded(awaitable: Awaitable[JSON]) -> _StepOutput:
     # The step's own exceptions (even a TimeoutError it raises) become values,
@@ -282,11 +291,28 @@ if sys.version_info >= (3, 11):
         async with asyncio.timeout(seconds):
             return await awaitable
 
+    async def _guarded_within(seconds: float, awaitable: Awaitable[JSON]) -> _StepOutput:
+        """`_guarded` under a deadline, in one coroutine (one per attempt, not two).
+
+        The step's own exceptions are caught inside the timeout block; the
+        deadline's cancellation is no Exception, so it still reaches the
+        block's exit and comes out as TimeoutError.
+        """
+        async with asyncio.timeout(seconds):
+            try:
+                return _Ok(await awaitable)
+            except Exception as error:  # noqa: BLE001  # a step may raise anything
+                return _Raised(error)
+
 else:
 
     async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
         """Await with a deadline; asyncio.TimeoutError when it passes."""
         return await asyncio.wait_for(awaitable, seconds)
+
+    async def _guarded_within(seconds: float, awaitable: Awaitable[JSON]) -> _StepOutput:
+        """`_guarded` under a deadline (wait_for needs the inner coroutine)."""
+        return await asyncio.wait_for(_guarded(awaitable), seconds)
 
 
 def _describe(error: BaseException) -> str:
@@ -421,9 +447,9 @@ class Executor:
         admit = AttemptTransitioned(
             step=created.step,
             attempt=created.attempt,
-            from_state=Pending(),
-            cause=Admit(),
-            to_state=transition(Pending(), Admit()),
+            from_state=_PENDING,
+            cause=_ADMIT,
+            to_state=transition(_PENDING, _ADMIT),
         )
         self._write_all(run, (created, admit), batch)
         self._said(run, admit)
@@ -602,14 +628,14 @@ class Executor:
         try:
             if pools is not None:
                 if not await pools.acquire(run, step, number):
-                    self._move(run, name, QueueDeadlinePassed())
+                    self._move(run, name, _QUEUE_DEADLINE_PASSED)
                     return
             elif admission.locked():  # a free slot is taken at once, without a timer
                 await _within(step.queue_deadline, admission.acquire())
             else:
                 await admission.acquire()
         except asyncio.TimeoutError:
-            self._move(run, name, QueueDeadlinePassed())
+            self._move(run, name, _QUEUE_DEADLINE_PASSED)
             return
         except asyncio.CancelledError:
             if batch is not None:
@@ -623,13 +649,13 @@ class Executor:
                 self._cancel(run, name)  # admitted just as the run was cancelled or stopped
                 return
             if batch is None:
-                self._move(run, name, Admit())
+                self._move(run, name, _ADMIT)
             else:
                 self._created_and_admitted(run, created, batch)
             try:
-                output = await _within(step.step_deadline, _guarded(step.run(context)))
+                output = await _guarded_within(step.step_deadline, step.run(context))
             except asyncio.TimeoutError:
-                self._move(run, name, StepDeadlinePassed())
+                self._move(run, name, _STEP_DEADLINE_PASSED)
                 return
             except asyncio.CancelledError:
                 if self._ledger.runs[run].stop_requested:
@@ -642,14 +668,14 @@ class Executor:
                 case _Ok():
                     try:
                         self._conclude(
-                            run, name, StepResult(step=name, attempt=number, value=output.value), Succeed()
+                            run, name, StepResult(step=name, attempt=number, value=output.value), _SUCCEED
                         )
                     except UnencodableRecord as error:  # nothing was written
                         message = f"the step returned a value the run log cannot encode: {error}"
-                        self._conclude(run, name, StepResult(step=name, attempt=number, error=message), Fail())
+                        self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _Raised():
                     message = _describe(output.error)
-                    self._conclude(run, name, StepResult(step=name, attempt=number, error=message), Fail())
+                    self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _:
                     assert_never(output)
         finally:
@@ -757,31 +783,42 @@ class Executor:
         # Scheduling is by counts, not by rescanning: each step waits for the
         # dependencies that have not succeeded yet; a finished task hands its
         # name to `finished` ("" : the run was cancelled; None: stopped).
+        # Only steps with dependencies get these (a run of independent steps
+        # would otherwise build two empty containers per step).
         unmet = {
             s.name: {d for d in s.after if d not in outcomes or not has_succeeded(outcomes[d].state)}
             for s in workflow.steps
+            if s.after
         }
-        dependents: dict[str, list[Step]] = {s.name: [] for s in workflow.steps}
+        dependents: dict[str, list[Step]] = {}
         for s in workflow.steps:
             for d in s.after:
-                dependents[d].append(s)
+                dependents.setdefault(d, []).append(s)
         finished: asyncio.Queue[str | None] = asyncio.Queue()
         cancel_wait = asyncio.ensure_future(control.wait())
         cancel_wait.add_done_callback(lambda _: finished.put_nowait(""))
         stop_wait = asyncio.ensure_future(self._stop.wait())
         stop_wait.add_done_callback(lambda _: finished.put_nowait(None))
+        loop = asyncio.get_running_loop()
+        # One done-callback and one context for every step's task (each
+        # add_done_callback would otherwise copy the context): a task is
+        # named after its step, and hands that name to `finished`.
+        callback_context = contextvars.copy_context()
+
+        def step_done(task: asyncio.Task[StepOutcome]) -> None:
+            finished.put_nowait(task.get_name())
 
         def start(step: Step) -> None:
             inputs = {d: outcomes[d].result for d in step.after}
-            task = asyncio.ensure_future(self._drive(run, step, input, inputs, admission))
-            task.add_done_callback(lambda _: finished.put_nowait(step.name))
+            task = loop.create_task(self._drive(run, step, input, inputs, admission), name=step.name)
+            task.add_done_callback(step_done, context=callback_context)
             tasks[step.name] = task
 
         failure: BaseException | None = None
         cancelled = stopped = False
         try:
             for step in workflow.steps:
-                if step.name not in outcomes and not unmet[step.name]:
+                if step.name not in outcomes and not unmet.get(step.name):
                     start(step)
             while tasks:
                 done = await finished.get()
@@ -799,7 +836,7 @@ class Executor:
                     break
                 outcomes[done] = tasks.pop(done).result()
                 if has_succeeded(outcomes[done].state):
-                    for dependent in dependents[done]:
+                    for dependent in dependents.get(done, ()):
                         unmet[dependent.name].discard(done)
                         if not unmet[dependent.name] and dependent.name not in outcomes:
                             start(dependent)

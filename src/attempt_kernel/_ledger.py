@@ -131,7 +131,10 @@ def counts_as_try(state: AttemptState, cause: TransitionCause | None) -> bool:
     `TimedOut` by its step deadline. A queue timeout never ran; a cancelled
     or `Indeterminate` attempt was stopped from outside, not by the step.
     """
+    # Arms in the order of how often each state ends an attempt.
     match state:
+        case Succeeded() | Pending() | Running() | Indeterminate() | Cancelled():
+            return False
         case Failed():
             return True
         case TimedOut():
@@ -144,8 +147,6 @@ def counts_as_try(state: AttemptState, cause: TransitionCause | None) -> bool:
                     return False  # not a way into TimedOut: the kernel refuses it
                 case _:
                     assert_never(cause)
-        case Pending() | Running() | Succeeded() | Indeterminate() | Cancelled():
-            return False
         case _:
             assert_never(state)
 
@@ -159,7 +160,7 @@ def needs_reconciliation(state: AttemptState, outstanding: tuple[str, ...]) -> b
     judged yet.
     """
     match state:
-        case Indeterminate() | Failed() | TimedOut() | Succeeded() | Cancelled():
+        case Succeeded() | Failed() | TimedOut() | Indeterminate() | Cancelled():
             return bool(outstanding)
         case Pending() | Running():
             return False
@@ -301,12 +302,22 @@ class StepView:
         """Keys still outstanding: the latest attempt's intents that are
         `Dispatched`, and those earlier attempts left behind (reconcile these)."""
         intents = self.attempt.intents
-        if not intents and not self.superseded:
+        superseded = self.superseded
+        if not intents and not superseded:
+            return ()
+        # Plain loops: asked at every attempt's end, and a comprehension
+        # costs a frame of its own (before Python 3.12).
+        names: list[str] = []
+        for name, state in intents.items():
+            if is_outstanding(state):
+                names.append(name)
+        for name in superseded:
+            if name not in names:
+                names.append(name)
+        if not names:
             return ()
         keys = self.keys
-        names = [n for n, s in intents.items() if is_outstanding(s)]
-        names += [n for n in self.superseded if n not in names]
-        return tuple(keys[n] for n in names)
+        return tuple([keys[n] for n in names])
 
 
 @final
@@ -417,6 +428,11 @@ class OpenAttempt:
     line: int
     outstanding: tuple[str, ...]
     """Idempotency keys of the intents still ``Dispatched`` when it ended."""
+
+
+def _where(run: str, change: AttemptCreated) -> str:
+    """Where a created attempt belongs, for a violation's message (built only then)."""
+    return f"step {change.step!r} of run {run!r}"
 
 
 @final
@@ -616,21 +632,21 @@ class Ledger:
         # Arms in the order of how often each change occurs in a log.
         match change:
             case AttemptTransitioned():
-                self._transitioned(run, change)
+                self._transitioned(run, view, change)
             case AttemptCreated():
                 self._created(run, view, change)
             case StepResult():
-                step = self._live_step(run, change.step, change.attempt, "a step result")
+                step = self._live_step(run, view, change.step, change.attempt, "a step result")
                 if step is not None:
                     step.result, step.error = change.value, change.error
             case IntentChanged():
-                self._intent_changed(run, change)
+                self._intent_changed(run, view, change)
             case IntentPlanned():
-                self._planned(run, change)
+                self._planned(run, view, change)
             case IntentReconciled():
-                self._reconciled(run, change)
+                self._reconciled(run, view, change)
             case DomainStateSet():
-                self._domain_state(run, change)
+                self._domain_state(run, view, change)
             case RunStarted():
                 if view is not None:
                     self._violate(f"run {run!r} started twice (or after its records)")
@@ -657,34 +673,46 @@ class Ledger:
     def _created(self, run: str, view: RunView | None, change: AttemptCreated) -> None:
         if view is None:
             view = self.runs[run] = RunView(run=run)
-        where = f"step {change.step!r} of run {run!r}"
         if view.cancel_requested:
             self._violate(
-                f"attempt {change.attempt} of {where} created after the run's cancel was"
-                " requested; a cancelled run starts no attempt"
+                f"attempt {change.attempt} of {_where(run, change)} created after the run's"
+                " cancel was requested; a cancelled run starts no attempt"
             )
         elif view.stop_requested:
             self._violate(
-                f"attempt {change.attempt} of {where} created after a stop was requested"
-                " and before the run was resumed"
+                f"attempt {change.attempt} of {_where(run, change)} created after a stop was"
+                " requested and before the run was resumed"
             )
         view.attempts += 1
         step = view.steps.get(change.step)
-        attempt = AttemptView(number=change.attempt, state=PENDING)
+        # Every field given: the default factories (dict[str, X]()) cost a
+        # generic-alias call each, and this runs once per attempt.
+        attempt = AttemptView(number=change.attempt, state=PENDING, last_cause=None, intents={})
         if step is None:
             if change.attempt != 1:
-                self._violate(f"attempt {change.attempt} of {where} created before attempt 1")
-            view.steps[change.step] = StepView(name=change.step, attempt=attempt)
+                self._violate(
+                    f"attempt {change.attempt} of {_where(run, change)} created before attempt 1"
+                )
+            view.steps[change.step] = StepView(
+                name=change.step,
+                attempt=attempt,
+                tries=0,
+                result=None,
+                error=None,
+                keys={},
+                confirmed={},
+                superseded={},
+            )
         else:
             previous = step.attempt
             if not is_terminal(previous.state):
                 self._violate(
-                    f"attempt {change.attempt} of {where} created while attempt"
+                    f"attempt {change.attempt} of {_where(run, change)} created while attempt"
                     f" {previous.number} is still {state_name(previous.state)}"
                 )
             elif change.attempt != previous.number + 1:
                 self._violate(
-                    f"attempt {change.attempt} of {where} created after attempt"
+                    f"attempt {change.attempt} of {_where(run, change)} created after attempt"
                     f" {previous.number} (expected {previous.number + 1})"
                 )
             if previous.intents:
@@ -695,8 +723,7 @@ class Ledger:
             step.result = step.error = None
         self._counts[Pending] += 1
 
-    def _step(self, run: str, name: str, number: int) -> StepView | None:
-        view = self.runs.get(run)
+    def _step(self, run: str, view: RunView | None, name: str, number: int) -> StepView | None:
         step = None if view is None else view.steps.get(name)
         if step is None or step.attempt.number != number:
             latest = "none" if step is None else str(step.attempt.number)
@@ -707,8 +734,10 @@ class Ledger:
             return None
         return step
 
-    def _live_step(self, run: str, name: str, number: int, what: str) -> StepView | None:
-        step = self._step(run, name, number)
+    def _live_step(
+        self, run: str, view: RunView | None, name: str, number: int, what: str
+    ) -> StepView | None:
+        step = self._step(run, view, name, number)
         if step is None:
             return None
         state = step.attempt.state
@@ -724,8 +753,8 @@ class Ledger:
             case _:
                 assert_never(state)
 
-    def _transitioned(self, run: str, change: AttemptTransitioned) -> None:
-        step = self._step(run, change.step, change.attempt)
+    def _transitioned(self, run: str, view: RunView | None, change: AttemptTransitioned) -> None:
+        step = self._step(run, view, change.step, change.attempt)
         if step is None:
             return
         attempt = step.attempt
@@ -804,8 +833,8 @@ class Ledger:
             case _:
                 assert_never(to)
 
-    def _planned(self, run: str, change: IntentPlanned) -> None:
-        step = self._live_step(run, change.step, change.attempt, f"intent {change.name!r}")
+    def _planned(self, run: str, view: RunView | None, change: IntentPlanned) -> None:
+        step = self._live_step(run, view, change.step, change.attempt, f"intent {change.name!r}")
         if step is None:
             return
         intents = step.attempt.intents
@@ -821,8 +850,8 @@ class Ledger:
             step.keys[change.name] = change.key
         intents[change.name] = PLANNED
 
-    def _intent_changed(self, run: str, change: IntentChanged) -> None:
-        step = self._live_step(run, change.step, change.attempt, f"intent {change.name!r}")
+    def _intent_changed(self, run: str, view: RunView | None, change: IntentChanged) -> None:
+        step = self._live_step(run, view, change.step, change.attempt, f"intent {change.name!r}")
         if step is None:
             return
         intents = step.attempt.intents
@@ -897,8 +926,8 @@ class Ledger:
                 f" but {source} says {change.to_state!r}"
             )
 
-    def _reconciled(self, run: str, change: IntentReconciled) -> None:
-        step = self._step(run, change.step, change.attempt)
+    def _reconciled(self, run: str, view: RunView | None, change: IntentReconciled) -> None:
+        step = self._step(run, view, change.step, change.attempt)
         if step is None:
             return
         intents = step.attempt.intents
@@ -926,11 +955,10 @@ class Ledger:
             intents[change.name] = change.to_state
         self._settle(run, step, change.name, change.to_state, change.result)
 
-    def _domain_state(self, run: str, change: DomainStateSet) -> None:
-        step = self._live_step(run, change.step, change.attempt, "a domain state")
-        if step is None:
+    def _domain_state(self, run: str, view: RunView | None, change: DomainStateSet) -> None:
+        step = self._live_step(run, view, change.step, change.attempt, "a domain state")
+        if step is None or view is None:  # a step exists only in a known run
             return
-        view = self.runs[run]
         if change.state not in view.domain_states:
             declared = ", ".join(view.domain_states) or "none"
             self._violate(

@@ -128,12 +128,14 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
     stream = _open_for_reading(Path(path))
     line = 0
     offset = 0
+    # Locals: this loop runs once per record of the log.
+    readline, limit, decode = stream.readline, MAX_LINE_BYTES + 1, decode_line
     try:
-        while raw := stream.readline(MAX_LINE_BYTES + 1):
+        while raw := readline(limit):
             line += 1
             start = offset
             offset += len(raw)
-            if not raw.endswith(b"\n"):
+            if raw[-1] != 0x0A:  # no newline: cheaper than raw.endswith per line
                 if len(raw) <= MAX_LINE_BYTES:
                     yield TornTail(line=line, offset=start, length=len(raw))
                     return
@@ -153,7 +155,7 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
                     return
                 yield CorruptLine(line=line, reason="a run of NUL bytes inside the log")
                 continue
-            yield decode_line(raw, line)
+            yield decode(raw, line)
     except OSError as error:
         raise LogReadError(f"{path}: reading failed after line {line}: {error.strerror}") from error
     finally:
