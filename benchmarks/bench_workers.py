@@ -78,6 +78,7 @@ from attempt_kernel._pgjournal import PgJournal  # noqa: E402
 from attempt_kernel._worker import run_worker  # noqa: E402
 
 PROCESSES: Final = 4
+ROUNDS: Final = 3  # each side's best, alternating: the machine is shared, and other load hits one side at a time
 SCHEMA: Final = "attempt_kernel"  # run_worker's default schema
 
 
@@ -125,12 +126,12 @@ INSERT_FENCED: Final = sql.SQL(
     " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
     " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
 ).format(s=_S)
-INSERT_ALL_FENCED: Final = sql.SQL(
-    "INSERT INTO {s}.records (run, seq, line) SELECT %s, n, l"
-    " FROM unnest(%s::bigint[], %s::bytea[]) WITH ORDINALITY AS u(n, l, o)"
+INSERT_ALL_FENCED: Final = sql.SQL(  # two rows, as PgJournal.append_all writes them
+    "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l"
+    " FROM (VALUES (%s::bigint, %s::bytea), (%s, %s)) AS v(n, l)"
     " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
     " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
-    " ORDER BY o"
+    " ORDER BY v.n"
 ).format(s=_S)
 # How the executor hands ONE_RUN to a journal that takes several records at once.
 STATEMENTS: Final = ((0,), (1, 2), (3, 4), (5,))
@@ -173,7 +174,8 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
                 if len(lines) == 1:
                     written = conn.execute(INSERT_FENCED_B, (run, seqs[0], lines[0], run, me, fence)).rowcount
                 else:
-                    written = conn.execute(INSERT_ALL_FENCED_B, (run, seqs, lines, run, me, fence)).rowcount
+                    rows = (seqs[0], lines[0], seqs[1], lines[1])
+                    written = conn.execute(INSERT_ALL_FENCED_B, (run, *rows, run, me, fence)).rowcount
                 assert written == len(lines), "the bare loop lost its own lease"
             assert conn.execute(COMPLETE_B, (run, me, fence)).rowcount == 1
 
@@ -326,10 +328,10 @@ def main() -> int:
         print(
             f"Python {sys.version.split()[0]}; PostgreSQL {version[0] if version else '?'} in"
             f" {tempfile.gettempdir()} (fsync on); {PROCESSES} processes on"
-            f" {multiprocessing.cpu_count()} CPUs; {args.runs:,} runs of one no-op step, best of 2, alternating"
+            f" {multiprocessing.cpu_count()} CPUs; {args.runs:,} runs of one no-op step, best of {ROUNDS}, alternating"
         )
         t_work = t_bare = float("inf")
-        for _ in range(2):
+        for _ in range(ROUNDS):
             t_work = min(t_work, timed(url, args.runs, one_worker))
             check_records(url, args.runs)
             t_bare = min(t_bare, timed(url, args.runs, bare_loop))

@@ -507,21 +507,9 @@ class PgJournal:
         self._last_seq_b: Final = self._last_seq.as_bytes(conn)
         self._insert_b: Final = self._insert.as_bytes(conn)
         self._insert_fenced_b: Final = self._insert_fenced.as_bytes(conn)
-        # Several records of one run in one statement (`append_all`), in order.
-        insert_all = (
-            "INSERT INTO {s}.records (run, seq, line) SELECT %s, n, l"
-            " FROM unnest(%s::bigint[], %s::bytea[]) WITH ORDINALITY AS u(n, l, o)"
-            " WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
-        )
-        self._insert_all_b: Final = sql.SQL(insert_all + " ORDER BY o").format(s=s).as_bytes(conn)
-        self._insert_all_fenced_b: Final = (
-            sql.SQL(
-                insert_all + " AND EXISTS (SELECT 1 FROM {s}.runs"
-                " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE) ORDER BY o"
-            )
-            .format(s=s)
-            .as_bytes(conn)
-        )
+        # Several records of one run in one statement (`append_all`), by count
+        # and fencing: rows as VALUES, so that nothing is adapted as an array.
+        self._insert_all_b: Final[dict[tuple[int, bool], bytes]] = {}
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -700,9 +688,9 @@ class PgJournal:
                 statement = self._insert_b if lease is None else self._insert_fenced_b
                 params: tuple[object, ...] = (run, first, lines[0], mode, *fence)
             else:
-                statement = self._insert_all_b if lease is None else self._insert_all_fenced_b
-                numbers = list(range(first, first + len(lines)))
-                params = (run, numbers, lines, mode, *fence)
+                statement = self._insert_all(len(lines), lease is not None)
+                rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
+                params = (run, *rows, mode, *fence)
             written = self._conn.execute(statement, params).rowcount
             if written != len(lines):
                 self._next.pop(run, None)
@@ -722,6 +710,26 @@ class PgJournal:
         # A synchronous commit flushes the WAL up to it: every earlier append too.
         self._unflushed = not sync
         return last
+
+    def _insert_all(self, count: int, fenced: bool) -> bytes:
+        """The statement that inserts ``count`` rows of one run, in order (made once per shape)."""
+        statement = self._insert_all_b.get((count, fenced))
+        if statement is None:
+            rows = "(%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1)
+            text = (
+                "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l FROM (VALUES "
+                + rows
+                + ") AS v(n, l) WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
+            )
+            if fenced:
+                text += (
+                    " AND EXISTS (SELECT 1 FROM {s}.runs"
+                    " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
+                )
+            composed = sql.SQL(text + " ORDER BY v.n").format(s=sql.Identifier(self.schema))
+            statement = composed.as_bytes(self._conn)
+            self._insert_all_b[(count, fenced)] = statement
+        return statement
 
     def flush(self) -> None:
         """Make every returned append durable (a synchronous commit that writes WAL).
