@@ -38,10 +38,10 @@ from typing import Final, Protocol, TypeVar, Union
 from typing_extensions import TypeAlias, assert_never, final
 
 from ._attempt import (
+    PENDING,
     Admit,
     AttemptState,
     Fail,
-    Pending,
     QueueDeadlinePassed,
     StepDeadlinePassed,
     Succeed,
@@ -268,7 +268,6 @@ _StepOutput: TypeAlias = Union[_Ok, _Raised]
 
 # Causes carry no data: one value of each serves every attempt's moves.
 _ADMIT: Final = Admit()
-_PENDING: Final = Pending()
 _SUCCEED: Final = Succeed()
 _FAIL: Final = Fail()
 _QUEUE_DEADLINE_PASSED: Final = QueueDeadlinePassed()
@@ -447,9 +446,9 @@ class Executor:
         admit = AttemptTransitioned(
             step=created.step,
             attempt=created.attempt,
-            from_state=_PENDING,
+            from_state=PENDING,
             cause=_ADMIT,
-            to_state=transition(_PENDING, _ADMIT),
+            to_state=transition(PENDING, _ADMIT),
         )
         self._write_all(run, (created, admit), batch)
         self._said(run, admit)
