@@ -75,7 +75,7 @@ from attempt_kernel import (  # noqa: E402
 )
 from attempt_kernel._codec import encode_record  # noqa: E402  # the journal's own line encoder
 from attempt_kernel._pgjournal import PgJournal  # noqa: E402
-from attempt_kernel._worker import run_worker  # noqa: E402
+from attempt_kernel._worker import _CLAIM, _FIND_DEAD, _statement, run_worker  # noqa: E402
 
 PROCESSES: Final = 4
 ROUNDS: Final = 3  # each side's best, alternating: the machine is shared, and other load hits one side at a time
@@ -105,22 +105,9 @@ ONE_RUN: Final[tuple[Change, ...]] = (
 
 _S: Final = sql.Identifier(SCHEMA)
 REGISTER: Final = sql.SQL("INSERT INTO {s}.workers (id, host, pid) VALUES (%s, 'bench', 0)").format(s=_S)
-FIND_DEAD: Final = sql.SQL(
-    "UPDATE {s}.workers SET dead = true"
-    " WHERE NOT dead AND id <> %s AND heartbeat_at < now() - make_interval(secs => %s)"
-    " RETURNING id"
-).format(s=_S)
-CLAIM: Final = sql.SQL(
-    "UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1"
-    " FROM (SELECT run, owner, fence FROM {s}.runs"
-    "  WHERE NOT done AND workflow = ANY(%(names)s)"
-    "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))"
-    "  ORDER BY submitted_at, run LIMIT 1 FOR UPDATE SKIP LOCKED) AS old"
-    " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
-    " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
-    " RETURNING r.run, r.fence, r.workflow, r.input, old.owner,"
-    " EXISTS (SELECT 1 FROM {s}.records WHERE run = r.run) AS written"
-).format(s=_S)
+# The worker's own claim and sweep, so that the two cannot drift apart.
+FIND_DEAD: Final = _statement(_FIND_DEAD, SCHEMA)
+CLAIM_B: Final = _statement(_CLAIM, SCHEMA)
 INSERT_FENCED: Final = sql.SQL(
     "INSERT INTO {s}.records (run, seq, line) SELECT %s, %s, %s"
     " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
@@ -143,7 +130,6 @@ COMPLETE: Final = sql.SQL(
 SWEEP_EVERY: Final = 0.5  # run_worker's default heartbeat (1 s) / 2
 # Composed once, as the worker's statements are (psycopg would compose a
 # `sql.Composed` again at every execute).
-CLAIM_B: Final = CLAIM.as_bytes(None)
 INSERT_FENCED_B: Final = INSERT_FENCED.as_bytes(None)
 INSERT_ALL_FENCED_B: Final = INSERT_ALL_FENCED.as_bytes(None)
 COMPLETE_B: Final = COMPLETE.as_bytes(None)

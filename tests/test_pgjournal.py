@@ -382,6 +382,21 @@ def test_append_all_under_a_lost_lease_writes_none_of_them(pg_url: str, schema: 
     assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.records") == [(0,)]
 
 
+def test_a_forged_row_with_a_valid_checksum_out_of_its_runs_order_is_reported(pg: PgJournal, pg_url: str) -> None:
+    """A row inserted by hand as run r's seq 7 (its line checksummed for seq 7) after seq 4: a gap at its line."""
+    from attempt_kernel._codec import encode_record
+
+    for change in simple_changes():
+        pg.append("r", change)
+    forged = encode_record(7, 0, "r", RunFinished())
+    sql_in(pg_url, pg.schema, "INSERT INTO {s}.records (run, seq, line) VALUES ('r', 7, %s)", forged)
+    corrupt = [i for i in pg.read() if isinstance(i, CorruptLine)]
+    assert corrupt == [
+        CorruptLine(line=5, reason="row of run 'r' seq 7: the run's previous record is seq 4 (a gap: records are missing)")
+    ]
+    assert not replay(pg).valid
+
+
 def test_two_writers_of_one_run_collide_instead_of_interleaving(pg_url: str, schema: str) -> None:
     """Both journals think seq 2 of run r is theirs: the second append fails, naming the key."""
     with PgJournal(pg_url, schema=schema) as first, PgJournal(pg_url, schema=schema) as second:

@@ -484,32 +484,15 @@ class PgJournal:
         self._db_clock: Final = sql.SQL(
             "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
         )
-        self._last_seq: Final = sql.SQL(
-            "SELECT coalesce(max(seq), 0) FROM {s}.records WHERE run = %s"
-        ).format(s=s)
-        # One statement, its own transaction: set_config(..., true) sets
-        # synchronous_commit for this statement's commit only.
-        self._insert: Final = sql.SQL(
-            "INSERT INTO {s}.records (run, seq, line) SELECT %s, %s, %s"
-            " WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
-        ).format(s=s)
-        # The lease check and the write are one statement (spec §10): FOR SHARE
-        # makes a takeover's update of the runs row wait for this commit, or
-        # this append see the new owner and fence.
-        self._insert_fenced: Final = sql.SQL(
-            "INSERT INTO {s}.records (run, seq, line) SELECT %s, %s, %s"
-            " WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
-            " AND EXISTS (SELECT 1 FROM {s}.runs"
-            " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
-        ).format(s=s)
-        # The append path's statements as bytes, composed once (psycopg would
-        # compose a `sql.Composed` again at every execute).
-        self._last_seq_b: Final = self._last_seq.as_bytes(conn)
-        self._insert_b: Final = self._insert.as_bytes(conn)
-        self._insert_fenced_b: Final = self._insert_fenced.as_bytes(conn)
-        # Several records of one run in one statement (`append_all`), by count
-        # and fencing: rows as VALUES, so that nothing is adapted as an array.
-        self._insert_all_b: Final[dict[tuple[int, bool], bytes]] = {}
+        # Composed once, as bytes (psycopg would compose a `sql.Composed` again
+        # at every execute).
+        self._last_seq_b: Final = (
+            sql.SQL("SELECT coalesce(max(seq), 0) FROM {s}.records WHERE run = %s")
+            .format(s=s)
+            .as_bytes(conn)
+        )
+        # The statements that append, by row count and fencing (`_insert`).
+        self._inserts: Final[dict[tuple[int, bool], bytes]] = {}
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -684,14 +667,10 @@ class PgJournal:
             ]
             mode = "on" if sync else "off"
             fence = () if lease is None else (run, lease.owner, lease.fence)
-            if len(lines) == 1:
-                statement = self._insert_b if lease is None else self._insert_fenced_b
-                params: tuple[object, ...] = (run, first, lines[0], mode, *fence)
-            else:
-                statement = self._insert_all(len(lines), lease is not None)
-                rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
-                params = (run, *rows, mode, *fence)
-            written = self._conn.execute(statement, params).rowcount
+            rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
+            written = self._conn.execute(
+                self._insert(len(lines), lease is not None), (run, *rows, mode, *fence)
+            ).rowcount
             if written != len(lines):
                 self._next.pop(run, None)
                 raise LeaseLost(run, lease)
@@ -711,9 +690,17 @@ class PgJournal:
         self._unflushed = not sync
         return last
 
-    def _insert_all(self, count: int, fenced: bool) -> bytes:
-        """The statement that inserts ``count`` rows of one run, in order (made once per shape)."""
-        statement = self._insert_all_b.get((count, fenced))
+    def _insert(self, count: int, fenced: bool) -> bytes:
+        """The statement that inserts ``count`` rows of one run, in order (made once per shape).
+
+        One statement, its own transaction: set_config(..., true) sets
+        synchronous_commit for its commit only. Rows come as VALUES, so that
+        nothing is adapted as an array. Fenced, the lease check and the
+        write are one statement (spec §10): FOR SHARE makes a takeover's
+        update of the runs row wait for this commit, or this append see the
+        new owner and fence.
+        """
+        statement = self._inserts.get((count, fenced))
         if statement is None:
             rows = "(%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1)
             text = (
@@ -728,7 +715,7 @@ class PgJournal:
                 )
             composed = sql.SQL(text + " ORDER BY v.n").format(s=sql.Identifier(self.schema))
             statement = composed.as_bytes(self._conn)
-            self._insert_all_b[(count, fenced)] = statement
+            self._inserts[(count, fenced)] = statement
         return statement
 
     def flush(self) -> None:
