@@ -7,14 +7,14 @@ times 4 worker processes (`run_worker` with ``stop_when_idle``) from their
 release until the queue holds no open run. Beside them, in the same run,
 4 processes of a bare psycopg loop do the same work with the same statement
 shapes: the dead-worker sweep (at most every half heartbeat period, as a
-worker does), the fenced claim, the six records of a one-step run appended
-as `PgJournal` appends them for the executor (numbered per run, asynchronous
-commit, the codec's lines, fenced): the start, then creation and admission
-in one statement, then result and end in one, then the run's end; and the
-fenced completion, which
-commits synchronously: one durable commit per run, as the worker's flush
-at the end of a run. Targets (issue 9): workers >= 50% of the bare loop,
-and >= 1,000 attempts/s.
+worker does), the fenced claim, and the six records of a one-step run
+written in the statements a worker writes them in (numbered per run, the
+codec's lines, fenced): the start with the attempt's creation and
+admission, the result with its ``Succeed`` (both committed
+asynchronously), then the run's end with the close of its row, committed
+synchronously: one durable commit per run. Four statements per run in
+all. Targets (issue 9): workers >= 50% of the bare loop, and >= 1,000
+attempts/s.
 
 Then, in one process, the latency that the synchronous ``Dispatched``
 commit adds before an effect: `PgJournal.append` of a ``Dispatched``
@@ -108,31 +108,35 @@ REGISTER: Final = sql.SQL("INSERT INTO {s}.workers (id, host, pid) VALUES (%s, '
 # The worker's own claim and sweep, so that the two cannot drift apart.
 FIND_DEAD: Final = _statement(_FIND_DEAD, SCHEMA)
 CLAIM_B: Final = _statement(_CLAIM, SCHEMA)
-INSERT_FENCED: Final = sql.SQL(
-    "INSERT INTO {s}.records (run, seq, line) SELECT %s, %s, %s"
-    " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
-    " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
-).format(s=_S)
-INSERT_ALL_FENCED: Final = sql.SQL(  # two rows, as PgJournal.append_all writes them
-    "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l"
-    " FROM (VALUES (%s::bigint, %s::bytea), (%s, %s)) AS v(n, l)"
-    " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
-    " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
-    " ORDER BY v.n"
-).format(s=_S)
-# How the executor hands ONE_RUN to a journal that takes several records at once.
-STATEMENTS: Final = ((0,), (1, 2), (3, 4), (5,))
-COMPLETE: Final = sql.SQL(
-    "UPDATE {s}.runs SET done = true, outcome = 'succeeded', finished_at = now()"
+
+
+def insert_fenced(count: int) -> bytes:
+    """``count`` rows of one run in one fenced statement, as `PgJournal.append_all` writes them."""
+    rows = "(%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1)
+    return sql.SQL(
+        "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l FROM (VALUES " + rows + ") AS v(n, l)"
+        " WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+        " AND EXISTS (SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
+        " ORDER BY v.n"
+    ).format(s=_S).as_bytes(None)
+
+
+# The run's end and the row's close in one statement, committed
+# synchronously, as `PgJournal.append_and_complete` writes them.
+END_AND_COMPLETE_B: Final = sql.SQL(
+    "WITH closed AS (UPDATE {s}.runs SET done = true, outcome = 'succeeded', finished_at = now()"
     " WHERE run = %s AND owner = %s AND fence = %s"
-    " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
-).format(s=_S)
+    " AND set_config('synchronous_commit', 'on', true) IS NOT NULL RETURNING run)"
+    " INSERT INTO {s}.records (run, seq, line) SELECT closed.run, v.n, v.l"
+    " FROM closed, (VALUES (%s::bigint, %s::bytea)) AS v(n, l) ORDER BY v.n"
+).format(s=_S).as_bytes(None)
+# How a worker hands ONE_RUN to the journal: the start with the attempt's
+# creation and admission, the result with its Succeed; then the end, with
+# the close of the run's row.
+STATEMENTS: Final = ((0, 1, 2), (3, 4))
+END: Final = 5
+INSERTS_B: Final = {len(indexes): insert_fenced(len(indexes)) for indexes in STATEMENTS}
 SWEEP_EVERY: Final = 0.5  # run_worker's default heartbeat (1 s) / 2
-# Composed once, as the worker's statements are (psycopg would compose a
-# `sql.Composed` again at every execute).
-INSERT_FENCED_B: Final = INSERT_FENCED.as_bytes(None)
-INSERT_ALL_FENCED_B: Final = INSERT_ALL_FENCED.as_bytes(None)
-COMPLETE_B: Final = COMPLETE.as_bytes(None)
 
 
 def bare_loop(url: str, ready: Event, go: Event) -> None:
@@ -155,15 +159,15 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
             json.loads(str(row[3]))  # the worker decodes the run's input too
             assert row[5] is False, "the bare loop found records of a queued run"
             for indexes in STATEMENTS:
-                seqs = [i + 1 for i in indexes]
-                lines = [encode_record(i + 1, time.time_ns() // 1000, run, ONE_RUN[i]) for i in indexes]
-                if len(lines) == 1:
-                    written = conn.execute(INSERT_FENCED_B, (run, seqs[0], lines[0], run, me, fence)).rowcount
-                else:
-                    rows = (seqs[0], lines[0], seqs[1], lines[1])
-                    written = conn.execute(INSERT_ALL_FENCED_B, (run, *rows, run, me, fence)).rowcount
-                assert written == len(lines), "the bare loop lost its own lease"
-            assert conn.execute(COMPLETE_B, (run, me, fence)).rowcount == 1
+                rows = [
+                    value
+                    for i in indexes
+                    for value in (i + 1, encode_record(i + 1, time.time_ns() // 1000, run, ONE_RUN[i]))
+                ]
+                written = conn.execute(INSERTS_B[len(indexes)], (run, *rows, run, me, fence)).rowcount
+                assert written == len(indexes), "the bare loop lost its own lease"
+            end = encode_record(END + 1, time.time_ns() // 1000, run, ONE_RUN[END])
+            assert conn.execute(END_AND_COMPLETE_B, (run, me, fence, END + 1, end)).rowcount == 1
 
 
 def one_worker(url: str, ready: Event, go: Event) -> None:

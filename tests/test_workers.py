@@ -30,11 +30,13 @@ from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
 
 from attempt_kernel import (
+    AttemptCreated,
     AttemptTransitioned,
     Dispatched,
     Indeterminate,
     IntentChanged,
     Record,
+    RunCancelRequested,
     RunFinished,
     RunRefused,
     RunStarted,
@@ -45,7 +47,7 @@ from attempt_kernel import (
 )
 from attempt_kernel._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
 from attempt_kernel._pgjournal import Lease, LeaseLost, PgJournal
-from attempt_kernel._worker import run_worker, submit_run
+from attempt_kernel._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
 
 pytestmark = pytest.mark.postgres
 
@@ -215,21 +217,104 @@ def test_each_run_is_written_under_its_own_fence(pg_url: str, schema: str) -> No
     assert [r.run for r in journal_records(pg_url, schema)] == ["r1"]
 
 
+def test_append_and_complete_writes_the_end_and_closes_the_row_in_one_go(pg_url: str, schema: str) -> None:
+    """Records 2-3 (a cancel decision and the end) and the row's close: all there, numbered 2 and 3."""
+    leases = {"r1": Lease(owner="w", fence=1)}
+    with PgJournal(pg_url, schema=schema, leases=leases) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 1)")
+        journal.append("r1", RunStarted(workflow="pay"))
+        assert journal.append_and_complete("r1", (RunCancelRequested(reason="x"), RunFinished()), outcome="cancelled") == 3
+    assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "cancelled")]
+    assert [(r.seq, kind(r)) for r in journal_records(pg_url, schema)] == [
+        (1, "run_started"), (2, "RunCancelRequested"), (3, "run_finished")
+    ]
+
+
+def test_append_and_complete_under_a_lost_lease_writes_nothing_and_closes_nothing(pg_url: str, schema: str) -> None:
+    """The row says fence 2, the writer holds fence 1: LeaseLost, the row stays open, no record."""
+    leases = {"r1": Lease(owner="w", fence=1)}
+    with PgJournal(pg_url, schema=schema, leases=leases) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 2)")
+        with pytest.raises(LeaseLost, match="fence 1 is lost"):
+            journal.append_and_complete("r1", (RunStarted(workflow="pay"), RunFinished()), outcome="succeeded")
+    assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(False, None)]
+    assert journal_records(pg_url, schema) == []
+
+
+def test_append_and_complete_needs_a_lease(pg_url: str, schema: str) -> None:
+    """A journal opened without a lease has no run row to close: ValueError, nothing written."""
+    with PgJournal(pg_url, schema=schema) as journal:
+        with pytest.raises(ValueError, match="opened without a lease"):
+            journal.append_and_complete("r1", (RunFinished(),), outcome="succeeded")
+    assert journal_records(pg_url, schema) == []
+
+
+def test_a_workers_view_of_a_fresh_run_holds_its_start_and_its_end(pg_url: str, schema: str) -> None:
+    """The start waits for the next record, the end for the close; everything else is written at once."""
+    leases = {"r1": Lease(owner="w", fence=1)}
+    with PgJournal(pg_url, schema=schema, leases=leases) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 1)")
+        view = _OneRun(journal, journal, "r1", fresh=True, holds=True)
+        assert list(view.read()) == []
+        assert view.append("r1", RunStarted(workflow="pay")) == 1
+        assert journal_records(pg_url, schema) == []  # held
+        assert view.append("r1", AttemptCreated(step="s", attempt=1)) == 2
+        assert [kind(r) for r in journal_records(pg_url, schema)] == ["run_started", "AttemptCreated"]
+        assert view.append("r1", RunCancelRequested(reason="x")) == 3
+        assert view.append("r1", RunFinished()) == 4
+        assert view.end == (RunFinished(),)
+        assert len(journal_records(pg_url, schema)) == 3  # the end is held for the close
+        with pytest.raises(AssertionError, match="a record after the run's end"):
+            view.append("r1", RunStarted(workflow="pay"))
+        assert journal.append_and_complete("r1", view.end, outcome="cancelled") == 4
+    assert [r.seq for r in journal_records(pg_url, schema)] == [1, 2, 3, 4]
+
+
+def test_a_run_that_ends_right_after_its_start_holds_both_for_the_close(pg_url: str, schema: str) -> None:
+    """Start then end, nothing between: both wait, and go in with the close."""
+    leases = {"r1": Lease(owner="w", fence=1)}
+    with PgJournal(pg_url, schema=schema, leases=leases) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 1)")
+        view = _OneRun(journal, journal, "r1", fresh=True, holds=True)
+        list(view.read())
+        view.append("r1", RunStarted(workflow="pay"))
+        assert view.append("r1", RunFinished()) == 2
+        assert view.end == (RunStarted(workflow="pay"), RunFinished())
+        assert journal_records(pg_url, schema) == []
+
+
+def test_a_view_that_does_not_hold_writes_each_record_at_once(pg_url: str, schema: str) -> None:
+    """Recovery's view (holds=False): the start and the end are written when appended."""
+    leases = {"r1": Lease(owner="w", fence=1)}
+    with PgJournal(pg_url, schema=schema, leases=leases) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 1)")
+        view = _OneRun(journal, journal, "r1", fresh=True)
+        list(view.read())
+        view.append("r1", RunStarted(workflow="pay"))
+        assert view.append("r1", RunFinished()) == 2
+        assert view.end == ()
+    assert [kind(r) for r in journal_records(pg_url, schema)] == ["run_started", "run_finished"]
+
+
 # --------------------------------------------------------------------------
 # SIGKILL: another worker takes the run over
 # --------------------------------------------------------------------------
 
 # (kill after record N, environment of the killed worker, of the taker,
-#  what record N is, the run's outcome, calls of the effect): by hand from
-#  the 17 records of an undisturbed run (see the test above).
+#  what the last record in the journal is, the run's outcome, calls of the
+#  effect): by hand from the 17 records of an undisturbed run (see the test
+#  above). The kill comes right after the statement that wrote record N:
+#  record 1 (the start) goes in with records 2 and 3 (prepare's creation
+#  and admission), 15 with 16 (finish's result and Succeed); 17 (the end)
+#  goes in with the close of the run's row (the test after this one).
 KILLS = [
-    pytest.param(1, {}, {}, "run_started", "succeeded", 1, id="after-run-started"),
+    pytest.param(1, {}, {}, "prepare-running", "succeeded", 1, id="after-the-start-and-the-first-admission"),
     pytest.param(7, {}, {}, "charge-running", "succeeded", 1, id="charge-running"),
     pytest.param(9, {}, {}, "dispatched", "succeeded", 1, id="after-dispatched-reconciled-not-sent"),
     pytest.param(9, {}, {"RECONCILE": "off"}, "dispatched", "needs-reconciliation", 0, id="after-dispatched-unknown"),
     pytest.param(0, {"CRASH_IN_EFFECT": "1"}, {}, "dispatched", "succeeded", 1, id="inside-the-effect-reconciled-sent"),
     pytest.param(10, {}, {}, "confirmed", "succeeded", 1, id="after-confirmed"),
-    pytest.param(17, {}, {}, "run_finished", "succeeded", 1, id="after-run-finished"),
+    pytest.param(16, {}, {}, "finish-succeeded", "succeeded", 1, id="every-attempt-ended-no-run-end"),
 ]
 
 
@@ -243,6 +328,8 @@ def kind(record: Record) -> str:
         return "dispatched" if change.to_state == Dispatched() else "confirmed"
     if isinstance(change, AttemptTransitioned) and change.to_state == Running():
         return f"{change.step}-running"
+    if isinstance(change, AttemptTransitioned) and change.to_state == Succeeded():
+        return f"{change.step}-succeeded"
     return type(change).__name__
 
 
@@ -279,6 +366,43 @@ def test_a_killed_workers_run_is_taken_over_and_finished(
     keys = Counter(calls(downstream))
     assert keys == (Counter({"r1/charge/card": sent}) if sent else Counter())
     assert all(count == 1 for count in keys.values()) or ended_indeterminate(records, "charge")
+
+
+@pytest.mark.slow
+def test_a_worker_killed_right_after_the_runs_end_leaves_a_closed_row(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """SIGKILL right after the statement that wrote the end and closed the row: nothing is left to take over."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER="17"))
+    assert code == -signal.SIGKILL and "killed after record 17 (seq 17), row closed" in out, out
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 1)]
+    records = journal_records(pg_url, schema)
+    assert [r.seq for r in records] == list(range(1, 18)) and kind(records[-1]) == "run_finished"
+    code, out = finish(worker(pg_url, schema, tmp_path))
+    assert code == 0 and "closed 0" in out and "taken over" not in out, out
+    assert journal_records(pg_url, schema) == records
+    assert calls(downstream) == ["r1/charge/card"]
+
+
+@pytest.mark.slow
+def test_a_run_claimed_by_a_worker_that_died_before_its_first_record_starts_afresh(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """A worker holds a fresh run's start until the run's next record; dying in between leaves no record.
+
+    The row names a dead worker at fence 1 and the journal holds nothing:
+    the next worker takes it over at fence 2 and writes it from seq 1.
+    """
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    sql_in(pg_url, schema, "INSERT INTO {s}.workers (id, host, pid, dead) VALUES ('gone', 'h', 1, true)")
+    sql_in(pg_url, schema, "UPDATE {s}.runs SET owner = 'gone', fence = 1")
+    code, out = finish(worker(pg_url, schema, tmp_path))
+    assert code == 0 and "r1: taken over from worker gone at fence 2" in out, out
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 2)]
+    records = journal_records(pg_url, schema)
+    assert [r.seq for r in records] == list(range(1, 18)) and kind(records[0]) == "run_started"
+    assert calls(downstream) == ["r1/charge/card"]
 
 
 @pytest.mark.slow

@@ -491,8 +491,9 @@ class PgJournal:
             .format(s=s)
             .as_bytes(conn)
         )
-        # The statements that append, by row count and fencing (`_insert`).
-        self._inserts: Final[dict[tuple[int, bool], bytes]] = {}
+        # The statements that append, by row count and fencing (`_insert`;
+        # None: `_insert_closing`).
+        self._inserts: Final[dict[tuple[int, bool | None], bytes]] = {}
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -647,7 +648,27 @@ class PgJournal:
             raise ValueError("append_all needs at least one change")
         return self._write(run, changes)
 
-    def _write(self, run: str, changes: Sequence[Change]) -> int:
+    def append_and_complete(self, run: str, changes: Sequence[Change], *, outcome: str) -> int:
+        """Write a leased run's last records and close its ``runs`` row, in one statement.
+
+        For the driver of a leased run (a worker): ``changes`` (its last
+        records, the run's ``RunFinished`` among them) and the row's close
+        (``done``, ``outcome``, ``finished_at``) commit together,
+        synchronously, or not at all. A journal never holds a finished run
+        whose row is still open, nor a closed row whose run has no end.
+        Returns the last record's number; raises `LeaseLost` (nothing
+        written) when the run's row does not name this lease, and
+        `ValueError` for a journal without a lease on ``run``.
+        """
+        if not changes:
+            raise ValueError("append_and_complete needs at least one change")
+        if self._leases is None and self.lease is None:
+            raise ValueError(
+                "append_and_complete closes a leased run's row; this journal was opened without a lease"
+            )
+        return self._write(run, changes, outcome)
+
+    def _write(self, run: str, changes: Sequence[Change], outcome: str | None = None) -> int:
         if self._broken is not None:
             raise PgWriteFailed(
                 f"the journal failed earlier ({self._broken}); open it again before appending"
@@ -656,7 +677,7 @@ class PgJournal:
         lease = self.lease if leases is None else leases.get(run)
         if leases is not None and lease is None:
             raise LeaseLost(run, None)
-        sync = any(commits_synchronously(change) for change in changes)
+        sync = outcome is not None or any(commits_synchronously(change) for change in changes)
         first = self._next.get(run, 0)
         try:
             if first == 0:
@@ -665,12 +686,17 @@ class PgJournal:
             lines = [
                 encode_record(first + i, self._now(), run, change) for i, change in enumerate(changes)
             ]
-            mode = "on" if sync else "off"
-            fence = () if lease is None else (run, lease.owner, lease.fence)
             rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
-            written = self._conn.execute(
-                self._insert(len(lines), lease is not None), (run, *rows, mode, *fence)
-            ).rowcount
+            if outcome is not None and lease is not None:
+                written = self._conn.execute(
+                    self._insert_closing(len(lines)), (outcome, run, lease.owner, lease.fence, *rows)
+                ).rowcount
+            else:
+                mode = "on" if sync else "off"
+                fence = () if lease is None else (run, lease.owner, lease.fence)
+                written = self._conn.execute(
+                    self._insert(len(lines), lease is not None), (run, *rows, mode, *fence)
+                ).rowcount
             if written != len(lines):
                 self._next.pop(run, None)
                 raise LeaseLost(run, lease)
@@ -716,6 +742,27 @@ class PgJournal:
             composed = sql.SQL(text + " ORDER BY v.n").format(s=sql.Identifier(self.schema))
             statement = composed.as_bytes(self._conn)
             self._inserts[(count, fenced)] = statement
+        return statement
+
+    def _insert_closing(self, count: int) -> bytes:
+        """`append_and_complete`'s statement for ``count`` rows (made once per count).
+
+        The fenced update of the run's row comes first (a data-modifying
+        ``WITH``, run exactly once); the rows are inserted only if it closed
+        the row: the lease check, the close and the write are one statement.
+        """
+        statement = self._inserts.get((count, None))
+        if statement is None:
+            rows = "(%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1)
+            text = (
+                "WITH closed AS (UPDATE {s}.runs SET done = true, outcome = %s, finished_at = now()"
+                " WHERE run = %s AND owner = %s AND fence = %s"
+                " AND set_config('synchronous_commit', 'on', true) IS NOT NULL RETURNING run)"
+                " INSERT INTO {s}.records (run, seq, line) SELECT closed.run, v.n, v.l"
+                " FROM closed, (VALUES " + rows + ") AS v(n, l) ORDER BY v.n"
+            )
+            statement = sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(self._conn)
+            self._inserts[(count, None)] = statement
         return statement
 
     def flush(self) -> None:

@@ -73,7 +73,7 @@ from ._pgjournal import (
     connect,
 )
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
-from ._records import JSON, Change, LogItem, RunStarted
+from ._records import JSON, Change, LogItem, RunFinished, RunStarted
 from ._recovery import Recovery, recover
 from ._workflow import Workflow
 
@@ -324,13 +324,17 @@ class _WorkerJournal:
         stops otherwise flushes as it closes its journal.
         """
 
+    def append_and_complete(self, run: str, changes: Sequence[Change], *, outcome: str) -> int:
+        return self._journal.append_and_complete(run, changes, outcome=outcome)
+
     def one_run(self, run: str, *, fresh: bool = False) -> _OneRun:
-        """This journal as seen by the driver of ``run``: only its records are read.
+        """This journal as seen by the executor driving ``run``: only its records
+        are read, and its start and end are held back (see `_OneRun`).
 
         ``fresh``: the run had no record when this worker claimed it, so the
         first read finds nothing without asking the database.
         """
-        return _OneRun(self, self._journal, run, fresh=fresh)
+        return _OneRun(self, self._journal, run, fresh=fresh, holds=True)
 
 
 @final
@@ -338,15 +342,47 @@ class _OneRun:
     """A `Journal` for driving one run: it reads only that run's records
     (`PgJournal.read_run`, numbered from 1), and appends through the
     worker's journal. Reading the whole journal per claimed run made a
-    worker's cost grow with the journal's length."""
+    worker's cost grow with the journal's length.
+
+    With ``holds`` (the executor's view in a worker), two records wait to go
+    in with another write instead of costing a statement of their own:
+
+    - a fresh run's ``RunStarted`` goes in with the run's next record (the
+      first attempt's creation, or whatever the executor writes next). No
+      effect can be sent in between: sending one takes a ``Dispatched``
+      record, which carries the start with it.
+    - the records that end the run (``RunFinished`` last) go in with the
+      close of the run's row (`PgJournal.append_and_complete`, which the
+      worker calls with the run's status via `close`): end and close
+      commit together, synchronously.
+
+    So `append` returns for these two before they are in the journal. A
+    crash in between leaves the journal as a crash just before that append
+    would: a queued run with no record (claimed again as new), or a run
+    whose attempts have all ended and which has no end yet (a takeover
+    closes it). Nothing else waits; an executor that fails drops what was
+    held, and the run is left to recovery, as after any failed append.
+    """
 
     def __init__(
-        self, writer: _WorkerJournal | PgJournal, journal: PgJournal, run: str, *, fresh: bool = False
+        self,
+        writer: _WorkerJournal | PgJournal,
+        journal: PgJournal,
+        run: str,
+        *,
+        fresh: bool = False,
+        holds: bool = False,
     ) -> None:
         self._writer: Final = writer
         self._journal: Final = journal
         self._run: Final = run
         self._fresh = fresh
+        self._holds: Final = holds
+        self._held: tuple[Change, ...] = ()
+        self._last = 0 if fresh else -1
+        """The number of the run's last record handed out (-1: not known yet)."""
+        self.end: tuple[Change, ...] = ()
+        """The records that end the run, held for the close of its row (see the class doc)."""
 
     def read(self) -> Iterator[LogItem]:
         if self._fresh:  # once: a later read reads what was written since
@@ -356,10 +392,27 @@ class _OneRun:
         return self._journal.read_run(self._run)
 
     def append(self, run: str, change: Change) -> int:
-        return self._writer.append(run, change)
+        return self.append_all(run, (change,))
 
     def append_all(self, run: str, changes: Sequence[Change]) -> int:
-        return self._writer.append_all(run, changes)
+        if self.end:
+            raise AssertionError(f"run {run!r}: a record after the run's end ({changes[0]!r})")
+        if self._holds and run == self._run:
+            if self._last == 0 and len(changes) == 1 and isinstance(changes[0], RunStarted):
+                self._held = (changes[0],)
+                self._last = 1
+                return 1
+            if self._last >= 0 and isinstance(changes[-1], RunFinished):
+                self.end = (*self._held, *changes)
+                self._held = ()
+                self._last += len(changes)
+                return self._last
+            changes = (*self._held, *changes)
+            self._held = ()
+        writer = self._writer
+        last = writer.append(run, changes[0]) if len(changes) == 1 else writer.append_all(run, changes)
+        self._last = last
+        return last
 
     def flush(self) -> None:
         self._writer.flush()
@@ -548,8 +601,9 @@ class Worker:
                         f"{run}: freed slot {freed.slot} of pool {freed.pool!r}"
                         f" held by {freed.step}#{freed.attempt} of worker {freed.worker}"
                     )
+            view = journal.one_run(run, fresh=not claim.written)
             executor = Executor(
-                journal.one_run(run, fresh=not claim.written),
+                view,
                 admission_limit=self._admission_limit,
                 progress=self._progress,
                 pools=self._pools,
@@ -558,6 +612,17 @@ class Worker:
             if self._stop_reason is not None:
                 executor.stop(self._stop_reason, grace=self._grace)
             report = await executor.run(workflow, run, prior=prior, input=claim.input)
+            schema = self._schema
+            if report.status == "interrupted":  # stopped: back to the queue, for another worker
+                conn.execute(_statement(_RELEASE, schema), (run, lease.owner, lease.fence))
+                self._say(f"{run}: stopped and released")
+                return False
+            if view.end:  # the run's end and the row's close: one statement (see `_OneRun`)
+                journal.append_and_complete(run, view.end, outcome=report.status)
+            elif conn.execute(
+                _statement(_COMPLETE, schema), (report.status, run, lease.owner, lease.fence)
+            ).rowcount != 1:
+                raise LeaseLost(run, lease)
         except LeaseLost as lost:
             self._say(f"{run}: LeaseLost: {lost}")
             return False
@@ -565,17 +630,6 @@ class Worker:
             if executor is not None:
                 self._executors.discard(executor)
             self._leases.pop(run, None)
-        schema = self._schema
-        if report.status == "interrupted":  # stopped: back to the queue, for another worker
-            conn.execute(_statement(_RELEASE, schema), (run, lease.owner, lease.fence))
-            self._say(f"{run}: stopped and released")
-            return False
-        closed = conn.execute(
-            _statement(_COMPLETE, schema), (report.status, run, lease.owner, lease.fence)
-        ).rowcount
-        if closed != 1:
-            self._say(f"{run}: LeaseLost: taken over before its row was closed")
-            return False
         self._say(f"{run}: {report.status}")
         return True
 

@@ -50,8 +50,20 @@ def _kill_after(n: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return seq
 
+    complete = PgJournal.append_and_complete
+
+    def counted_complete(self: PgJournal, run: str, changes: Sequence[Change], *, outcome: str) -> int:
+        seq = complete(self, run, changes, outcome=outcome)
+        before = written[0]
+        written[0] += len(changes)
+        if before < n <= written[0]:
+            print(f"killed after record {n} (seq {seq - (written[0] - n)}), row closed", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return seq
+
     setattr(PgJournal, "append", counted)
     setattr(PgJournal, "append_all", counted_all)
+    setattr(PgJournal, "append_and_complete", counted_complete)
 
 
 def main() -> None:
