@@ -88,7 +88,7 @@ from ._records import (
     RunStopRequested,
     StepResult,
 )
-from ._store import BatchLog, LogSource, RunLog
+from ._store import BatchLog, LogSource, RunLog, is_batch_log, is_log_source
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -383,7 +383,7 @@ class Executor:
         self._log: Final = log
         # A log that takes several records in one go gets the records that
         # are written back to back that way (one round trip to a database).
-        self._batch: Final = log if isinstance(log, BatchLog) else None
+        self._batch: Final = log if is_batch_log(log) else None
         self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
@@ -395,7 +395,7 @@ class Executor:
         self._grace = 0.0
         self._stop_reason = ""
         self._workflows: dict[str, Workflow] = {}
-        if isinstance(log, LogSource):
+        if is_log_source(log):
             self._ledger.feed(log.read())
             if self._ledger.violation_count:
                 first = self._ledger.violations[0]
@@ -746,7 +746,7 @@ class Executor:
         if prior is None:
             if known is not None and known.finished:
                 log = self._log
-                if not isinstance(log, LogSource):
+                if not is_log_source(log):
                     raise RunRefused(f"run {run!r} already finished in this log")
                 return recorded_report(log, workflow, run)
             if known is not None:

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from typing_extensions import TypeGuard
+
 from ._records import Change, LogItem
 
 
@@ -53,3 +55,28 @@ class BatchLog(Protocol):
     """
 
     def append_all(self, run: str, changes: Sequence[Change]) -> int: ...
+
+
+# isinstance against a runtime-checkable protocol looks up every member on
+# every call; the executor asks once per run (a worker makes one per run),
+# so the answer is kept per class (members are looked up on the class).
+_SOURCES: dict[type, bool] = {}
+_BATCHES: dict[type, bool] = {}
+
+
+def is_log_source(log: object) -> TypeGuard[LogSource]:
+    """``isinstance(log, LogSource)``, answered once per class."""
+    kind = type(log)
+    known = _SOURCES.get(kind)
+    if known is None:
+        known = _SOURCES[kind] = isinstance(log, LogSource)
+    return known
+
+
+def is_batch_log(log: object) -> TypeGuard[BatchLog]:
+    """``isinstance(log, BatchLog)``, answered once per class."""
+    kind = type(log)
+    known = _BATCHES.get(kind)
+    if known is None:
+        known = _BATCHES[kind] = isinstance(log, BatchLog)
+    return known
