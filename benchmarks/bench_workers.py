@@ -140,19 +140,23 @@ SWEEP_EVERY: Final = 0.5  # run_worker's default heartbeat (1 s) / 2
 
 
 def bare_loop(url: str, ready: Event, go: Event) -> None:
-    """One process of the baseline: claim, six fenced appends, complete; until nothing is left."""
+    """One process of the baseline: claim, the run's records in three statements; until nothing is left.
+
+    One cursor for every statement (`Connection.execute` makes one each time).
+    """
     me = str(uuid.uuid4())
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(REGISTER, (me,))
-        conn.execute("SET synchronous_commit = off")  # claims; the completion turns it on
+        cur = conn.cursor()
+        cur.execute(REGISTER, (me,))
+        cur.execute("SET synchronous_commit = off")  # claims; the completion turns it on
         ready.set()
         go.wait()
         swept = -SWEEP_EVERY
         while True:
             if time.monotonic() - swept >= SWEEP_EVERY:
                 swept = time.monotonic()
-                conn.execute(FIND_DEAD, (me, 5.0)).fetchall()
-            row = conn.execute(CLAIM_B, {"me": me, "names": ["noop"]}).fetchone()
+                cur.execute(FIND_DEAD, (me, 5.0)).fetchall()
+            row = cur.execute(CLAIM_B, {"me": me, "names": ["noop"]}).fetchone()
             if row is None:
                 return
             run, fence = str(row[0]), int(str(row[1]))
@@ -164,10 +168,10 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
                     for i in indexes
                     for value in (i + 1, encode_record(i + 1, time.time_ns() // 1000, run, ONE_RUN[i]))
                 ]
-                written = conn.execute(INSERTS_B[len(indexes)], (run, *rows, run, me, fence)).rowcount
+                written = cur.execute(INSERTS_B[len(indexes)], (run, *rows, run, me, fence)).rowcount
                 assert written == len(indexes), "the bare loop lost its own lease"
             end = encode_record(END + 1, time.time_ns() // 1000, run, ONE_RUN[END])
-            assert conn.execute(END_AND_COMPLETE_B, (run, me, fence, END + 1, end)).rowcount == 1
+            assert cur.execute(END_AND_COMPLETE_B, (run, me, fence, END + 1, end)).rowcount == 1
 
 
 def one_worker(url: str, ready: Event, go: Event) -> None:

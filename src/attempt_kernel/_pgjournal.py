@@ -469,6 +469,8 @@ class PgJournal:
             conn.close()
             raise
         self._conn: Final = conn
+        self._cursor: Final = conn.cursor()
+        """Every append's cursor (`Connection.execute` would make one per statement)."""
         s = sql.Identifier(schema)
         try:
             try:
@@ -688,13 +690,13 @@ class PgJournal:
             ]
             rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
             if outcome is not None and lease is not None:
-                written = self._conn.execute(
+                written = self._cursor.execute(
                     self._insert_closing(len(lines)), (outcome, run, lease.owner, lease.fence, *rows)
                 ).rowcount
             else:
                 mode = "on" if sync else "off"
                 fence = () if lease is None else (run, lease.owner, lease.fence)
-                written = self._conn.execute(
+                written = self._cursor.execute(
                     self._insert(len(lines), lease is not None), (run, *rows, mode, *fence)
                 ).rowcount
             if written != len(lines):
