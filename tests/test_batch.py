@@ -148,3 +148,22 @@ def test_an_attempt_that_waits_for_admission_is_created_and_admitted_apart(tmp_p
     b_calls = [c for c in log.calls if any(getattr(x, "step", None) == "b" for x in c[1])]
     assert b_calls[:2] == [("one", (AttemptCreated(step="b", attempt=1),)), ("one", (admitted("b"),))]
     assert log.calls[1] == ("all", (AttemptCreated(step="a", attempt=1), admitted("a")))
+
+
+def test_protocol_answers_are_kept_per_class_and_per_protocol(tmp_path: Path) -> None:
+    """A file writer reads but takes no batch; `Batched` does both; `Appender` does neither."""
+    from attempt_kernel._store import is_batch_log, is_log_source
+
+    class Appender:
+        def append(self, run: str, change: Change) -> int:
+            return 1
+
+        def flush(self) -> None:
+            pass
+
+    with RunLogWriter(tmp_path / "run.jsonl") as writer:
+        batched = Batched(writer)
+        for _ in range(2):  # the second time from the kept answers
+            assert (is_log_source(writer), is_batch_log(writer)) == (True, False)
+            assert (is_log_source(batched), is_batch_log(batched)) == (True, True)
+            assert (is_log_source(Appender()), is_batch_log(Appender())) == (False, False)

@@ -60,23 +60,22 @@ class BatchLog(Protocol):
 # isinstance against a runtime-checkable protocol looks up every member on
 # every call; the executor asks once per run (a worker makes one per run),
 # so the answer is kept per class (members are looked up on the class).
-_SOURCES: dict[type, bool] = {}
-_BATCHES: dict[type, bool] = {}
+_ANSWERS: dict[tuple[type, type], bool] = {}
+
+
+def _is(log: object, protocol: type) -> bool:
+    key = (type(log), protocol)
+    known = _ANSWERS.get(key)
+    if known is None:
+        known = _ANSWERS[key] = isinstance(log, protocol)
+    return known
 
 
 def is_log_source(log: object) -> TypeGuard[LogSource]:
     """``isinstance(log, LogSource)``, answered once per class."""
-    kind = type(log)
-    known = _SOURCES.get(kind)
-    if known is None:
-        known = _SOURCES[kind] = isinstance(log, LogSource)
-    return known
+    return _is(log, LogSource)
 
 
 def is_batch_log(log: object) -> TypeGuard[BatchLog]:
     """``isinstance(log, BatchLog)``, answered once per class."""
-    kind = type(log)
-    known = _BATCHES.get(kind)
-    if known is None:
-        known = _BATCHES[kind] = isinstance(log, BatchLog)
-    return known
+    return _is(log, BatchLog)
