@@ -654,16 +654,20 @@ class PgJournal:
         """Write a leased run's last records and close its ``runs`` row, in one statement.
 
         For the driver of a leased run (a worker): ``changes`` (its last
-        records, the run's ``RunFinished`` among them) and the row's close
+        records, the run's ``RunFinished`` last) and the row's close
         (``done``, ``outcome``, ``finished_at``) commit together,
-        synchronously, or not at all. A journal never holds a finished run
-        whose row is still open, nor a closed row whose run has no end.
+        synchronously, or not at all: a run's end written this way never
+        comes apart from its row's close.
         Returns the last record's number; raises `LeaseLost` (nothing
         written) when the run's row does not name this lease, and
-        `ValueError` for a journal without a lease on ``run``.
+        `ValueError` (nothing written) for records whose last is not a
+        ``RunFinished`` and for a journal opened without a lease.
         """
-        if not changes:
-            raise ValueError("append_and_complete needs at least one change")
+        if not changes or not isinstance(changes[-1], RunFinished):
+            raise ValueError(
+                f"append_and_complete closes a run's row with the run's end: its records must end"
+                f" with the run's RunFinished (got {[type(c).__name__ for c in changes]})"
+            )
         if self._leases is None and self.lease is None:
             raise ValueError(
                 "append_and_complete closes a leased run's row; this journal was opened without a lease"

@@ -352,9 +352,10 @@ class _OneRun:
       effect can be sent in between: sending one takes a ``Dispatched``
       record, which carries the start with it.
     - the records that end the run (``RunFinished`` last) go in with the
-      close of the run's row (`PgJournal.append_and_complete`, which the
-      worker calls with the run's status via `close`): end and close
-      commit together, synchronously.
+      close of the run's row: once the executor has returned its report,
+      the worker passes `end` and the run's status to
+      `PgJournal.append_and_complete`, and end and close commit together,
+      synchronously.
 
     So `append` returns for these two before they are in the journal. A
     crash in between leaves the journal as a crash just before that append
