@@ -94,6 +94,26 @@ def test_a_crash_on_a_url_is_recovered_reconciled_and_resumed(db: str, shop: Pat
     assert json.loads((shop / "outbox.json").read_text()) == {intent["key"]: "receipt for order 8"}
 
 
+def test_a_urls_password_is_never_printed(db: str, shop: Path) -> None:
+    """run, a crash, recover, replay, runs and show on a URL with a password: none prints it."""
+    secret = db.replace("postgres@", "postgres:s3cret-pw@", 1)
+    assert secret != db  # the server trusts local connections: the password is only carried
+    outputs = [
+        cli(shop, "run", "flows:orders", "--log", secret, "--input", ORDER, crash="email-receipt"),
+        cli(shop, "recover", secret, "--workflows", "flows:orders"),
+        cli(shop, "recover", secret, "--workflows", "flows:orders"),
+        cli(shop, "run", "flows:orders", "--log", secret, "--input", ORDER, "--run", "orders-1"),  # exit 1: it ended needs-reconciliation
+        cli(shop, "replay", secret),
+        cli(shop, "runs", secret),
+        cli(shop, "show", secret, "orders-1"),
+        cli(shop, "show", secret, "no-such-run"),
+    ]
+    assert [o.returncode for o in outputs] == [-9, 0, 0, 1, 0, 0, 0, 2], [o.stdout + o.stderr for o in outputs]
+    assert "recover: postgresql://postgres@" in outputs[1].stdout  # the source is named, without it
+    for output in outputs:
+        assert "s3cret-pw" not in output.stdout + output.stderr, output.stdout + output.stderr
+
+
 def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_path: Path) -> None:
     """`export URL` is a JSON Lines run log; `--run` keeps one run, renumbered from 1."""
     for _ in range(2):
@@ -154,7 +174,12 @@ def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, s
         before = conn.execute(count).fetchall()
         recovered = cli(shop, "recover", db, "--workflows", "flows:orders")
         assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-        assert "recover: leaving run orders-1 alone: a live worker drives it" in recovered.stdout
+        assert recovered.stdout.startswith(
+            "recover: leaving run orders-1 alone: a live worker drives it\n"
+            "recover: nothing else to do: every run in postgresql://"
+        ), recovered.stdout
+        assert "that no live worker drives has finished; the journal was not changed\n" in recovered.stdout
+        assert "every run in it has finished" not in recovered.stdout
         refused = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected")
         assert refused.returncode == 2
         assert "run orders-1 is being driven by a live worker" in refused.stderr

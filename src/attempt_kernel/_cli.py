@@ -402,7 +402,7 @@ def _journal(log: str, *, create: bool) -> Generator[Journal, None, None]:
 
 def _replay_and_print(log: str) -> int:
     report = replay(_source(log))
-    sys.stdout.write("\n" + _report.as_text(report, log))
+    sys.stdout.write("\n" + _report.as_text(report, _redacted(log)))
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
 
 
@@ -428,7 +428,10 @@ def _demo(args: argparse.Namespace) -> int:
             if isinstance(item, Record) and isinstance(item.change, RunStarted)
         )  # fmt: skip
         run = f"trip-{existing + 1}"
-        print(f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(log_path)}", flush=True)
+        print(
+            f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(_redacted(log_path))}",
+            flush=True,
+        )
         try:
             [outcome] = run_jobs(
                 log,
@@ -438,7 +441,7 @@ def _demo(args: argparse.Namespace) -> int:
                 grace=GRACE,
             )
         except RunsStopped as error:
-            return _stopped("demo", error, f"attempt-kernel recover {log_path}")
+            return _stopped("demo", error, f"attempt-kernel recover {_redacted(log_path)}")
     sys.stdout.write(_report.run_text(outcome))
     return _replay_and_print(log_path)
 
@@ -469,16 +472,16 @@ def _run(args: argparse.Namespace) -> int:
         if known is not None:
             if not known.finished:
                 raise _Usage(
-                    f"run {run!r} is already in {log_path} and has not finished; resume it"
-                    f" with `attempt-kernel recover {log_path} --workflows {target}`"
+                    f"run {run!r} is already in {_redacted(log_path)} and has not finished; resume it"
+                    f" with `attempt-kernel recover {_redacted(log_path)} --workflows {target}`"
                 )
             if known.workflow != workflow.name:
                 raise _Usage(
-                    f"run {run!r} in {log_path} belongs to workflow {known.workflow!r},"
+                    f"run {run!r} in {_redacted(log_path)} belongs to workflow {known.workflow!r},"
                     f" not {workflow.name!r}; pick another --run"
                 )
             print(
-                f"run {shown(run)} already finished in {shown(log_path)}; nothing was run"
+                f"run {shown(run)} already finished in {shown(_redacted(log_path))}; nothing was run"
                 " again. Its recorded report:",
                 flush=True,
             )
@@ -487,7 +490,7 @@ def _run(args: argparse.Namespace) -> int:
             return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
         print(
             f"starting run {shown(run)} of workflow {shown(workflow.name)},"
-            f" appending to {shown(log_path)}",
+            f" appending to {shown(_redacted(log_path))}",
             flush=True,
         )
         try:
@@ -499,7 +502,7 @@ def _run(args: argparse.Namespace) -> int:
                 grace=GRACE,
             )
         except RunsStopped as error:
-            return _stopped("run", error, f"attempt-kernel recover {log_path} --workflows {target}")
+            return _stopped("run", error, f"attempt-kernel recover {_redacted(log_path)} --workflows {target}")
     sys.stdout.write(_report.run_text(report))
     return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
 
@@ -516,14 +519,21 @@ def _recover(args: argparse.Namespace) -> int:
         workflows.append(workflow)
     supervisors: dict[str, Supervisor] = {TRIP_PLANNER: demo.supervise}
 
-    def print_recovery(recovery: Recovery) -> None:
-        sys.stdout.write(_report.recovery_text(recovery, log_path))
-        sys.stdout.flush()
-
     extra = "".join(f" --workflows {t}" for t in targets)
     # spec §10: a run a live worker drives is that worker's; recovering it
     # here would end its live attempts as orphans.
     held = _held(log_path) if _is_url(log_path) else None
+
+    def print_recovery(recovery: Recovery) -> None:
+        if held and recovery.changed_nothing:  # "every run has finished" would be false
+            sys.stdout.write(
+                f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live worker"
+                " drives has finished; the journal was not changed\n"
+            )
+        else:
+            sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
+        sys.stdout.flush()
+
     for run in sorted(held or ()):
         print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
     try:
@@ -538,7 +548,7 @@ def _recover(args: argparse.Namespace) -> int:
             on_recovered=print_recovery,
         )
     except RunsStopped as error:
-        return _stopped("recover", error, f"attempt-kernel recover {log_path}{extra}")
+        return _stopped("recover", error, f"attempt-kernel recover {_redacted(log_path)}{extra}")
     for report in resumed.reports:
         sys.stdout.write(_report.run_text(report))
     return _replay_and_print(log_path)
@@ -588,7 +598,8 @@ def _show(args: argparse.Namespace) -> int:
     run: str = args.run
     history = run_history(_source(log_path).read(), run)
     if history is None:
-        raise _Usage(f"no run {run!r} in {log_path} (`attempt-kernel runs {log_path}` lists them)")
+        name = _redacted(log_path)
+        raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
     held = _held(log_path)
     live = history.standing == "interrupted" and (held is None or history.run in held)
     if args.json:
@@ -615,7 +626,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         if ledger.violation_count:
             first = ledger.violations[0]
             raise _Usage(
-                f"{log_path} breaks the kernel's rules (line {first.line}: {first.reason});"
+                f"{_redacted(log_path)} breaks the kernel's rules (line {first.line}: {first.reason});"
                 " nothing was written (see `attempt-kernel replay`)"
             )
         found = None
@@ -627,7 +638,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         if found is None:
             if planned:
                 raise _Usage(f"intent {key!r} is not outstanding: its outcome is already recorded")
-            raise _Usage(f"no intent with key {key!r} in {log_path}")
+            raise _Usage(f"no intent with key {key!r} in {_redacted(log_path)}")
         view, step, name = found
         if _is_url(log_path) and view.run in (_held(log_path) or ()):
             raise _Usage(
@@ -665,10 +676,10 @@ def _reconcile(args: argparse.Namespace) -> int:
     if left:
         print(f"  still outstanding in run {shown(view.run)}: {', '.join(shown(k) for k in left)}")
     else:
-        resume = f"`attempt-kernel recover {shown(log_path)}`"
+        resume = f"`attempt-kernel recover {shown(_redacted(log_path))}`"
         if view.workflow != TRIP_PLANNER:
             resume = (
-                f"`attempt-kernel recover {shown(log_path)} --workflows MODULE:ATTR`"
+                f"`attempt-kernel recover {shown(_redacted(log_path))} --workflows MODULE:ATTR`"
                 f" (MODULE:ATTR: your workflow {shown(view.workflow or '-')})"
             )
         print(f"  nothing of run {shown(view.run)} is outstanding now; {resume} resumes it")
@@ -814,11 +825,11 @@ def _main(argv: Sequence[str] | None) -> int:
             print(f"attempt-kernel replay: error: {shown(str(error))}", file=sys.stderr)
             return EXIT_USAGE
         if args.json:
-            sys.stdout.write(_report.as_json(report, args.log))
+            sys.stdout.write(_report.as_json(report, _redacted(args.log)))
         elif args.metrics:
             sys.stdout.write(_report.as_metrics(report))
         else:
-            sys.stdout.write(_report.as_text(report, args.log))
+            sys.stdout.write(_report.as_text(report, _redacted(args.log)))
         return EXIT_OK if report.valid else EXIT_VIOLATIONS
     handler = _HANDLERS.get(command)
     if handler is None:  # argparse forbids it
