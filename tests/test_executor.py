@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -587,3 +587,79 @@ def test_a_step_started_as_a_stop_arrives_creates_no_attempt(tmp_path: Path) -> 
     assert outcome(report, "b").state is None and outcome(report, "b").attempts == 0
     check = replay(path)
     assert check.valid, check.violations
+
+
+def test_a_refused_dispatch_stops_the_run_and_its_attempt_ends_as_recovery_would(tmp_path: Path) -> None:
+    """The log refuses the Dispatched write (a worker's late heartbeat): nothing is sent, the
+    attempt ends Cancelled (not Failed, even with no retry), the run stays unfinished, and
+    resuming it sends the effect once."""
+    from attempt_kernel import (
+        Admit,
+        AttemptCreated,
+        Cancel,
+        Change,
+        Dispatched,
+        DispatchRefused,
+        IntentPlanned,
+        LogItem,
+        RunStarted,
+        RunStopRequested,
+        read_log,
+        resume_log,
+    )
+
+    class Refused(DispatchRefused):
+        pass
+
+    class RefusesOnce:
+        """A file log that refuses its first Dispatched change, writing nothing."""
+
+        def __init__(self, writer: RunLogWriter) -> None:
+            self.writer = writer
+            self.refused = False
+
+        def read(self) -> Iterator[LogItem]:
+            return self.writer.read()
+
+        def append(self, run: str, change: Change) -> int:
+            if isinstance(change, IntentChanged) and change.to_state == Dispatched() and not self.refused:
+                self.refused = True
+                raise Refused("the heartbeat is late")
+            return self.writer.append(run, change)
+
+        def flush(self) -> None:
+            self.writer.flush()
+
+    sent: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            sent.append(key)
+            return "ok"
+
+        return await ctx.effect("charge", charge)
+
+    workflow = load_workflow("w", [Step(name="pay", run=pay)])  # max_attempts 1: a Fail would be final
+    path = tmp_path / "log"
+
+    async def first() -> RunReport:
+        with RunLogWriter(path) as writer:
+            return await Executor(RefusesOnce(writer)).run(workflow, "r")
+
+    report = asyncio.run(first())
+    assert report.status == "interrupted" and sent == []
+    changes = [item.change for item in read_log(path) if isinstance(item, Record)]
+    key = changes[3].key if isinstance(changes[3], IntentPlanned) else "?"
+    assert changes == [
+        RunStarted(workflow="w", input=None),
+        AttemptCreated(step="pay", attempt=1),
+        AttemptTransitioned(step="pay", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        IntentPlanned(step="pay", attempt=1, name="charge", key=key),
+        RunStopRequested(reason="the log refused to dispatch 'charge' of r/pay#1: the heartbeat is late"),
+        AttemptTransitioned(
+            step="pay", attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=False), to_state=Cancelled()
+        ),
+    ]
+    resumed = resume_log(path, [workflow])
+    assert [r.status for r in resumed.reports] == ["succeeded"]
+    assert sent == [key] and replay(path).valid

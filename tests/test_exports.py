@@ -28,7 +28,7 @@ EXPECTED_PUBLIC = {
     "RunFinished", "Record", "CorruptLine", "TornTail", "LogItem", "SCHEMA_VERSION",
     "LogSource", "RunLog", "Journal", "FileLog", "RunLogWriter", "read_log",
     "RunLogError", "LogOpenError", "LogReadError", "LogLocked", "LogNeedsRecovery",
-    "LogWriteFailed", "UnencodableRecord",
+    "LogWriteFailed", "UnencodableRecord", "DispatchRefused",
     # replay (spec §5)
     "replay", "ReplayReport", "Violation", "OpenAttempt",
     # workflows, the step context, the executor (spec §6)
@@ -48,7 +48,7 @@ EXPECTED_PUBLIC = {
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
-    "AttemptKernelError", "RunLogError", "EffectRejected",
+    "AttemptKernelError", "RunLogError", "EffectRejected", "DispatchRefused",
     "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission",
 }  # fmt: skip
 STATES_AND_CAUSES = [

@@ -32,6 +32,7 @@ from workerflows.pay import PAY, calls
 from attempt_kernel import (
     AttemptCreated,
     AttemptTransitioned,
+    Cancelled,
     Dispatched,
     Indeterminate,
     IntentChanged,
@@ -460,6 +461,37 @@ def test_a_worker_frozen_past_its_lease_writes_nothing_after_the_takeover(
     assert journal_records(pg_url, schema) == after_takeover
     assert calls(downstream) == ["r1/charge/card"]
     assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 2)]
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+
+
+@pytest.mark.slow
+def test_a_dispatch_refused_for_a_late_heartbeat_stops_the_run_and_it_is_driven_again(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """HeartbeatLate at charge's Dispatched: nothing sent, the attempt ends Cancelled (not Failed:
+    charge has no retry), the run is released, and the same worker claims it again and finishes it."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    adv = subprocess.Popen(
+        [sys.executable, "-c", "from workerflows.adv import main; main()", pg_url, schema],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(TESTS), "ADV_HOOK": "refuse-dispatch-once"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    code, out = finish(adv)
+    assert code == 0 and "hook refuse-dispatch-once at r1/charge#1" in out, out
+    assert "r1: stopped and released" in out and "r1: succeeded" in out, out
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 2)]
+    records = journal_records(pg_url, schema)
+    charge = [
+        (r.change.attempt, r.change.to_state)
+        for r in records
+        if isinstance(r.change, AttemptTransitioned) and r.change.step == "charge"
+    ]
+    assert charge == [(1, Running()), (1, Cancelled()), (2, Running()), (2, Succeeded())]
+    assert calls(downstream) == ["r1/charge/card"]
     with PgJournal(pg_url, schema=schema) as journal:
         assert replay(journal).valid
 

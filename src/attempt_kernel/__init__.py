@@ -105,6 +105,7 @@ from ._replay import replay as replay
 from ._resume import Resumed as Resumed
 from ._resume import Supervisor as Supervisor
 from ._resume import resume_log as resume_log
+from ._store import DispatchRefused as DispatchRefused
 from ._store import Journal as Journal
 from ._store import LogSource as LogSource
 from ._store import RunLog as RunLog
@@ -132,6 +133,7 @@ __all__ = [
     "CorruptLine",
     "Dispatch",
     "Dispatched",
+    "DispatchRefused",
     "DomainStateSet",
     "EffectFinding",
     "EffectHappened",

@@ -88,7 +88,7 @@ from ._records import (
     RunStopRequested,
     StepResult,
 )
-from ._store import BatchLog, LogSource, RunLog, is_batch_log, is_log_source
+from ._store import BatchLog, DispatchRefused, LogSource, RunLog, is_batch_log, is_log_source
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -503,7 +503,15 @@ class Executor:
             return view.confirmed[name]
         key = idempotency_key(run, step, name)
         self._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
-        self._intent(run, step, name, Dispatch())
+        try:
+            self._intent(run, step, name, Dispatch())
+        except DispatchRefused as refused:
+            # Nothing was written or sent: not the step's failure. The executor
+            # stops (spec §9), and this attempt, waiting here until the stop
+            # cancels it, ends as recovery would end it.
+            self.stop(f"the log refused to dispatch {name!r} of {run}/{step}#{number}: {refused}", grace=0.0)
+            await asyncio.Event().wait()
+            raise AssertionError("a stopped executor left an attempt waiting") from refused
         self._log.flush()  # spec §3: Dispatched is durable before the effect is sent
         try:
             value = await perform(key)

@@ -12,7 +12,21 @@ from typing import Protocol, runtime_checkable
 
 from typing_extensions import TypeGuard
 
+from ._errors import AttemptKernelError
 from ._records import Change, LogItem
+
+
+class DispatchRefused(AttemptKernelError):
+    """A log refuses, for now, to append a ``Dispatched`` intent change; it wrote nothing.
+
+    Raised by `RunLog.append` (or `BatchLog.append_all`) for the write
+    before an effect, when the writer may not send effects now (a worker
+    whose heartbeat is late: `attempt_kernel.postgres.HeartbeatLate`).
+    Nothing was sent, so the attempt is not at fault: the executor stops
+    (as `Executor.stop` does, with no grace), the attempt ends as recovery
+    would end it (``Cancelled``), and its runs stay unfinished for recovery
+    or another worker to resume. Subclass it in a log of your own.
+    """
 
 
 @runtime_checkable
@@ -31,8 +45,9 @@ class RunLog(Protocol):
 
     `append` returns the record's sequence number once the record survives a
     crash of this process (or raises `UnencodableRecord`, writing nothing,
-    for a value JSON cannot carry); after `flush` returns, every appended
-    record survives a crash of the machine.
+    for a value JSON cannot carry, or `DispatchRefused`, writing nothing,
+    for a ``Dispatched`` change it may not write now); after `flush`
+    returns, every appended record survives a crash of the machine.
     """
 
     def append(self, run: str, change: Change) -> int: ...

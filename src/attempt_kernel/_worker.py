@@ -75,6 +75,7 @@ from ._pgjournal import (
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
 from ._records import JSON, Change, LogItem, RunFinished, RunStarted
 from ._recovery import Recovery, recover
+from ._store import DispatchRefused
 from ._workflow import Workflow
 
 # --------------------------------------------------------------------------
@@ -83,7 +84,7 @@ from ._workflow import Workflow
 
 
 @final
-class HeartbeatLate(AttemptKernelError):
+class HeartbeatLate(DispatchRefused):
     """This worker's heartbeat is too old to send an effect safely; nothing was written.
 
     Another worker may soon take its runs over; the worker stops dispatching

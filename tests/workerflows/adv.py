@@ -12,6 +12,8 @@ worker's view of a run holds records back (``ADV_HOOK``):
 
 - ``term-held-start`` / ``term-held-end``: SIGTERM itself there (a
   graceful stop, as an operator's kill would).
+- ``refuse-dispatch-once``: the worker's journal refuses the first
+  ``Dispatched`` with `HeartbeatLate`, as when the heartbeat is late.
 
 ``WORKFLOWS``: ``pay`` (default), ``pooled`` (think, hurry), ``failing``
 (boom: one step that raises, twice; allfail: two independent steps that
@@ -29,10 +31,16 @@ from workerflows.pay import PAY
 from workerflows.pooled import HURRY, THINK
 from workerflows.start import _kill_after  # pyright: ignore[reportPrivateUsage]
 
-from attempt_kernel import JSON, RetryPolicy, Step, StepContext, load_workflow
+from attempt_kernel import JSON, Dispatched, RetryPolicy, Step, StepContext, load_workflow
 from attempt_kernel._pgjournal import PgJournal
-from attempt_kernel._records import Change, RunFinished, RunStarted
-from attempt_kernel._worker import WorkerDeclaredDead, _OneRun, run_worker  # pyright: ignore[reportPrivateUsage]
+from attempt_kernel._records import Change, IntentChanged, RunFinished, RunStarted
+from attempt_kernel._worker import (  # pyright: ignore[reportPrivateUsage]
+    HeartbeatLate,
+    WorkerDeclaredDead,
+    _OneRun,
+    _WorkerJournal,
+    run_worker,
+)
 
 HEARTBEAT = 0.2
 DEAD_AFTER = 0.8
@@ -50,7 +58,24 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
+def _refuse_dispatch_once() -> None:
+    original = _WorkerJournal.append
+    refused = [False]
+
+    def append(self: _WorkerJournal, run: str, change: Change) -> int:
+        if isinstance(change, IntentChanged) and change.to_state == Dispatched() and not refused[0]:
+            refused[0] = True
+            _say(f"hook refuse-dispatch-once at {run}/{change.step}#{change.attempt}")
+            raise HeartbeatLate("the test's hook says the heartbeat is late")
+        return original(self, run, change)
+
+    setattr(_WorkerJournal, "append", append)
+
+
 def _hook(hook: str) -> None:
+    if hook == "refuse-dispatch-once":
+        _refuse_dispatch_once()
+        return
     original = _OneRun.append_all
     done = [False]
 
