@@ -34,13 +34,8 @@ from workerflows.start import _kill_after  # pyright: ignore[reportPrivateUsage]
 from attempt_kernel import JSON, Dispatched, RetryPolicy, Step, StepContext, load_workflow
 from attempt_kernel._pgjournal import PgJournal
 from attempt_kernel._records import Change, IntentChanged, RunFinished, RunStarted
-from attempt_kernel._worker import (  # pyright: ignore[reportPrivateUsage]
-    HeartbeatLate,
-    WorkerDeclaredDead,
-    _OneRun,
-    _WorkerJournal,
-    run_worker,
-)
+from attempt_kernel._worker import HeartbeatLate, WorkerDeclaredDead, run_worker
+from attempt_kernel._worker import _OneRun, _WorkerJournal  # pyright: ignore[reportPrivateUsage]  # the hooks patch them
 
 HEARTBEAT = 0.2
 DEAD_AFTER = 0.8
