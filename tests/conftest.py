@@ -1,14 +1,20 @@
 """Shared test configuration: a fixed-seed hypothesis profile when CI is set,
-and the throwaway PostgreSQL server the journal tests run against."""
+the throwaway PostgreSQL server the journal tests run against, and the
+fixtures they share (a schema or a database of their own, the fake
+downstream service's call book)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
+import psycopg
 import pytest
 from hypothesis import settings
 from pgserver import SEARCHED, ThrowawayServer, find_server_bin
+from psycopg import sql
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
@@ -36,3 +42,33 @@ def pg_url() -> Iterator[str]:
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def schema(pg_url: str) -> Iterator[str]:
+    """A fresh PostgreSQL schema name for one test; dropped with its tables after it."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[str]:
+    """The URL of a fresh database on the session's server, dropped afterwards
+    (the command line knows only the default schema)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, _ = pg_url.rpartition("/")
+    yield f"{base}/{name}"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def downstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The fake downstream service's call book, for this process and its workers."""
+    path = tmp_path / "downstream.txt"
+    monkeypatch.setenv("DOWNSTREAM", str(path))
+    return path

@@ -16,15 +16,13 @@ import signal
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 import pytest
+from pgtools import sql_in
 from psycopg import sql
-from typing_extensions import LiteralString
 from workerflows.pooled import HURRY, THINK, WORK
 
 from attempt_kernel import (
@@ -62,22 +60,6 @@ START = "from workerflows.start import main; main()"
 # --------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def schema(pg_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL schema name for one test; dropped with its tables after it."""
-    name = f"a_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-def sql_in(url: str, schema: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
-    query = sql.SQL(statement).format(s=sql.Identifier(schema))
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params or None)
-        return cursor.fetchall() if cursor.description is not None else []
 
 
 def journal_records(url: str, schema: str) -> list[Record]:

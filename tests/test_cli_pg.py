@@ -11,13 +11,10 @@ import os
 import shutil
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
 
 from attempt_kernel import replay
 from attempt_kernel.postgres import PgJournal
@@ -26,18 +23,6 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 FLOWS = Path(__file__).resolve().parent.parent / "examples" / "tutorial" / "flows.py"
 ORDER = '{"order": 8, "amount_cents": 1250}'
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[str]:
-    """The URL of a fresh database on the session's server, dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, _ = pg_url.rpartition("/")
-    yield f"{base}/{name}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 @pytest.fixture

@@ -84,14 +84,6 @@ def url(server: tuple[ThrowawayServer, str]) -> Iterator[str]:
     query(server[1], "DROP SCHEMA IF EXISTS {s} CASCADE")
 
 
-@pytest.fixture
-def downstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The fake downstream service's call book, for this process and its workers."""
-    path = tmp_path / "downstream.txt"
-    monkeypatch.setenv("DOWNSTREAM", str(path))
-    return path
-
-
 def restart(throwaway: ThrowawayServer) -> None:
     """``pg_ctl restart -m fast``, as the user that owns the cluster (as ThrowawayServer does)."""
     as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []

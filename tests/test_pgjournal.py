@@ -7,15 +7,14 @@ each gets a schema of its own, dropped afterwards.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
+from pgtools import sql_in
 from logs import fixed_clock, indeterminate_changes, simple_changes
 from psycopg import sql
-from typing_extensions import LiteralString
 
 from attempt_kernel import (
     JSON,
@@ -77,15 +76,6 @@ pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture
-def schema(pg_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL schema name for one test; dropped with its tables after it."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-@pytest.fixture
 def pg(pg_url: str, schema: str) -> Iterator[PgJournal]:
     """A new, empty PostgreSQL journal with the tests' fixed clock."""
     with PgJournal(pg_url, schema=schema, clock=fixed_clock()) as journal:
@@ -103,14 +93,6 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Journal]:
         name: str = request.getfixturevalue("schema")
         with PgJournal(url, schema=name, clock=fixed_clock()) as journal:
             yield journal
-
-
-def sql_in(url: str, schema: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
-    """Run one statement (``{s}`` is the schema) outside the journal; return its rows."""
-    query = sql.SQL(statement).format(s=sql.Identifier(schema))
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params or None)
-        return cursor.fetchall() if cursor.description is not None else []
 
 
 def records(journal: Journal) -> list[tuple[int, str, Change]]:

@@ -18,13 +18,9 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from psycopg import sql
 
 from attempt_kernel import AttemptTransitioned, Record, read_log, replay, transition
 
@@ -34,18 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 FLOWS = ROOT / "examples" / "workers" / "flows.py"
 WORKER_FLAGS = ["--workflows", "flows:reports", "--concurrency", "2", "--heartbeat", "0.5", "--dead-after", "2"]
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[str]:
-    """A fresh database on the session's server, dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, _ = pg_url.rpartition("/")
-    yield f"{base}/{name}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,15 +16,14 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
 import pytest
+from pgtools import sql_in
 from psycopg import sql
-from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
 
 from attempt_kernel import (
@@ -55,40 +54,6 @@ START = "from workerflows.start import main; main()"
 # --------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def schema(pg_url: str) -> Iterator[str]:
-    name = f"adv_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def db(pg_url: str) -> Iterator[str]:
-    """A database of its own (the CLI knows only the default schema)."""
-    name = f"adv_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, _ = pg_url.rpartition("/")
-    yield f"{base}/{name}"
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def downstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    path = tmp_path / "downstream.txt"
-    monkeypatch.setenv("DOWNSTREAM", str(path))
-    return path
-
-
-def sql_in(url: str, schema: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
-    query = sql.SQL(statement).format(s=sql.Identifier(schema))
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params or None)
-        return cursor.fetchall() if cursor.description is not None else []
 
 
 def raw_rows(url: str, schema: str) -> list[tuple[str, int, Change]]:

@@ -15,18 +15,14 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
+from pgtools import sql_in
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from hypothesis.strategies import sampled_from
-from psycopg import sql
-from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
 
 from attempt_kernel import (
@@ -58,30 +54,6 @@ START = "from workerflows.start import main; main()"
 # --------------------------------------------------------------------------
 # Fixtures and helpers
 # --------------------------------------------------------------------------
-
-
-@pytest.fixture
-def schema(pg_url: str) -> Iterator[str]:
-    """A fresh PostgreSQL schema name for one test; dropped with its tables after it."""
-    name = f"w_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def downstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The fake downstream service's call book, for this process and its workers."""
-    path = tmp_path / "downstream.txt"
-    monkeypatch.setenv("DOWNSTREAM", str(path))
-    return path
-
-
-def sql_in(url: str, schema: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
-    query = sql.SQL(statement).format(s=sql.Identifier(schema))
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(query, params or None)
-        return cursor.fetchall() if cursor.description is not None else []
 
 
 def journal_records(url: str, schema: str) -> list[Record]:
