@@ -493,9 +493,11 @@ class PgJournal:
             .format(s=s)
             .as_bytes(conn)
         )
-        # The statements that append, by row count and fencing (`_insert`;
-        # None: `_insert_closing`).
-        self._inserts: Final[dict[tuple[int, bool | None], bytes]] = {}
+        # The statements that append, by row count and fencing (`_insert`),
+        # and those that append and close the run's row, by row count
+        # (`_insert_closing`).
+        self._inserts: Final[dict[tuple[int, bool], bytes]] = {}
+        self._closings: Final[dict[int, bytes]] = {}
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -734,21 +736,22 @@ class PgJournal:
         """
         statement = self._inserts.get((count, fenced))
         if statement is None:
-            rows = "(%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1)
             text = (
-                "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l FROM (VALUES "
-                + rows
-                + ") AS v(n, l) WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
+                "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l FROM " + _rows(count)
+                + " WHERE set_config('synchronous_commit', %s, true) IS NOT NULL"
             )
             if fenced:
                 text += (
                     " AND EXISTS (SELECT 1 FROM {s}.runs"
                     " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
                 )
-            composed = sql.SQL(text + " ORDER BY v.n").format(s=sql.Identifier(self.schema))
-            statement = composed.as_bytes(self._conn)
+            statement = self._composed(text + " ORDER BY v.n")
             self._inserts[(count, fenced)] = statement
         return statement
+
+    def _composed(self, text: LiteralString) -> bytes:
+        """``text`` for this journal's schema, as bytes (composed once per statement)."""
+        return sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(self._conn)
 
     def _insert_closing(self, count: int) -> bytes:
         """`append_and_complete`'s statement for ``count`` rows (made once per count).
@@ -757,18 +760,16 @@ class PgJournal:
         ``WITH``, run exactly once); the rows are inserted only if it closed
         the row: the lease check, the close and the write are one statement.
         """
-        statement = self._inserts.get((count, None))
+        statement = self._closings.get(count)
         if statement is None:
-            rows = "(%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1)
-            text = (
+            statement = self._composed(
                 "WITH closed AS (UPDATE {s}.runs SET done = true, outcome = %s, finished_at = now()"
                 " WHERE run = %s AND owner = %s AND fence = %s"
                 " AND set_config('synchronous_commit', 'on', true) IS NOT NULL RETURNING run)"
                 " INSERT INTO {s}.records (run, seq, line) SELECT closed.run, v.n, v.l"
-                " FROM closed, (VALUES " + rows + ") AS v(n, l) ORDER BY v.n"
+                " FROM closed, " + _rows(count) + " ORDER BY v.n"
             )
-            statement = sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(self._conn)
-            self._inserts[(count, None)] = statement
+            self._closings[count] = statement
         return statement
 
     def flush(self) -> None:
@@ -814,6 +815,11 @@ class PgJournal:
 
     def __repr__(self) -> str:
         return f"PgJournal(schema={self.schema!r})"
+
+
+def _rows(count: int) -> LiteralString:
+    """``count`` rows of (seq, line) parameters, as the VALUES list ``v(n, l)`` (nothing is adapted as an array)."""
+    return "(VALUES (%s::bigint, %s::bytea)" + ", (%s, %s)" * (count - 1) + ") AS v(n, l)"
 
 
 def _reason(error: psycopg.Error) -> str:
