@@ -19,11 +19,15 @@ from attempt_kernel import (
     IntentPlanned,
     Pending,
     Planned,
+    Record,
     Running,
     RunLogWriter,
+    RunStarted,
     StepResult,
     Succeed,
     Succeeded,
+    idempotency_key,
+    read_log,
 )
 
 
@@ -60,3 +64,17 @@ def write_log(path: Path, changes: list[Change], run: str = "r") -> Path:
         for change in changes:
             log.append(run, change)
     return path
+
+
+def nonce_in(path: Path, run: str) -> str:
+    """The random part of ``run``'s keys, as the start record in the log at ``path`` has it."""
+    for item in read_log(path):
+        if isinstance(item, Record) and item.run == run and isinstance(item.change, RunStarted):
+            return item.change.nonce
+    raise AssertionError(f"run {run!r} has no run_started record in {path}")
+
+
+def key_in(path: Path, run: str, step: str, name: str) -> str:
+    """The idempotency key intent ``name`` of ``step`` carries in ``run`` of the log at
+    ``path``: made from the names and the run's random part, as its start records it."""
+    return idempotency_key(run, step, name, nonce=nonce_in(path, run))

@@ -8,7 +8,9 @@ out by hand.
 
 from __future__ import annotations
 
+
 import asyncio
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -92,8 +94,11 @@ def run_one(tmp_path: Path, steps: list[Step], admission_limit: int = 8) -> Batc
 def test_creation_and_admission_then_result_and_end_go_in_pairs(tmp_path: Path) -> None:
     """One succeeding step: start, (created, admitted), (result, succeeded), end."""
     log = run_one(tmp_path, [Step(name="s", run=ok)])
+    started = log.calls[0][1][0]
+    nonce = started.nonce if isinstance(started, RunStarted) else "?"
+    assert re.fullmatch("[0-9a-f]{16}", nonce), nonce  # the run's random part of its keys
     assert log.calls == [
-        ("one", (RunStarted(workflow="w", input=None),)),
+        ("one", (RunStarted(workflow="w", input=None, nonce=nonce),)),
         ("all", (AttemptCreated(step="s", attempt=1), admitted("s"))),
         ("all", (
             StepResult(step="s", attempt=1, value="done"),

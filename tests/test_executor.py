@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import os
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -650,8 +651,10 @@ def test_a_refused_dispatch_stops_the_run_and_its_attempt_ends_as_recovery_would
     assert report.status == "interrupted" and sent == []
     changes = [item.change for item in read_log(path) if isinstance(item, Record)]
     key = changes[3].key if isinstance(changes[3], IntentPlanned) else "?"
+    nonce = changes[0].nonce if isinstance(changes[0], RunStarted) else "?"
+    assert re.fullmatch("[0-9a-f]{16}", nonce), nonce  # the run's random part of its keys
     assert changes == [
-        RunStarted(workflow="w", input=None),
+        RunStarted(workflow="w", input=None, nonce=nonce),
         AttemptCreated(step="pay", attempt=1),
         AttemptTransitioned(step="pay", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
         IntentPlanned(step="pay", attempt=1, name="charge", key=key),

@@ -44,12 +44,15 @@ EXPECTED_PUBLIC = {
     "RunRefused", "RunsStopped", "RunStanding", "resume_log", "Resumed", "Supervisor",
     # many workers (spec §10): the executor's seam for shared pools
     "PoolAdmission",
+    # workflows as code
+    "workflow", "RunContext", "WorkflowFunction", "StepOptions", "StepCalled",
+    "StepFailed", "WorkflowDiverged",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
     "AttemptKernelError", "RunLogError", "EffectRejected", "DispatchRefused",
-    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission",
+    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext",
 }  # fmt: skip
 STATES_AND_CAUSES = [
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",

@@ -68,10 +68,16 @@ from attempt_kernel import (
     run_jobs,
 )
 from attempt_kernel._cli import main as cli_main
+from logs import key_in, nonce_in
 
 RUN = "order-1"
 EFFECTS = {"charge": "charge-card", "receipt": "email"}
-KEYS = {idempotency_key(RUN, step, name): (step, name) for step, name in EFFECTS.items()}
+
+
+def keys(path: Path) -> dict[str, tuple[str, str]]:
+    """(step, effect) by idempotency key in the run of the log at ``path`` (keys carry the
+    run's random part, from its start record)."""
+    return {key_in(path, RUN, step, name): (step, name) for step, name in EFFECTS.items()}
 
 # What the downstream does with each call, in order (then "ok"):
 BEHAVIOURS = [
@@ -236,10 +242,11 @@ def outstanding(path: Path) -> list[tuple[str, int, str]]:
     report = replay(path)
     last: dict[str, tuple[int, bool]] = {}
     latest: dict[str, int] = {}
+    nonce = nonce_in(path, RUN)
     for r in records(path):
         c = r.change
         if isinstance(c, (IntentChanged, IntentReconciled)):
-            last[idempotency_key(r.run, c.step, c.name)] = (c.attempt, c.to_state == Dispatched())
+            last[idempotency_key(r.run, c.step, c.name, nonce=nonce)] = (c.attempt, c.to_state == Dispatched())
         elif isinstance(c, AttemptCreated):
             latest[c.step] = c.attempt
     return [
@@ -261,7 +268,7 @@ def answer_as_operator(path: Path, downstream: Downstream, via: str) -> None:
                 argv += ["--result", json.dumps(f"told-{key}")]
             assert cli_main(argv) == 0
             continue
-        _, name = KEYS[key]
+        _, name = keys(path)[key]
         confirmed = answer == "confirmed"
         with RunLogWriter(path, create=False) as writer:
             writer.append(
@@ -299,13 +306,14 @@ def assert_clean(path: Path, when: str) -> None:
 def check_properties(path: Path, downstream: Downstream, policy: RetryPolicy) -> None:
     """The five properties, from the log (folded here) and the downstream's own record."""
     confirmed_at: dict[str, int] = {}
-    rejected_at: dict[str, list[int]] = {key: [] for key in KEYS}
+    rejected_at: dict[str, list[int]] = {key: [] for key in keys(path)}
+    nonce = nonce_in(path, RUN)
     open_intents: dict[str, set[str]] = {step: set() for step in EFFECTS}
     cancelled_at: int | None = None
     for r in records(path):
         c = r.change
         if isinstance(c, (IntentChanged, IntentReconciled)):
-            key = idempotency_key(r.run, c.step, c.name)
+            key = idempotency_key(r.run, c.step, c.name, nonce=nonce)
             if c.to_state == Dispatched():
                 open_intents[c.step].add(c.name)
             else:

@@ -458,7 +458,9 @@ def test_fast_record_builder_equals_the_dataclass_constructor() -> None:
 
     built = _new_record(3, 4, 5, "run", RunFinished())
     assert built == Record(line=3, seq=4, time_us=5, run="run", change=RunFinished())
-    assert repr(built) == "Record(line=3, seq=4, time_us=5, run='run', change=RunFinished())"
+    assert repr(built) == (
+        "Record(line=3, seq=4, time_us=5, run='run', change=RunFinished(result=None, error=None))"
+    )
     with pytest.raises(FrozenInstanceError):
         built.seq = 9  # type: ignore[misc]
 

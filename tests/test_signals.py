@@ -36,7 +36,6 @@ from attempt_kernel import (
     RunStopRequested,
     Step,
     StepContext,
-    idempotency_key,
     load_workflow,
     read_log,
     recover_log,
@@ -44,6 +43,7 @@ from attempt_kernel import (
     run_jobs,
 )
 from attempt_kernel._cli import GRACE
+from logs import key_in
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +53,11 @@ LOG = "run.jsonl"
 RUN = "r1"
 SLACK = 4.0
 """Seconds beyond the grace period a stopped process may take to exit."""
-CHARGE_KEY = idempotency_key(RUN, "charge", "charge-card")
+
+
+def charge_key(cwd: Path) -> str:
+    """The charge's idempotency key in the run's log (keys carry the run's random part)."""
+    return key_in(cwd / LOG, RUN, "charge", "charge-card")
 
 
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -124,7 +128,7 @@ def running(step: str) -> Callable[[list[Record]], bool]:
 
 def in_flight(cwd: Path) -> Callable[[list[Record]], bool]:
     """The intent is Dispatched in the log and the downstream service has the call."""
-    return lambda rs: CHARGE_KEY in calls(cwd) and any(
+    return lambda rs: charge_key(cwd) in calls(cwd) and any(
         isinstance(r.change, IntentChanged) and type(r.change.to_state).__name__ == "Dispatched"
         for r in rs
     )
@@ -227,11 +231,11 @@ def test_a_signal_during_an_effect_ends_the_attempt_indeterminate(
     assert took < GRACE + SLACK, took
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert states(tmp_path) == {("charge", 1): "Indeterminate"}
-    assert calls(tmp_path) == [CHARGE_KEY]
+    assert calls(tmp_path) == [charge_key(tmp_path)]
     assert status(tmp_path) == "interrupted"
     report = replay(tmp_path / LOG)
     assert report.valid and report.unfinished == (RUN,)
-    assert [a.outstanding for a in report.indeterminate] == [(CHARGE_KEY,)]
+    assert [a.outstanding for a in report.indeterminate] == [(charge_key(tmp_path),)]
 
 
 def test_recover_and_reconcile_finish_a_run_stopped_during_an_effect(tmp_path: Path) -> None:
@@ -242,13 +246,13 @@ def test_recover_and_reconcile_finish_a_run_stopped_during_an_effect(tmp_path: P
     first = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:charges")
     assert first.returncode == 0, first.stdout + first.stderr
     assert status(tmp_path) == "needs-reconciliation"
-    answer = cli(tmp_path, "reconcile", LOG, "--key", CHARGE_KEY, "--confirmed", "--result", '"ch-1"')
+    answer = cli(tmp_path, "reconcile", LOG, "--key", charge_key(tmp_path), "--confirmed", "--result", '"ch-1"')
     assert answer.returncode == 0, answer.stderr
     second = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:charges")
     assert second.returncode == 0, second.stdout + second.stderr
     assert status(tmp_path) == "succeeded"
     assert states(tmp_path) == {("charge", 1): "Indeterminate", ("charge", 2): "Succeeded"}
-    assert calls(tmp_path) == [CHARGE_KEY]
+    assert calls(tmp_path) == [charge_key(tmp_path)]
     assert replay(tmp_path / LOG).valid
 
 
@@ -262,7 +266,7 @@ def test_a_crash_during_an_effect_is_settled_by_the_steps_reconciler(tmp_path: P
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:asked_charges")
     assert done.returncode == 0, done.stdout + done.stderr
     assert status(tmp_path) == "succeeded"
-    assert calls(tmp_path) == [CHARGE_KEY]
+    assert calls(tmp_path) == [charge_key(tmp_path)]
 
 
 def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_path: Path) -> None:
@@ -273,7 +277,7 @@ def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_pa
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:asked_charges")
     assert done.returncode == 0, done.stdout + done.stderr
     assert status(tmp_path) == "succeeded"
-    assert calls(tmp_path) == [CHARGE_KEY]
+    assert calls(tmp_path) == [charge_key(tmp_path)]
 
 
 # ------------------------------------------------------- a second Ctrl-C

@@ -23,6 +23,8 @@ from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
 from ._codec import RunLogError as RunLogError
+from ._coderun import StepFailed as StepFailed
+from ._coderun import WorkflowDiverged as WorkflowDiverged
 from ._codec import SCHEMA_VERSION as SCHEMA_VERSION
 from ._codec import UnencodableRecord as UnencodableRecord
 from ._context import Perform as Perform
@@ -34,10 +36,10 @@ from ._executor import Job as Job
 from ._executor import PoolAdmission as PoolAdmission
 from ._executor import RunControl as RunControl
 from ._executor import RunRefused as RunRefused
-from ._executor import RunReport as RunReport
+from ._outcome import RunReport as RunReport
 from ._executor import RunsStopped as RunsStopped
 from ._executor import StepError as StepError
-from ._executor import StepOutcome as StepOutcome
+from ._outcome import StepOutcome as StepOutcome
 from ._executor import run_jobs as run_jobs
 from ._findings import RECONCILER_DEADLINE as RECONCILER_DEADLINE
 from ._findings import EffectFinding as EffectFinding
@@ -91,6 +93,7 @@ from ._records import RunFinished as RunFinished
 from ._records import RunResumed as RunResumed
 from ._records import RunStarted as RunStarted
 from ._records import RunStopRequested as RunStopRequested
+from ._records import StepCalled as StepCalled
 from ._records import StepResult as StepResult
 from ._records import TornTail as TornTail
 from ._recovery import Asked as Asked
@@ -110,11 +113,15 @@ from ._store import Journal as Journal
 from ._store import LogSource as LogSource
 from ._store import RunLog as RunLog
 from ._workflow import RetryPolicy as RetryPolicy
+from ._workflow import RunContext as RunContext
 from ._workflow import Step as Step
 from ._workflow import StepFunction as StepFunction
+from ._workflow import StepOptions as StepOptions
 from ._workflow import Workflow as Workflow
 from ._workflow import WorkflowError as WorkflowError
+from ._workflow import WorkflowFunction as WorkflowFunction
 from ._workflow import load_workflow as load_workflow
+from ._workflow import workflow as workflow
 
 __all__ = [
     "Abandon",
@@ -152,9 +159,9 @@ __all__ = [
     "IntentPlanned",
     "IntentReconciled",
     "IntentState",
-    "JSON",
     "Job",
     "Journal",
+    "JSON",
     "LogItem",
     "LogLocked",
     "LogNeedsRecovery",
@@ -170,8 +177,8 @@ __all__ = [
     "PoolAdmission",
     "PriorStep",
     "QueueDeadlinePassed",
-    "RECONCILER_DEADLINE",
     "Reconciler",
+    "RECONCILER_DEADLINE",
     "Record",
     "RecoveredRun",
     "Recovery",
@@ -182,26 +189,30 @@ __all__ = [
     "Resumed",
     "RetryPolicy",
     "RunCancelRequested",
+    "RunContext",
     "RunControl",
     "RunFinished",
     "RunLog",
     "RunLogError",
     "RunLogWriter",
+    "Running",
     "RunRefused",
     "RunReport",
     "RunResumed",
+    "RunsStopped",
     "RunStanding",
     "RunStarted",
     "RunStatus",
     "RunStopRequested",
-    "Running",
-    "RunsStopped",
     "SCHEMA_VERSION",
     "Step",
+    "StepCalled",
     "StepContext",
     "StepDeadlinePassed",
     "StepError",
+    "StepFailed",
     "StepFunction",
+    "StepOptions",
     "StepOutcome",
     "StepResult",
     "Succeed",
@@ -213,7 +224,9 @@ __all__ = [
     "UnencodableRecord",
     "Violation",
     "Workflow",
+    "WorkflowDiverged",
     "WorkflowError",
+    "WorkflowFunction",
     "cancel_cause",
     "idempotency_key",
     "intent_dispatched",
@@ -228,4 +241,5 @@ __all__ = [
     "resume_log",
     "run_jobs",
     "transition",
+    "workflow",
 ]

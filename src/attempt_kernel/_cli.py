@@ -551,7 +551,10 @@ def _recover(args: argparse.Namespace) -> int:
         return _stopped("recover", error, f"attempt-kernel recover {_redacted(log_path)}{extra}")
     for report in resumed.reports:
         sys.stdout.write(_report.run_text(report))
-    return _replay_and_print(log_path)
+    code = _replay_and_print(log_path)
+    for diverged in resumed.diverged:
+        sys.stderr.write(f"attempt-kernel recover: error: {diverged}\n")
+    return 2 if resumed.diverged else code
 
 
 def _writer_holds(path: str) -> bool:

@@ -76,6 +76,7 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    StepCalled,
     StepResult,
 )
 
@@ -114,6 +115,7 @@ class Kind(enum.Enum):
     RUN_CANCEL_REQUESTED = "run_cancel_requested"
     RUN_STOP_REQUESTED = "run_stop_requested"
     RUN_RESUMED = "run_resumed"
+    STEP_CALLED = "step_called"
     CREATED = "created"
     TRANSITION = "transition"
     INTENT_PLANNED = "intent_planned"
@@ -135,6 +137,8 @@ def kind_of(change: Change) -> Kind:
             return Kind.RUN_STOP_REQUESTED
         case RunResumed():
             return Kind.RUN_RESUMED
+        case StepCalled():
+            return Kind.STEP_CALLED
         case AttemptCreated():
             return Kind.CREATED
         case AttemptTransitioned():
@@ -294,6 +298,7 @@ _T_STOP: Final = Kind.RUN_STOP_REQUESTED.value
 _T_RESUMED: Final = Kind.RUN_RESUMED.value
 _T_RECONCILED: Final = Kind.RECONCILED.value
 _T_DOMAIN: Final = Kind.DOMAIN_STATE.value
+_T_CALLED: Final = Kind.STEP_CALLED.value
 
 
 def _change_json(change: Change) -> str:
@@ -347,10 +352,21 @@ def _change_json(change: Change) -> str:
                 f',"type":"{_T_PLANNED}","step":{_q(change.step)},"attempt":{change.attempt:d}'
                 f',"intent":{_q(change.name)},"key":{_q(change.key)}}}'
             )
+        case StepCalled():
+            return (
+                f',"type":"{_T_CALLED}","step":{_q(change.step)},"position":{change.position:d}'
+                f',"name":{_q(change.name)},"digest":{_q(change.digest)}}}'
+            )
         case RunStarted():
             head = f',"type":"{_T_STARTED}","workflow":{_q(change.workflow)}'
             if change.domain_states:
                 head += f',"domain_states":[{",".join(_q(n) for n in change.domain_states)}]'
+            if change.version:
+                head += f',"version":{_q(change.version)}'
+            if change.nonce:
+                head += f',"nonce":{_q(change.nonce)}'
+            if change.code:
+                head += ',"code":true'
             if change.input is None:
                 return head + "}"
             return f'{head},"input":{_dumps(change.input)}}}'
@@ -361,6 +377,10 @@ def _change_json(change: Change) -> str:
         case RunCancelRequested():
             return f',"type":"{_T_CANCEL}","reason":{_q(change.reason)}}}'
         case RunFinished():
+            if change.error is not None:
+                return f',"type":"{_T_FINISHED}","ok":false,"error":{_q(change.error)}}}'
+            if change.result is not None:
+                return f',"type":"{_T_FINISHED}","ok":true,"result":{_dumps(change.result)}}}'
             return f',"type":"{_T_FINISHED}"}}'
         case _:
             assert_never(change)
@@ -561,13 +581,39 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 note=_text(obj, "note"),
             )
         case Kind.RUN_STARTED:
+            code = obj.get("code", False)
+            if type(code) is not bool:
+                raise _Bad(f"field 'code' must be true or false, got {_shown(code)}")
             return RunStarted(
                 workflow=_str(obj, "workflow"),
                 input=cast(JSON, obj.get("input")),  # json.loads yields only JSON values
                 domain_states=_names(obj, "domain_states"),
+                version=_text(obj, "version"),
+                nonce=_text(obj, "nonce"),
+                code=code,
+            )
+        case Kind.STEP_CALLED:
+            return StepCalled(
+                step=_str(obj, "step"),
+                position=_int(obj, "position"),
+                name=_str(obj, "name"),
+                digest=_str(obj, "digest"),
             )
         case Kind.RUN_FINISHED:
-            return RunFinished()
+            ok = obj.get("ok")
+            if ok is None:
+                if "result" in obj or "error" in obj:
+                    raise _Bad("a run_finished with a 'result' or an 'error' needs field 'ok'")
+                return RunFinished()
+            if ok is True:
+                if "error" in obj:
+                    raise _Bad("a run_finished with 'ok': true has no 'error'")
+                return RunFinished(result=cast(JSON, obj.get("result")))
+            if ok is False:
+                if "result" in obj:
+                    raise _Bad("a run_finished with 'ok': false has no 'result'")
+                return RunFinished(error=_str(obj, "error"))
+            raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
         case Kind.RUN_RESUMED:
             return RunResumed()
         case Kind.RUN_CANCEL_REQUESTED:
@@ -722,6 +768,8 @@ def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
             nested = obj.get("value")
             if nested is None:
                 nested = obj.get("input")
+            if nested is None:
+                nested = obj.get("result")
             if keys != len(obj) + _keys_in(nested):
                 obj, end = _parse_checking_keys(text)
     except _NotStrict as error:

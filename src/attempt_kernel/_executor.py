@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,6 +51,7 @@ from ._attempt import (
     transition,
 )
 from ._codec import UnencodableRecord, state_name
+from ._coderun import CodeRun, WorkflowDiverged
 from ._context import Perform
 from ._errors import AttemptKernelError
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown, ask_all
@@ -66,8 +68,6 @@ from ._ledger import (
     Ledger,
     PriorStep,
     RunStatus,
-    StepView,
-    deadline_message,
     has_succeeded,
     may_run_again,
     run_status,
@@ -86,8 +86,10 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    StepCalled,
     StepResult,
 )
+from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._store import BatchLog, DispatchRefused, LogSource, RunLog, is_batch_log, is_log_source
 from ._workflow import Step, Workflow
 
@@ -118,32 +120,6 @@ class RunRefused(AttemptKernelError):
 # --------------------------------------------------------------------------
 # Public results
 # --------------------------------------------------------------------------
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StepOutcome:
-    """How a step ended in a run: its last attempt's state and what it left behind."""
-
-    step: str
-    state: AttemptState | None
-    """The last attempt's state, or None if the step never started."""
-    attempts: int
-    result: JSON = None
-    error: str | None = None
-    outstanding: tuple[str, ...] = ()
-    """Idempotency keys of intents still outstanding: reconcile these."""
-
-
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunReport:
-    """What a run did, step by step."""
-
-    run: str
-    workflow: str
-    status: RunStatus
-    steps: tuple[StepOutcome, ...]
 
 
 @final
@@ -214,12 +190,13 @@ _SetState: TypeAlias = Callable[[str, str, int, str], None]
 class _Context:
     """The executor's `StepContext`: effects go through the executor's ledger and log."""
 
-    __slots__ = ("_effect", "_set_state", "run", "step", "attempt", "input", "inputs")
+    __slots__ = ("_effect", "_set_state", "_key", "run", "step", "attempt", "input", "inputs")
 
     def __init__(
         self,
         effect: _Effect,
         set_state: _SetState,
+        key: Callable[[str, str, str], str],
         run: str,
         step: str,
         attempt: int,
@@ -228,6 +205,7 @@ class _Context:
     ) -> None:
         self._effect: Final = effect
         self._set_state: Final = set_state
+        self._key: Final = key
         self.run: Final = run
         self.step: Final = step
         self.attempt: Final = attempt
@@ -235,7 +213,7 @@ class _Context:
         self.inputs: Final = inputs
 
     def idempotency_key(self, name: str) -> str:
-        return idempotency_key(self.run, self.step, name)
+        return self._key(self.run, self.step, name)
 
     async def effect(self, name: str, perform: Perform) -> JSON:
         return await self._effect(self.run, self.step, self.attempt, name, perform)
@@ -314,30 +292,15 @@ else:
         return await asyncio.wait_for(_guarded(awaitable), seconds)
 
 
-def _describe(error: BaseException) -> str:
-    text = str(error)
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def _outcome(name: str, view: StepView | None) -> StepOutcome:
-    """A step's outcome as its ledger view says it (never started: no view)."""
-    if view is None:
-        return StepOutcome(step=name, state=None, attempts=0)
-    attempt = view.attempt
-    succeeded = has_succeeded(attempt.state)
-    return StepOutcome(
-        step=name,
-        state=attempt.state,
-        attempts=attempt.number,
-        result=view.result if succeeded else None,
-        error=None if succeeded else view.error or deadline_message(attempt.last_cause),
-        outstanding=view.outstanding(),
-    )
-
-
 def _report(workflow: Workflow, run: str, ledger: Ledger, status: RunStatus) -> RunReport:
     view = ledger.runs[run]
-    steps = tuple(_outcome(s.name, view.steps.get(s.name)) for s in workflow.steps)
+    if view.code:
+        steps = tuple(outcome(c.step, view.steps.get(c.step)) for c in view.calls)
+        return RunReport(
+            run=run, workflow=workflow.name, status=status, steps=steps,
+            result=view.result, error=view.error,
+        )  # fmt: skip
+    steps = tuple(outcome(s.name, view.steps.get(s.name)) for s in workflow.steps)
     return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
 
 
@@ -501,7 +464,7 @@ class Executor:
             )
         if name in view.confirmed:
             return view.confirmed[name]
-        key = idempotency_key(run, step, name)
+        key = self._key(run, step, name)
         self._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
         try:
             self._intent(run, step, name, Dispatch())
@@ -528,6 +491,17 @@ class Executor:
             ) from None
         return value
 
+    def _key(self, run: str, step: str, name: str) -> str:
+        """The idempotency key of an effect: the one the step used before, if any,
+        else made from the names and the run's random part (`RunStarted.nonce`)."""
+        view = self._ledger.runs[run]
+        known = view.steps.get(step)
+        if known is not None:
+            key = known.keys.get(name)
+            if key is not None:
+                return key
+        return idempotency_key(run, step, name, nonce=view.nonce)
+
     def _set_state(self, run: str, step: str, number: int, name: str) -> None:
         """`StepContext.set_state`: a declared domain state, into the log (spec §7)."""
         declared = self._ledger.runs[run].domain_states
@@ -538,7 +512,12 @@ class Executor:
             )
         self._write(run, DomainStateSet(step=step, attempt=number, state=name))
 
-    async def _ask_reconcilers(self, run: str, step: Step) -> None:
+    async def _ask_reconcilers(
+        self,
+        run: str,
+        step: Step,
+        note: str = "asked when the run was stopped, before ending the attempt",
+    ) -> None:
         """Ask the step's reconcilers about its attempt's outstanding intents and
         record what they found (`EffectUnknown` leaves an intent outstanding)."""
         attempt = self._ledger.attempt(run, step.name)
@@ -576,7 +555,7 @@ class Executor:
                     to_state=intent_transition(current, cause),
                     result=result,
                     by="reconciler",
-                    note="asked when the run was stopped, before ending the attempt",
+                    note=note,
                 ),
             )
 
@@ -681,7 +660,7 @@ class Executor:
                         message = f"the step returned a value the run log cannot encode: {error}"
                         self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _Raised():
-                    message = _describe(output.error)
+                    message = describe(output.error)
                     self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _:
                     assert_never(output)
@@ -706,9 +685,9 @@ class Executor:
             if not self._may_start(run):
                 # A step started just before a stop (or cancel) was recorded
                 # creates no attempt after it (spec §9).
-                return _outcome(step.name, view)
+                return outcome(step.name, view)
             number = 1 if view is None else view.attempt.number + 1
-            context = _Context(self._effect, self._set_state, run, step.name, number, input, inputs)
+            context = _Context(self._effect, self._set_state, self._key, run, step.name, number, input, inputs)
             await self._attempt(run, step, number, context, admission)
             view = ledger.step(run, step.name)
             assert view is not None  # the attempt was created above
@@ -719,7 +698,7 @@ class Executor:
                 # A cancelled or stopped run starts no attempt, even where the
                 # cancellation of this task was lost (3.10's wait_for can
                 # swallow one).
-                return _outcome(step.name, view)
+                return outcome(step.name, view)
 
     # ------------------------------------------------------------ one run
 
@@ -748,6 +727,8 @@ class Executor:
         one that has not finished is refused (`RunRefused`: recover it).
         """
         control = control if control is not None else RunControl()
+        if workflow.function is not None:
+            return await self._run_code(workflow, run, control, prior is not None, input)
         ledger = self._ledger
         outcomes: dict[str, StepOutcome] = {}
         known = ledger.run(run)
@@ -764,7 +745,13 @@ class Executor:
                 )
             self._write(
                 run,
-                RunStarted(workflow=workflow.name, input=input, domain_states=workflow.domain_states),
+                RunStarted(
+                    workflow=workflow.name,
+                    input=input,
+                    domain_states=workflow.domain_states,
+                    version=workflow.version,
+                    nonce=secrets.token_hex(8),
+                ),
             )
         else:
             if known is None or not known.steps:
@@ -780,7 +767,7 @@ class Executor:
                 if not may_run_again(
                     step_def.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
                 ):
-                    outcomes[name] = _outcome(name, view)
+                    outcomes[name] = outcome(name, view)
         if self._admission is None:
             self._admission = asyncio.Semaphore(self._limit)
         if self._stop is None:
@@ -869,7 +856,7 @@ class Executor:
                 try:
                     outcomes[name] = await task
                 except asyncio.CancelledError:
-                    outcomes[name] = _outcome(name, ledger.step(run, name))
+                    outcomes[name] = outcome(name, ledger.step(run, name))
                 except Exception as error:  # noqa: BLE001  # re-raised below
                     step_errors.append(error)
             # run_finished closes a run that ended or was cancelled; a stopped
@@ -881,7 +868,7 @@ class Executor:
             if failure is None and step_errors:
                 raise step_errors[0]
         steps = tuple(
-            outcomes[s.name] if s.name in outcomes else _outcome(s.name, None) for s in workflow.steps
+            outcomes[s.name] if s.name in outcomes else outcome(s.name, None) for s in workflow.steps
         )
         status: RunStatus = (
             "interrupted"
@@ -889,6 +876,160 @@ class Executor:
             else run_status(((s.state, s.outstanding) for s in steps), cancelled)
         )
         return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
+
+
+    # ------------------------------------------------------------ a code run
+
+    async def _run_code(
+        self, workflow: Workflow, run: str, control: RunControl, resuming: bool, input: JSON
+    ) -> RunReport:
+        """Run a code workflow's function (see `_coderun`): live, or from the top
+        against the log when ``resuming``."""
+        function = workflow.function
+        assert function is not None
+        ledger = self._ledger
+        known = ledger.run(run)
+        if not resuming:
+            if known is not None and known.finished:
+                log = self._log
+                if not is_log_source(log):
+                    raise RunRefused(f"run {run!r} already finished in this log")
+                return recorded_report(log, workflow, run)
+            if known is not None:
+                raise RunRefused(
+                    f"run {run!r} is already in the log and has not finished; recovery"
+                    " resumes it (`attempt-kernel recover LOG`, or `resume_log`)"
+                )
+            self._write(
+                run,
+                RunStarted(
+                    workflow=workflow.name,
+                    input=input,
+                    domain_states=workflow.domain_states,
+                    version=workflow.version,
+                    nonce=secrets.token_hex(8),
+                    code=True,
+                ),
+            )
+        elif known is None or not known.code:
+            raise RunRefused(
+                f"run {run!r} is not a code workflow's run in this log (or the log cannot be"
+                " read back), so it cannot be resumed by running its function again"
+            )
+        else:
+            input = known.input
+        if self._admission is None:
+            self._admission = asyncio.Semaphore(self._limit)
+        if self._stop is None:
+            self._stop = asyncio.Event()
+        admission = self._admission
+
+        def write(change: StepCalled) -> None:
+            self._write(run, change)
+
+        async def drive(step: Step) -> StepOutcome:
+            return await self._drive(run, step, input, {}, admission)
+
+        async def end_orphan(step: Step) -> None:
+            # as recovery ends an orphan: its reconcilers first, then the
+            # Cancel the intent record decides
+            await self._ask_reconcilers(
+                run, step, "asked by recovery before ending the orphaned attempt"
+            )
+            self._cancel(run, step.name)
+
+        code = CodeRun(
+            run=run,
+            input=input,
+            ledger=ledger,
+            defaults=workflow.defaults,
+            domain_states=ledger.runs[run].domain_states,
+            write=write,
+            may_start=lambda: self._may_start(run),
+            drive=drive,
+            end_orphan=end_orphan,
+            replaying=resuming,
+        )
+        main = asyncio.ensure_future(code.main(function))
+        if resuming:
+            try:
+                await code.replay(main)
+            except BaseException:
+                main.cancel()
+                for task in list(code.tasks):
+                    task.cancel()
+                await asyncio.gather(main, *code.tasks, return_exceptions=True)
+                code.close()
+                raise
+            self._write(run, RunResumed())
+            await code.take_up()
+        cancel_wait = asyncio.ensure_future(control.wait())
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        failed_wait = asyncio.ensure_future(code.failed.wait())
+        cancelled = stopped = False
+        failure: BaseException | None = None
+        try:
+            await asyncio.wait(
+                {main, cancel_wait, stop_wait, failed_wait}, return_when=asyncio.FIRST_COMPLETED
+            )
+            if code.failure is not None:
+                failure = code.failure
+            elif not main.done() and control.cancelled:
+                cancelled = True
+                self._write(run, RunCancelRequested(reason="RunControl.cancel()"))
+            elif not main.done():
+                stopped = True
+                self._write(run, RunStopRequested(reason=self._stop_reason))
+                if code.tasks:
+                    await asyncio.wait(list(code.tasks), timeout=self._grace)
+        except asyncio.CancelledError:
+            cancelled = True
+            self._write(run, RunCancelRequested(reason="the task driving the run was cancelled"))
+            failure = asyncio.CancelledError()
+        finally:
+            for waiter in (cancel_wait, stop_wait, failed_wait):
+                waiter.cancel()
+            # Steps still live (the run was cancelled or stopped, or the function
+            # returned without awaiting them) end as a cancel ends them.
+            for task in list(code.tasks):
+                task.cancel()
+            if not main.done():
+                main.cancel()
+            await asyncio.gather(main, *code.tasks, return_exceptions=True)
+            code.close()
+        if failure is None and code.failure is not None:
+            failure = code.failure
+        if failure is not None and not cancelled:
+            self._log.flush()
+            raise failure
+        view = ledger.runs[run]
+        steps = tuple(outcome(c.step, view.steps.get(c.step)) for c in view.calls)
+        result: JSON = None
+        error: str | None = None
+        if stopped:
+            self._log.flush()
+            return RunReport(run=run, workflow=workflow.name, status="interrupted", steps=steps)
+        if not cancelled:
+            if main.cancelled():
+                error = "the workflow function was cancelled"
+            elif main.exception() is not None:
+                error = describe(main.exception() or Exception())
+            else:
+                result = main.result()
+        try:
+            self._write(run, RunFinished(result=result, error=error))
+        except UnencodableRecord as unencodable:  # nothing was written
+            result = None
+            error = f"the workflow function returned a value the run log cannot encode: {unencodable}"
+            self._write(run, RunFinished(error=error))
+        self._log.flush()
+        status = ledger.runs[run].status
+        assert status is not None  # set by run_finished
+        if failure is not None:  # the task driving the run was cancelled: say so to it
+            raise failure
+        return RunReport(
+            run=run, workflow=workflow.name, status=status, steps=steps, result=result, error=error
+        )
 
 
 @final
@@ -934,11 +1075,36 @@ def run_jobs(
     With ``stop_on_signals``, SIGINT and SIGTERM stop the runs gracefully
     (`Executor.stop` with ``grace`` seconds) and `RunsStopped` is raised once
     they are closed off; a second SIGINT exits the process at once (exit
-    130), which recovery handles like a crash.
+    130), which recovery handles like a crash. A resumed code workflow whose
+    code no longer matches its log does not stop the others: once they are
+    done, the first `WorkflowDiverged` is raised (nothing was written for
+    that run; `resume_log` reports every divergence instead).
     """
+    done = drive_jobs(
+        log, jobs, admission_limit=admission_limit, progress=progress,
+        stop_on_signals=stop_on_signals, grace=grace,
+    )  # fmt: skip
+    reports: list[RunReport] = []
+    for item in done:
+        if isinstance(item, WorkflowDiverged):
+            raise item
+        reports.append(item)
+    return reports
+
+
+def drive_jobs(
+    log: RunLog,
+    jobs: list[Job],
+    *,
+    admission_limit: int = 8,
+    progress: Callable[[str], None] | None = None,
+    stop_on_signals: bool = False,
+    grace: float = 5.0,
+) -> list[RunReport | WorkflowDiverged]:
+    """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the reports."""
     caught: list[int] = []
 
-    async def drive(executor: Executor, job: Job) -> RunReport:
+    async def drive(executor: Executor, job: Job) -> RunReport | WorkflowDiverged:
         control = RunControl()
         supervisor = (
             asyncio.ensure_future(job.supervise(control)) if job.supervise is not None else None
@@ -947,11 +1113,13 @@ def run_jobs(
             return await executor.run(
                 job.workflow, job.run, control=control, prior=job.prior, input=job.input
             )
+        except WorkflowDiverged as diverged:
+            return diverged
         finally:
             if supervisor is not None:
                 supervisor.cancel()
 
-    reports: list[RunReport] = []
+    reports: list[RunReport | WorkflowDiverged] = []
 
     async def main() -> None:
         # Returns None: on 3.11, asyncio.run formats its main task (result
@@ -979,5 +1147,5 @@ def run_jobs(
 
     asyncio.run(main())
     if caught:
-        raise RunsStopped(caught[0], reports)
+        raise RunsStopped(caught[0], [r for r in reports if isinstance(r, RunReport)])
     return reports

@@ -34,6 +34,7 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    StepCalled,
     StepResult,
     TornTail,
 )
@@ -200,7 +201,9 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
             case RunResumed():
                 events.append(RunEvent(time_us=when, what="resumed"))
             case RunFinished():
-                events.append(RunEvent(time_us=when, what="finished"))
+                events.append(RunEvent(time_us=when, what="finished", reason=change.error or ""))
+            case StepCalled():
+                steps.setdefault(change.step, [])  # shown even before its first attempt
             case AttemptCreated():
                 steps.setdefault(change.step, []).append(
                     _Attempt(number=change.attempt, created_us=when)

@@ -226,12 +226,16 @@ def cancel_cause(intents: Iterable[IntentState]) -> Cancel:
     return Cancel(intent_dispatched=intent_dispatched(intents))
 
 
-def idempotency_key(run: str, step: str, name: str) -> str:
+def idempotency_key(run: str, step: str, name: str, *, nonce: str = "") -> str:
     """The key of intent ``name`` of ``step`` in ``run``, the same for every attempt.
 
-    Stable across attempts of the same step (spec §3), so a downstream system
-    can deduplicate a retried effect and an operator can reconcile an
-    `Indeterminate` attempt by asking for this key.
+    Stable across attempts of the same step, so a downstream system can
+    deduplicate a retried effect and an operator can reconcile an
+    `Indeterminate` attempt by asking for this key. ``nonce`` is the run's
+    random part (`RunStarted.nonce`): with it, two runs never share a key,
+    even when two logs hold the same run id. Without it (logs written before
+    runs had one) the key depends on the names alone.
     """
-    digest = hashlib.sha256(f"{run}\x00{step}\x00{name}".encode()).hexdigest()
+    text = f"{run}\x00{step}\x00{name}" if not nonce else f"{nonce}\x00{run}\x00{step}\x00{name}"
+    digest = hashlib.sha256(text.encode()).hexdigest()
     return f"ak1-{digest[:32]}"

@@ -96,6 +96,7 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    StepCalled,
     StepResult,
     TornTail,
 )
@@ -256,6 +257,21 @@ def run_status(
     return "succeeded" if all_succeeded else "failed"
 
 
+def code_run_status(
+    steps: Iterable[tuple[AttemptState | None, tuple[str, ...]]], cancelled: bool, raised: bool
+) -> RunStatus:
+    """How a code workflow's run ended: as `run_status` says for what must be
+    reconciled and for a cancel; otherwise by its function, which ``raised``
+    or returned (a step that failed and that the function caught fails
+    nothing)."""
+    for state, outstanding in steps:
+        if state is not None and needs_reconciliation(state, outstanding):
+            return "needs-reconciliation"
+    if cancelled:
+        return "cancelled"
+    return "failed" if raised else "succeeded"
+
+
 # --------------------------------------------------------------------------
 # The model
 # --------------------------------------------------------------------------
@@ -297,6 +313,8 @@ class StepView:
     """Intents earlier attempts left outstanding, by name (how many): an
     idempotent step retries past them under the same key, so they stay
     outstanding until an outcome for that key is recorded."""
+    position: int = 0
+    """A code workflow's step: its position in the run (0 for a DAG step)."""
 
     def outstanding(self) -> tuple[str, ...]:
         """Keys still outstanding: the latest attempt's intents that are
@@ -346,6 +364,22 @@ class RunView:
     """When its run_started record was written (records read from a log)."""
     ended_us: int | None = None
     """When its last run_finished record was written."""
+    version: str = ""
+    """Its workflow's version label (from run_started)."""
+    nonce: str = ""
+    """The random part of its idempotency keys (from run_started)."""
+    code: bool = False
+    """A code workflow's run: its steps have positions."""
+    calls: list[StepCalled] = field(default_factory=list[StepCalled])
+    """A code run's step calls, by position (``calls[p - 1]``)."""
+    events: list[int] = field(default_factory=list[int])
+    """A code run's calls and step ends in log order: ``p`` when position p
+    was called, ``-p`` when an attempt of it ended (recovery hands results
+    back to the code in this order). Dropped with its steps."""
+    result: JSON = None
+    """What a code workflow's function returned (kept for runs the ledger keeps)."""
+    error: str | None = None
+    """Why a code workflow's function raised, if it did."""
     steps: dict[str, StepView] = field(default_factory=dict[str, StepView])
     """Its steps, in the order they first appeared. Dropped once it finished,
     unless it finished needing reconciliation (kept for reconcile and resume)."""
@@ -428,6 +462,18 @@ class OpenAttempt:
     line: int
     outstanding: tuple[str, ...]
     """Idempotency keys of the intents still ``Dispatched`` when it ended."""
+
+
+def _position(view: RunView, step: str) -> int:
+    """The position a code run's step id was called at (0: never called)."""
+    _, sep, number = step.rpartition("@")
+    if not sep or not number.isdigit():
+        return 0
+    position = int(number)
+    calls = view.calls
+    if 0 < position <= len(calls) and calls[position - 1].step == step:
+        return position
+    return 0
 
 
 def _where(run: str, change: AttemptCreated) -> str:
@@ -647,6 +693,8 @@ class Ledger:
                 self._reconciled(run, view, change)
             case DomainStateSet():
                 self._domain_state(run, view, change)
+            case StepCalled():
+                self._called(run, view, change)
             case RunStarted():
                 if view is not None:
                     self._violate(f"run {run!r} started twice (or after its records)")
@@ -654,6 +702,7 @@ class Ledger:
                     view = self.runs[run] = RunView(run=run)
                 view.workflow, view.input = change.workflow, change.input
                 view.domain_states = change.domain_states
+                view.version, view.nonce, view.code = change.version, change.nonce, change.code
                 view.started_us = self._time
             case RunCancelRequested():
                 if view is None:
@@ -666,9 +715,33 @@ class Ledger:
             case RunResumed():
                 self._resumed(run, view)
             case RunFinished():
-                self._run_finished(run, view)
+                self._run_finished(run, view, change)
             case _:
                 assert_never(change)
+
+    def _called(self, run: str, view: RunView | None, change: StepCalled) -> None:
+        """A code run's step call: positions are contiguous, one record each."""
+        if view is None or not view.code:
+            self._violate(
+                f"step {change.step!r} called at position {change.position} in run {run!r},"
+                " which did not start as a code workflow's run"
+            )
+            return
+        expect = len(view.calls) + 1
+        if change.position != expect:
+            self._violate(
+                f"step {change.name!r} of run {run!r} called at position {change.position}"
+                f" where {expect} was expected (positions go 1, 2, 3, ..., one record each)"
+            )
+            return
+        if change.step != f"{change.name}@{change.position}":
+            self._violate(
+                f"step call at position {change.position} of run {run!r} names step"
+                f" {change.step!r}; it must be {change.name + '@' + str(change.position)!r}"
+            )
+            return
+        view.calls.append(change)
+        view.events.append(change.position)
 
     def _created(self, run: str, view: RunView | None, change: AttemptCreated) -> None:
         if view is None:
@@ -684,6 +757,14 @@ class Ledger:
                 " requested and before the run was resumed"
             )
         view.attempts += 1
+        position = 0
+        if view.code:
+            position = _position(view, change.step)
+            if not position:
+                self._violate(
+                    f"attempt {change.attempt} of {_where(run, change)} created, but no"
+                    " step_called record gave the step a position"
+                )
         step = view.steps.get(change.step)
         # Every field given: the default factories (dict[str, X]()) cost a
         # generic-alias call each, and this runs once per attempt.
@@ -702,6 +783,7 @@ class Ledger:
                 keys={},
                 confirmed={},
                 superseded={},
+                position=position,
             )
         else:
             previous = step.attempt
@@ -813,6 +895,8 @@ class Ledger:
         attempt.last_cause = cause
         if not is_terminal(to):
             return  # Admit: nothing was tried or left yet
+        if step.position:
+            self.runs[run].events.append(-step.position)
         step.tries += counts_as_try(to, cause)
         outstanding = step.outstanding()
         if not needs_reconciliation(to, outstanding):
@@ -986,7 +1070,7 @@ class Ledger:
             view.finished, view.status = False, None
         view.stop_requested = False
 
-    def _run_finished(self, run: str, view: RunView | None) -> None:
+    def _run_finished(self, run: str, view: RunView | None, change: RunFinished) -> None:
         if view is None:
             view = self.runs[run] = RunView(run=run)
         for name, step in view.steps.items():
@@ -997,9 +1081,14 @@ class Ledger:
                 )
         view.finished = True
         view.ended_us = self._time
-        view.status = run_status(
-            ((step.attempt.state, step.outstanding()) for step in view.steps.values()),
-            view.cancel_requested,
-        )
+        steps = ((step.attempt.state, step.outstanding()) for step in view.steps.values())
+        if view.code:
+            view.status = code_run_status(steps, view.cancel_requested, change.error is not None)
+            view.error = change.error
+            if run in self._keep:
+                view.result = change.result
+        else:
+            view.status = run_status(steps, view.cancel_requested)
         if view.status != "needs-reconciliation" and run not in self._keep:
             view.steps = {}  # memory follows live runs; these keep what reconcile needs
+            view.calls, view.events = [], []

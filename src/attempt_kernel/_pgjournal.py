@@ -65,6 +65,7 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    StepCalled,
     StepResult,
 )
 
@@ -329,6 +330,7 @@ def commits_synchronously(change: Change) -> bool:
             | IntentPlanned()
             | IntentReconciled()
             | DomainStateSet()
+            | StepCalled()
             | StepResult()
             | RunFinished()
         ):

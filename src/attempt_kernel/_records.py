@@ -49,6 +49,15 @@ class RunStarted:
     workflow: str
     input: JSON = None
     domain_states: tuple[str, ...] = ()
+    version: str = ""
+    """The workflow's version label, as its definition gave it ("" if none)."""
+    nonce: str = ""
+    """A random part drawn when the run started; every idempotency key of the
+    run is derived from it too, so two runs never share a key, even with the
+    same run id in two logs ("" in logs written before keys had it)."""
+    code: bool = False
+    """True for a workflow written as code: its steps are called at run time
+    and each has a position (`StepCalled`)."""
 
 
 @final
@@ -80,6 +89,23 @@ class RunCancelRequested:
     """
 
     reason: str = ""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepCalled:
+    """A code workflow called step ``name`` at ``position`` (1, 2, 3, ... per run).
+
+    Written before the step's first attempt. ``step`` is the id its attempts
+    are recorded under (``name@position``); ``digest`` is a digest of the
+    JSON arguments, so that a re-run of the workflow's code that asks for
+    something else at this position is caught (`WorkflowDiverged`).
+    """
+
+    step: str
+    position: int
+    name: str
+    digest: str
 
 
 @final
@@ -180,7 +206,14 @@ class StepResult:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunFinished:
-    """The executor is done with the run; no record of it may follow."""
+    """The executor is done with the run; no record of it may follow.
+
+    A code workflow's run records what its function returned (``result``)
+    or, when it raised, the error (``error``); a DAG run records neither.
+    """
+
+    result: JSON = None
+    error: str | None = None
 
 
 Change: TypeAlias = Union[
@@ -188,6 +221,7 @@ Change: TypeAlias = Union[
     RunCancelRequested,
     RunStopRequested,
     RunResumed,
+    StepCalled,
     AttemptCreated,
     AttemptTransitioned,
     IntentPlanned,

@@ -1,5 +1,12 @@
 """Recovery after a crash: a ledger of the log turned into resume points.
 
+A code workflow's run is handed back without touching it: its function
+runs again (in the executor) before anything is written for it, so that a
+divergence is found first, and the options of its unfinished steps
+(reconcilers among them) are the ones the code passes now. Only a code run
+whose cancel was decided is closed here, its orphans ended without asking
+reconcilers (the code that names them is not run for a cancelled run).
+
 Spec §6 (normative in spirit): reopen the log, cut a torn tail (its bytes
 are kept in a side file, never silently dropped), rebuild the state (the
 ledger, `_ledger`), and end each orphaned attempt: a `Running` one with
@@ -176,11 +183,22 @@ def recover(
                 f" program was not given (given: {', '.join(sorted(workflows)) or 'none'});"
                 " pass it with --workflows MODULE:ATTR"
             )
+        given_code = workflows[view.workflow].function is not None
+        if given_code != view.code:
+            kinds = ("a DAG", "a code workflow")
+            raise RecoveryError(
+                f"{source}: run {view.run!r} was started by {kinds[view.code]} named"
+                f" {view.workflow!r}, but the workflow given by that name is"
+                f" {kinds[given_code]}; pass the workflow the run started with"
+            )
     # spec §9: ask before ending; what is answered is recorded first.
     questions: list[tuple[str, str, int, str, str, Reconciler]] = []
     for view in todo:
         workflow = workflows.get(view.workflow) if view.workflow is not None else None
-        if workflow is None:
+        if workflow is None or view.code:
+            # A code run's steps are known only once its function runs again:
+            # the executor asks their reconcilers, after checking the code
+            # against the log (nothing is written for a run that diverged).
             continue
         for name, step in view.steps.items():
             step_def = workflow.by_name.get(name)
@@ -223,6 +241,12 @@ def recover(
     closed: list[str] = []
     for view in todo:
         run = view.run
+        if view.code and not view.cancel_requested:
+            # Resumed by running its function again (see above): its orphans
+            # are ended then, by the executor, once the code is checked.
+            steps = {name: snapshot(step) for name, step in view.steps.items()}
+            runs.append(RecoveredRun(run=run, workflow=view.workflow or "", steps=steps))
+            continue
         for name, step in list(view.steps.items()):
             attempt = step.attempt
             before = attempt.state

@@ -19,7 +19,7 @@ from typing_extensions import assert_never, final
 
 from ._attempt import TransitionCause
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
-from ._executor import RunReport
+from ._outcome import RunReport
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory
 from ._ledger import OpenAttempt, RunStanding, RunView
@@ -156,6 +156,10 @@ def run_text(report: RunReport) -> str:
         if s.outstanding:
             line += f"  outstanding intent keys: {', '.join(shown(k) for k in s.outstanding)}"
         out.append(line)
+    if report.error is not None:
+        out.append(f"run error: {shown(report.error)}")
+    elif report.result is not None:
+        out.append(f"run result: {shown(short(report.result))}")
     out.append(f"run status: {report.status}")
     return "\n".join(out) + "\n"
 

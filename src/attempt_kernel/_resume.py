@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from typing_extensions import TypeAlias, final
 
-from ._executor import Job, RunControl, RunReport, run_jobs
+from ._coderun import WorkflowDiverged
+from ._executor import Job, RunControl, drive_jobs
+from ._outcome import RunReport
 from ._findings import RECONCILER_DEADLINE
 from ._recovery import Recovery, recover, recover_log
 from ._store import Journal
@@ -28,10 +30,15 @@ Supervisor: TypeAlias = Callable[[RunControl], Awaitable[None]]
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Resumed:
-    """What `resume_log` did: the recovery, then each resumed run's report."""
+    """What `resume_log` did: the recovery, then each resumed run's report.
+
+    ``diverged`` lists the code workflows' runs whose code no longer matches
+    their log: each was left untouched (nothing written, nothing sent).
+    """
 
     recovery: Recovery
     reports: tuple[RunReport, ...]
+    diverged: tuple[WorkflowDiverged, ...] = ()
 
 
 def resume_log(
@@ -67,15 +74,19 @@ def resume_log(
             log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
         with writer:
-            reports = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
-                              stop_on_signals, grace, on_recovered)  # fmt: skip
+            done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
+                           stop_on_signals, grace, on_recovered)  # fmt: skip
     else:
         recovery = recover(
             log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
-        reports = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
-                          stop_on_signals, grace, on_recovered)  # fmt: skip
-    return Resumed(recovery=recovery, reports=tuple(reports))
+        done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
+                       stop_on_signals, grace, on_recovered)  # fmt: skip
+    return Resumed(
+        recovery=recovery,
+        reports=tuple(r for r in done if isinstance(r, RunReport)),
+        diverged=tuple(r for r in done if isinstance(r, WorkflowDiverged)),
+    )
 
 
 def _resume(
@@ -88,7 +99,7 @@ def _resume(
     stop_on_signals: bool,
     grace: float,
     on_recovered: Callable[[Recovery], None] | None,
-) -> list[RunReport]:
+) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
     watchers = supervisors or {}
@@ -103,7 +114,7 @@ def _resume(
     ]
     if not jobs:
         return []
-    return run_jobs(
+    return drive_jobs(
         journal,
         jobs,
         admission_limit=admission_limit,

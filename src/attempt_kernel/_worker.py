@@ -61,6 +61,7 @@ from typing_extensions import LiteralString, final
 
 from ._codec import encode_record
 from ._errors import AttemptKernelError
+from ._coderun import WorkflowDiverged
 from ._executor import Executor, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from ._pgjournal import (
@@ -628,6 +629,16 @@ class Worker:
         except LeaseLost as lost:
             self._say(f"{run}: LeaseLost: {lost}")
             return False
+        except WorkflowDiverged as diverged:
+            # Nothing was written for the run. Its row is closed as "diverged",
+            # so that no worker with this code takes it again and again; the
+            # journal still holds it unfinished, and `recover URL --workflows`
+            # with the code it started with resumes it.
+            self._say(f"{run}: {diverged}")
+            conn.execute(
+                _statement(_COMPLETE, self._schema), ("diverged", run, lease.owner, lease.fence)
+            )
+            return True
         finally:
             if executor is not None:
                 self._executors.discard(executor)

@@ -1,19 +1,25 @@
-"""Workflows as data: named steps, their dependencies, deadlines and retry policy.
+"""Workflows: as data (named steps and their dependencies) or as code.
 
-A workflow is checked once, when it is loaded (`load_workflow`): a cycle, an
-unknown dependency, a duplicate step name, or a non-positive deadline or
-attempt limit is a `WorkflowError` that names the culprit. The executor only
-ever sees a checked workflow. No I/O and no asyncio here: a step's function
-is just a value (an ``async def`` the executor awaits).
+Two ways of deciding the next step, one engine. A DAG is checked once, when
+it is loaded (`load_workflow`): a cycle, an unknown dependency, a duplicate
+step name, or a non-positive deadline or attempt limit is a `WorkflowError`
+that names the culprit. A code workflow (`workflow`) is an ``async def``
+of a `RunContext` that calls ``run.step(...)`` as it goes; each call is a
+step like a DAG's, with the same options, checked when it is made.
+
+No I/O and no asyncio here: a step's function is just a value (an ``async
+def`` the executor awaits), and `RunContext` is only the contract.
 """
 
 from __future__ import annotations
 
 import graphlib
+import inspect
 import math
 from types import MappingProxyType
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar, overload
 
 from typing_extensions import TypeAlias, final
 
@@ -90,19 +96,164 @@ class Step:
     pool: str | None = None
 
 
+R = TypeVar("R", bound=JSON)
+A1 = TypeVar("A1", bound=JSON)
+A2 = TypeVar("A2", bound=JSON)
+A3 = TypeVar("A3", bound=JSON)
+
+
+class RunContext(Protocol):
+    """Handed to a code workflow's function: the run's identity, its input, and steps.
+
+    ``step(name, fn, *args, **options)`` runs ``fn(ctx, *args)`` as a step
+    of the run, with every rule a DAG step has (attempts through the kernel's
+    transition table, retries by its `RetryPolicy`, deadlines, a pool,
+    reconcilers, domain states, effects through ``ctx.effect``). The call
+    takes the run's next position (1, 2, 3, ...) at once, before any
+    ``await``, so steps started together (``asyncio.gather``) are numbered
+    in call order; the arguments must be JSON values (a digest of them is
+    recorded with the position). It returns an awaitable of the step's
+    result; awaiting it raises `StepFailed` when the step did not succeed
+    (it failed for good, timed out, ended `Indeterminate`, or left an effect
+    to reconcile), which the function may catch.
+
+    The options are `Step`'s fields: ``retry``, ``step_deadline``,
+    ``queue_deadline`` and ``pool`` default to the workflow's (see
+    `workflow`); ``reconcilers`` and ``domain_states`` to none. The
+    function must be deterministic given its input and its steps' results:
+    clock reads, random numbers, I/O and model calls go inside steps, since
+    recovery runs the function again from the top and answers each recorded
+    position from the log.
+    """
+
+    @property
+    def run(self) -> str:
+        """The run's id."""
+        ...
+
+    @property
+    def input(self) -> JSON:
+        """The run's input (recorded in its start record); None if it has none."""
+        ...
+
+    @overload
+    def step(
+        self,
+        name: str,
+        fn: Callable[[StepContext], Awaitable[R]],
+        /,
+        *,
+        retry: RetryPolicy | None = None,
+        step_deadline: float | None = None,
+        queue_deadline: float | None = None,
+        pool: str | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        domain_states: Sequence[str] = (),
+    ) -> Awaitable[R]: ...
+
+    @overload
+    def step(
+        self,
+        name: str,
+        fn: Callable[[StepContext, A1], Awaitable[R]],
+        a1: A1,
+        /,
+        *,
+        retry: RetryPolicy | None = None,
+        step_deadline: float | None = None,
+        queue_deadline: float | None = None,
+        pool: str | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        domain_states: Sequence[str] = (),
+    ) -> Awaitable[R]: ...
+
+    @overload
+    def step(
+        self,
+        name: str,
+        fn: Callable[[StepContext, A1, A2], Awaitable[R]],
+        a1: A1,
+        a2: A2,
+        /,
+        *,
+        retry: RetryPolicy | None = None,
+        step_deadline: float | None = None,
+        queue_deadline: float | None = None,
+        pool: str | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        domain_states: Sequence[str] = (),
+    ) -> Awaitable[R]: ...
+
+    @overload
+    def step(
+        self,
+        name: str,
+        fn: Callable[[StepContext, A1, A2, A3], Awaitable[R]],
+        a1: A1,
+        a2: A2,
+        a3: A3,
+        /,
+        *,
+        retry: RetryPolicy | None = None,
+        step_deadline: float | None = None,
+        queue_deadline: float | None = None,
+        pool: str | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        domain_states: Sequence[str] = (),
+    ) -> Awaitable[R]: ...
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[R]],
+        /,
+        *args: JSON,
+        retry: RetryPolicy | None = None,
+        step_deadline: float | None = None,
+        queue_deadline: float | None = None,
+        pool: str | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        domain_states: Sequence[str] = (),
+    ) -> Awaitable[R]:
+        """Run ``fn(ctx, *args)`` as the run's next step; see the class doc."""
+        ...
+
+
+WorkflowFunction: TypeAlias = Callable[[RunContext], Awaitable[JSON]]
+"""A code workflow: an async function of its `RunContext`, returning the run's result."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepOptions:
+    """The options a code workflow's steps get unless a ``run.step`` call gives its own."""
+
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    step_deadline: float = 60.0
+    queue_deadline: float = 60.0
+    pool: str | None = None
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Workflow:
-    """A checked workflow: steps in an order where each comes after its dependencies.
+    """A checked workflow: a DAG of steps, or a code workflow's function.
 
-    Made by `load_workflow`, which checks it. ``domain_states`` are the
-    domain step state names it declares (spec §7).
+    A DAG is made by `load_workflow`, which checks it: ``steps`` in an order
+    where each comes after its dependencies. A code workflow is made by
+    `workflow`: ``function`` is set, ``steps`` is empty, ``defaults`` are
+    the options of its steps. ``domain_states`` are the domain step state
+    names it declares; ``version`` is a label recorded in each run's start
+    (so that an operator sees which code a run began under).
     """
 
     name: str
     steps: tuple[Step, ...]
     by_name: Mapping[str, Step]
     domain_states: tuple[str, ...] = ()
+    function: WorkflowFunction | None = None
+    version: str = ""
+    defaults: StepOptions = field(default_factory=StepOptions)
 
 
 def _positive(value: object, what: str) -> None:
@@ -111,6 +262,113 @@ def _positive(value: object, what: str) -> None:
         raise WorkflowError(f"{what} must be a positive number of seconds, got {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise WorkflowError(f"{what} must be a positive number of seconds, got {value!r}")
+
+
+def is_async_function(fn: object) -> bool:
+    """An ``async def`` (or an object whose ``__call__`` is one)."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)
+    )
+
+
+def _declared(name: str, domain_states: Iterable[str]) -> tuple[str, ...]:
+    declared: list[str] = []
+    for state in domain_states:
+        # typed str; this guards callers that ignored the annotations
+        if type(state) is not str or not state:  # pyright: ignore[reportUnnecessaryComparison]
+            raise WorkflowError(f"workflow {name!r}: a domain state needs a non-empty name, got {state!r}")
+        if state in declared:
+            raise WorkflowError(f"workflow {name!r}: domain state {state!r} is declared twice")
+        declared.append(state)
+    return tuple(declared)
+
+
+def check_step(step: Step, where: str, declared: tuple[str, ...]) -> None:
+    """Refuse a step whose options break a rule; the `WorkflowError` names the field."""
+    _positive(step.queue_deadline, f"{where}: queue_deadline")
+    _positive(step.step_deadline, f"{where}: step_deadline")
+    pool: object = step.pool
+    if pool is not None and (type(pool) is not str or not pool):
+        raise WorkflowError(f"{where}: pool must be None or a non-empty name, got {pool!r}")
+    retry: object = step.retry
+    if not isinstance(retry, RetryPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]  # guards callers that ignored the annotations
+        raise WorkflowError(f"{where}: retry must be a RetryPolicy, got {retry!r}")
+    limit: object = retry.max_attempts
+    if type(limit) is not int or limit < 1:
+        raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
+    for state in step.domain_states:
+        if state not in declared:
+            raise WorkflowError(
+                f"{where}: domain state {state!r} is not declared by the workflow"
+                f" (declared: {', '.join(declared) or 'none'}); declare it in"
+                " load_workflow(..., domain_states=[...]) or workflow(..., domain_states=[...])"
+            )
+
+
+def workflow(
+    name: str,
+    *,
+    domain_states: Iterable[str] = (),
+    version: str = "",
+    retry: RetryPolicy | None = None,
+    step_deadline: float = 60.0,
+    queue_deadline: float = 60.0,
+    pool: str | None = None,
+) -> Callable[[WorkflowFunction], Workflow]:
+    """Make an ``async def f(run: RunContext) -> JSON`` a code `Workflow` named ``name``.
+
+    Use it as a decorator; the result is a `Workflow`, usable wherever a
+    loaded one is (`Executor.run`, `run_jobs`, `resume_log`, and the
+    command line's ``run MODULE:ATTR``, ``recover --workflows``,
+    ``submit``, ``worker --workflows``). ``domain_states`` declares the
+    domain step state names its steps may set; ``version`` is a label
+    recorded in each run's start; ``retry``, ``step_deadline``,
+    ``queue_deadline`` and ``pool`` are the defaults of its steps (a
+    ``run.step`` call may give its own). Raises `WorkflowError` for an
+    empty name, a function that is not ``async def``, or a bad option.
+    """
+    if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
+        raise WorkflowError(f"a workflow needs a non-empty name, got {name!r}")
+    declared = _declared(name, domain_states)
+    defaults = StepOptions(
+        retry=RetryPolicy() if retry is None else retry,
+        step_deadline=step_deadline,
+        queue_deadline=queue_deadline,
+        pool=pool,
+    )
+    if type(version) is not str:  # pyright: ignore[reportUnnecessaryComparison]
+        raise WorkflowError(f"workflow {name!r}: version must be a string, got {version!r}")
+    probe = Step(
+        name="(defaults)",
+        run=_never,
+        retry=defaults.retry,
+        step_deadline=step_deadline,
+        queue_deadline=queue_deadline,
+        pool=pool,
+    )
+    check_step(probe, f"workflow {name!r}, default step options", declared)
+
+    def make(function: WorkflowFunction) -> Workflow:
+        if not is_async_function(function):
+            raise WorkflowError(
+                f"workflow {name!r}: {getattr(function, '__qualname__', function)!r} is not an"
+                " async function; write it as `async def f(run: RunContext) -> JSON`"
+            )
+        return Workflow(
+            name=name,
+            steps=(),
+            by_name=MappingProxyType({}),
+            domain_states=declared,
+            function=function,
+            version=version,
+            defaults=defaults,
+        )
+
+    return make
+
+
+async def _never(ctx: StepContext) -> JSON:  # the defaults' probe step; never run
+    raise AssertionError("the defaults' probe step ran")
 
 
 def load_workflow(
@@ -127,36 +385,14 @@ def load_workflow(
     """
     if not name:
         raise WorkflowError("a workflow needs a non-empty name")
-    declared: list[str] = []
-    for state in domain_states:
-        # typed str; this guards callers that ignored the annotations
-        if type(state) is not str or not state:  # pyright: ignore[reportUnnecessaryComparison]
-            raise WorkflowError(f"workflow {name!r}: a domain state needs a non-empty name, got {state!r}")
-        if state in declared:
-            raise WorkflowError(f"workflow {name!r}: domain state {state!r} is declared twice")
-        declared.append(state)
+    declared = _declared(name, domain_states)
     by_name: dict[str, Step] = {}
     for step in steps:
         if not step.name:
             raise WorkflowError(f"workflow {name!r}: a step has an empty name")
         if step.name in by_name:
             raise WorkflowError(f"workflow {name!r}: duplicate step name {step.name!r}")
-        where = f"workflow {name!r}, step {step.name!r}"
-        _positive(step.queue_deadline, f"{where}: queue_deadline")
-        _positive(step.step_deadline, f"{where}: step_deadline")
-        pool: object = step.pool
-        if pool is not None and (type(pool) is not str or not pool):
-            raise WorkflowError(f"{where}: pool must be None or a non-empty name, got {pool!r}")
-        limit: object = step.retry.max_attempts
-        if type(limit) is not int or limit < 1:
-            raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
-        for state in step.domain_states:
-            if state not in declared:
-                raise WorkflowError(
-                    f"{where}: domain state {state!r} is not declared by the workflow"
-                    f" (declared: {', '.join(declared) or 'none'}); pass it in"
-                    " load_workflow(..., domain_states=[...])"
-                )
+        check_step(step, f"workflow {name!r}, step {step.name!r}", declared)
         by_name[step.name] = step
     if not by_name:
         raise WorkflowError(f"workflow {name!r} has no steps")
@@ -172,7 +408,7 @@ def load_workflow(
         name=name,
         steps=_dependencies_first(name, by_name),
         by_name=by_name,
-        domain_states=tuple(declared),
+        domain_states=declared,
     )
 
 

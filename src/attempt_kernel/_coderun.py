@@ -1,0 +1,427 @@
+"""A code workflow's run: the executor's `RunContext`, positions, and replay by position.
+
+Owns what is particular to workflows as code, and nothing of a step's own
+life: each ``run.step`` call becomes a `Step` that the executor drives with
+the same rules as a DAG's (attempts, retries, deadlines, pools, intents).
+What lives here:
+
+- **Positions.** A call takes the run's next position at once, before any
+  ``await``, checks its arguments (JSON, digested), and, in a live run,
+  writes ``step_called`` before the step's first attempt. Steps started
+  together are therefore numbered in call order.
+- **Replay.** Recovery runs the function again from the top (`replay`).
+  Each call at a recorded position is checked against the record (name and
+  argument digest; a mismatch is `WorkflowDiverged`). Recorded outcomes are
+  handed back in the order the log recorded them, interleaved with the
+  calls as the log recorded those, so concurrent branches ask for their
+  next steps in the order they did the first time and take the same
+  positions. Nothing is written while replaying: a divergence leaves the
+  run untouched. Once every recorded call was made again, the run is taken
+  up (`take_up`): orphaned attempts are asked about and ended, unfinished
+  steps continue, and new calls run live.
+
+The function must await only what its `RunContext` gives it: while
+replaying, the driver lets the event loop run until the next recorded call
+is made, and a function that waits on anything else (a clock, a socket)
+never makes it, which is reported as a divergence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hashlib
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, Final
+
+from typing_extensions import final
+
+from ._attempt import is_terminal
+from ._errors import AttemptKernelError
+from ._findings import Reconciler
+from ._ledger import Ledger, has_succeeded, may_run_again
+from ._outcome import StepOutcome, outcome
+from ._records import JSON, StepCalled
+from ._workflow import RetryPolicy, Step, StepOptions, WorkflowError, check_step, is_async_function
+
+REPLAY_PATIENCE: Final = 10_000
+"""Event-loop turns the replay waits for the next recorded call before it
+calls the function divergent (a deterministic function makes it in a few)."""
+
+
+@final
+class StepFailed(AttemptKernelError):
+    """A code workflow's step did not succeed; raised where the function awaits it.
+
+    ``outcome`` says how the step ended: ``outcome.state`` is its last
+    attempt's state (`Failed`, `TimedOut`, `Indeterminate`, `Cancelled`),
+    ``outcome.error`` its error, ``outcome.outstanding`` the idempotency
+    keys left to reconcile. The function may catch it and go on; a step
+    that left an effect outstanding still makes the run end
+    ``needs-reconciliation``.
+    """
+
+    def __init__(self, run: str, outcome: StepOutcome) -> None:
+        state = "never started" if outcome.state is None else type(outcome.state).__name__
+        detail = f": {outcome.error}" if outcome.error else ""
+        left = (
+            f"; outstanding (reconcile these): {', '.join(outcome.outstanding)}"
+            if outcome.outstanding
+            else ""
+        )
+        super().__init__(
+            f"step {outcome.step!r} of run {run!r} did not succeed"
+            f" (attempt {outcome.attempts}: {state}){detail}{left}"
+        )
+        self.run: Final = run
+        self.outcome: Final = outcome
+
+
+@final
+class WorkflowDiverged(AttemptKernelError):
+    """A code workflow's function, run again, asked for another step than the log holds.
+
+    ``position`` is where; ``recorded`` names the step the log holds there
+    (``name`` and argument digest); ``requested`` what the code asked for
+    (None when it asked for nothing: it returned, raised, or waited on
+    something else). Nothing was written for the run and nothing was sent:
+    restore the code the run started with (its version is in the log), or
+    leave the run unfinished.
+    """
+
+    def __init__(
+        self,
+        run: str,
+        position: int,
+        recorded: StepCalled,
+        requested: tuple[str, str] | None,
+        why: str = "",
+    ) -> None:
+        asked = (
+            f"the code asked for step {requested[0]!r} (arguments {requested[1]})"
+            if requested is not None
+            else f"the code {why}"
+        )
+        super().__init__(
+            f"run {run!r} diverged at position {position}: the log holds step"
+            f" {recorded.name!r} (arguments {recorded.digest}) there, but {asked};"
+            " nothing was written for this run and nothing was sent. Run it with the"
+            " code it started with, or leave it unfinished"
+        )
+        self.run: Final = run
+        self.position: Final = position
+        self.recorded: Final = recorded
+        self.requested: Final = requested
+
+
+def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]]:
+    """The digest of a step call's arguments, and the arguments as JSON decodes them.
+
+    Raises `WorkflowError` naming the first argument that is not a JSON value.
+    """
+    for index, arg in enumerate(args, 1):
+        try:
+            json.dumps(arg, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as error:
+            raise WorkflowError(
+                f"run.step({name!r}, ...): argument {index} is not a JSON value ({error});"
+                " pass JSON values only (they are recorded and handed back on recovery)"
+            ) from None
+    text = json.dumps(list(args), allow_nan=False, sort_keys=True, separators=(",", ":"))
+    digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    decoded: list[JSON] = json.loads(text)
+    return digest, decoded
+
+
+_CURRENT: Final[contextvars.ContextVar[CodeRun | None]] = contextvars.ContextVar(
+    "attempt_kernel_run", default=None
+)
+"""The run whose function is executing here: a step's own task has None."""
+
+Drive = Callable[[Step], Awaitable[StepOutcome]]
+EndOrphan = Callable[[Step], Awaitable[None]]
+
+
+@final
+class CodeRun:
+    """The executor's `RunContext` for one run of a code workflow (see the module doc)."""
+
+    def __init__(
+        self,
+        *,
+        run: str,
+        input: JSON,
+        ledger: Ledger,
+        defaults: StepOptions,
+        domain_states: tuple[str, ...],
+        write: Callable[[StepCalled], None],
+        may_start: Callable[[], bool],
+        drive: Drive,
+        end_orphan: EndOrphan,
+        replaying: bool,
+    ) -> None:
+        self._run: Final = run
+        self._input: Final = input
+        self._ledger: Final = ledger
+        self._defaults: Final = defaults
+        self._declared: Final = domain_states
+        self._write: Final = write
+        self._may_start: Final = may_start
+        self._drive: Final = drive
+        self._end_orphan: Final = end_orphan
+        self._replaying = replaying
+        self._next = 1
+        self._closed = False
+        self._loop = asyncio.get_running_loop()
+        self.tasks: Final[set[asyncio.Task[None]]] = set()
+        """Steps being driven now."""
+        self.failure: BaseException | None = None
+        """An error of the run's own machinery (the log failing): the run stops."""
+        self.failed: Final = asyncio.Event()
+        self.diverged: WorkflowDiverged | None = None
+        self._asked: dict[int, tuple[Step, asyncio.Future[JSON]]] = {}
+        """Recorded positions the code asked for again, not answered yet."""
+        self._held: list[tuple[int, Step, str, str, asyncio.Future[JSON]]] = []
+        """New positions asked for while replaying: started once the run is taken up."""
+        self._steps: list[str] = []
+        """Step ids by position, as the code asked for them."""
+
+    # ------------------------------------------------------------ RunContext
+
+    @property
+    def run(self) -> str:
+        return self._run
+
+    @property
+    def input(self) -> JSON:
+        return self._input
+
+    def step(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        /,
+        *args: JSON,
+        retry: RetryPolicy | None = None,
+        step_deadline: float | None = None,
+        queue_deadline: float | None = None,
+        pool: str | None = None,
+        reconcilers: Mapping[str, Reconciler] | None = None,
+        domain_states: Sequence[str] = (),
+    ) -> Awaitable[Any]:
+        current = _CURRENT.get()
+        if current is not self:
+            where = (
+                "from inside a step (a step's function gets a StepContext, not the RunContext)"
+                if current is None
+                else f"from the function of run {current.run!r}"
+            )
+            raise WorkflowError(f"run.step({name!r}) of run {self._run!r} was called {where}")
+        if self._closed:
+            raise WorkflowError(
+                f"run.step({name!r}) was called after run {self._run!r} finished; a step"
+                " belongs to the run whose function calls it, while it runs"
+            )
+        # typed str; this guards callers that ignored the annotations
+        if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
+            raise WorkflowError(f"run.step needs a non-empty step name, got {name!r}")
+        if not is_async_function(fn):
+            raise WorkflowError(
+                f"run.step({name!r}, {getattr(fn, '__qualname__', fn)!r}): the step function is"
+                " not an async function; write it as `async def f(ctx: StepContext, ...) -> JSON`"
+            )
+        digest, decoded = arguments_digest(name, args)
+        position = self._next
+        step_id = f"{name}@{position}"
+        defaults = self._defaults
+
+        async def call(ctx: Any) -> JSON:
+            result: JSON = await fn(ctx, *decoded)
+            return result
+
+        step = Step(
+            name=step_id,
+            run=call,
+            retry=defaults.retry if retry is None else retry,
+            step_deadline=defaults.step_deadline if step_deadline is None else step_deadline,
+            queue_deadline=defaults.queue_deadline if queue_deadline is None else queue_deadline,
+            pool=defaults.pool if pool is None else pool,
+            reconcilers=dict(reconcilers) if reconcilers is not None else {},
+            domain_states=tuple(domain_states),
+        )
+        check_step(step, f"run {self._run!r}, step {step_id!r}", self._declared)
+        self._next += 1
+        self._steps.append(step_id)
+        future: asyncio.Future[JSON] = self._loop.create_future()
+        if not self._replaying:
+            self._launch(position, step, name, digest, future)
+            return future
+        calls = self._ledger.runs[self._run].calls
+        if position > len(calls):
+            self._held.append((position, step, name, digest, future))  # new: after the replay
+            return future
+        recorded = calls[position - 1]
+        if recorded.name != name or recorded.digest != digest:
+            self.diverged = WorkflowDiverged(self._run, position, recorded, (name, digest))
+            raise self.diverged
+        self._asked[position] = (step, future)
+        return future
+
+    # ------------------------------------------------------------ live steps
+
+    def _launch(
+        self, position: int, step: Step, name: str, digest: str, future: asyncio.Future[JSON]
+    ) -> None:
+        if not self._may_start():
+            return  # the run is being cancelled or stopped: its function is cancelled next
+        self._write(StepCalled(step=step.name, position=position, name=name, digest=digest))
+        self._start(step, future)
+
+    def _start(self, step: Step, future: asyncio.Future[JSON]) -> None:
+        # A step's own task runs outside the function: run.step there is refused.
+        context = contextvars.copy_context()
+        context.run(_CURRENT.set, None)
+        # A task copies the context it is created in (3.10 has no context=).
+        task = context.run(self._loop.create_task, self._drive_step(step, future))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _drive_step(self, step: Step, future: asyncio.Future[JSON]) -> None:
+        try:
+            done = await self._drive(step)
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as error:  # the log failed, most likely: the run stops
+            future.cancel()
+            if self.failure is None:
+                self.failure = error
+            self.failed.set()
+            return
+        self._settle(future, done)
+
+    def _settle(self, future: asyncio.Future[JSON], done: StepOutcome) -> None:
+        if future.done():
+            return
+        if has_succeeded(done.state):
+            future.set_result(done.result)
+        else:
+            future.set_exception(StepFailed(self._run, done))
+
+    # ------------------------------------------------------------ the function
+
+    async def main(self, function: Callable[[Any], Awaitable[JSON]]) -> JSON:
+        """Run the workflow's function with this context as the current run."""
+        _CURRENT.set(self)
+        try:
+            return await function(self)
+        finally:
+            self._closed = True
+
+    def steps(self) -> list[str]:
+        """The step ids of the run by position, as the code asked for them."""
+        return list(self._steps)
+
+    # ------------------------------------------------------------ recovery
+
+    async def replay(self, function_task: asyncio.Future[JSON]) -> None:
+        """Run the function against the log until every recorded call was made again.
+
+        Raises `WorkflowDiverged` (nothing written) when a call differs from
+        the record at its position, or when the function stops asking before
+        every recorded position was asked for again.
+        """
+        view = self._ledger.runs[self._run]
+        calls = view.calls
+        last_end: dict[int, int] = {}
+        for index, event in enumerate(view.events):
+            if event < 0:
+                last_end[-event] = index
+        for index, event in enumerate(view.events):
+            if event > 0:
+                await self._until_asked(event, calls[event - 1], function_task)
+            elif last_end[-event] == index:
+                self._answer(-event)
+        self._replaying = False
+
+    async def _until_asked(
+        self, position: int, recorded: StepCalled, function_task: asyncio.Future[JSON]
+    ) -> None:
+        turns = 0
+        while position > len(self._steps):
+            if self.diverged is not None:
+                raise self.diverged
+            if function_task.done() or turns >= REPLAY_PATIENCE:
+                if function_task.done():
+                    error = None if function_task.cancelled() else function_task.exception()
+                    why = (
+                        "returned before asking for it"
+                        if error is None
+                        else f"raised {type(error).__name__} before asking for it"
+                    )
+                else:
+                    why = (
+                        "did not ask for it (a workflow function may await only its"
+                        " run's steps; clock reads, sleeps and I/O belong inside steps)"
+                    )
+                self.diverged = WorkflowDiverged(self._run, position, recorded, None, why)
+                raise self.diverged
+            await asyncio.sleep(0)
+            turns += 1
+        if self.diverged is not None:
+            raise self.diverged
+
+    def _answer(self, position: int) -> None:
+        """Hand a recorded outcome back to the code, if the step is done for good."""
+        asked = self._asked.get(position)
+        if asked is None:
+            return
+        step, future = asked
+        view = self._ledger.step(self._run, step.name)
+        if view is None:
+            return
+        attempt = view.attempt
+        if has_succeeded(attempt.state):
+            del self._asked[position]
+            future.set_result(view.result)
+        elif is_terminal(attempt.state) and not may_run_again(
+            step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+        ):
+            del self._asked[position]
+            future.set_exception(StepFailed(self._run, outcome(step.name, view)))
+
+    async def take_up(self) -> None:
+        """After `replay` and the run's resume record: end orphans, continue the rest.
+
+        Each step the code asked for again that is not done: an orphaned
+        attempt (the crash left it live) is asked about by its reconcilers
+        and ended as recovery ends one; then the step goes on by the
+        kernel's rules (a step that may not run again, such as one left
+        `Indeterminate`, answers the code with `StepFailed`). New calls made
+        while replaying start now, in position order.
+        """
+        ledger = self._ledger
+        waiting = sorted(self._asked.items())
+        self._asked.clear()
+        for _, (step, _) in waiting:
+            view = ledger.step(self._run, step.name)
+            if view is not None and not is_terminal(view.attempt.state):
+                await self._end_orphan(step)
+        for _, (step, future) in waiting:
+            view = ledger.step(self._run, step.name)
+            if view is not None:
+                attempt = view.attempt
+                if not may_run_again(
+                    step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+                ):
+                    self._settle(future, outcome(step.name, view))
+                    continue
+            self._start(step, future)
+        held, self._held = self._held, []
+        for position, step, name, digest, future in held:
+            self._launch(position, step, name, digest, future)
+
+    def close(self) -> None:
+        """The run is over: a later ``run.step`` is refused."""
+        self._closed = True
