@@ -61,7 +61,7 @@ async def typed_trip(run: RunContext) -> JSON:
     both = await run.step("pair", pair, 1, {"k": [1, 2]}, reconcilers={})
     assert_type(both, list[int])
     pending = run.step("nothing", nothing)
-    assert_type(pending, Awaitable[None])
+    _ = assert_type(pending, Awaitable[None])
     try:
         await pending
     except StepFailed as failed:
