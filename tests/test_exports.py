@@ -48,7 +48,7 @@ EXPECTED_PUBLIC = {
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
-    "AttemptKernelError", "RunLogError", "EffectRejected", "DispatchRefused",
+    "AttemptKernelError", "RunLogError", "UnencodableRecord", "EffectRejected", "DispatchRefused",
     "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission",
 }  # fmt: skip
 STATES_AND_CAUSES = [
