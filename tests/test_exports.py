@@ -28,7 +28,8 @@ EXPECTED_PUBLIC = {
     "RunFinished", "Record", "CorruptLine", "TornTail", "LogItem", "SCHEMA_VERSION",
     "LogSource", "RunLog", "Journal", "FileLog", "RunLogWriter", "read_log",
     "RunLogError", "LogOpenError", "LogReadError", "LogLocked", "LogNeedsRecovery",
-    "LogWriteFailed", "UnencodableRecord", "DispatchRefused",
+    "LogWriteFailed", "UnencodableRecord", "RecordTooLarge", "MAX_RECORD_BYTES",
+    "DispatchRefused",
     # replay (spec §5)
     "replay", "ReplayReport", "Violation", "OpenAttempt",
     # workflows, the step context, the executor (spec §6)

@@ -22,6 +22,8 @@ from ._attempt import TimedOut as TimedOut
 from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
+from ._codec import MAX_RECORD_BYTES as MAX_RECORD_BYTES
+from ._codec import RecordTooLarge as RecordTooLarge
 from ._codec import RunLogError as RunLogError
 from ._codec import SCHEMA_VERSION as SCHEMA_VERSION
 from ._codec import UnencodableRecord as UnencodableRecord
@@ -162,6 +164,7 @@ __all__ = [
     "LogReadError",
     "LogSource",
     "LogWriteFailed",
+    "MAX_RECORD_BYTES",
     "OpenAttempt",
     "OrphanEnded",
     "Pending",
@@ -173,6 +176,7 @@ __all__ = [
     "RECONCILER_DEADLINE",
     "Reconciler",
     "Record",
+    "RecordTooLarge",
     "RecoveredRun",
     "Recovery",
     "RecoveryError",
