@@ -661,7 +661,14 @@ class Executor:
                         self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _Raised():
                     message = describe(output.error)
-                    self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
+                    try:
+                        self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
+                    except UnencodableRecord as error:  # nothing was written: the message is too large
+                        message = (
+                            f"the step raised {type(output.error).__name__} with a message"
+                            f" the run log cannot hold: {error}"
+                        )
+                        self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _:
                     assert_never(output)
         finally:
@@ -725,6 +732,13 @@ class Executor:
         Run ids are unique in a log the executor could read: starting a run
         that finished there runs nothing and returns its recorded report;
         one that has not finished is refused (`RunRefused`: recover it).
+
+        An ``input`` the log cannot hold is refused before anything is
+        written: `UnencodableRecord`, or its subclass `RecordTooLarge` when
+        the start record would be longer than `MAX_RECORD_BYTES`. A step
+        result over that limit fails its attempt instead (the error names
+        the size and the limit), and so does an effect's result, which is
+        recorded ``Confirmed`` without it.
         """
         control = control if control is not None else RunControl()
         if workflow.function is not None:
