@@ -34,7 +34,7 @@ from workerflows.agent import AGENT as AGENT_FLOW
 from workerflows.agent import book_lines
 
 from attempt_kernel import replay
-from attempt_kernel.postgres import submit_run
+from attempt_kernel.postgres import set_pool, submit_run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -386,3 +386,33 @@ def test_edited_code_that_diverges_on_a_takeover_writes_nothing_and_closes_the_r
     assert end["result"] == RESULT
     assert effects(downstream, "d1") == EFFECTS and each_key_sent_once(downstream)
 
+
+# --------------------------------------------------------------------------
+# Pools
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a worker takes slots only for pools its workflows' DAG steps name (_pools.pools_named"
+    " reads Workflow.steps, empty for a code workflow), so a code workflow's run.step(pool=...)"
+    " runs under the worker's own admission limit and the pool bounds nothing across workers",
+)
+def test_a_code_workflows_pooled_step_holds_a_slot_of_the_shared_pool_on_a_worker(
+    db: str, tmp_path: Path, downstream: Path
+) -> None:
+    """open_ticket names pool tickets (1 slot): while it waits at the gate, the slot is held."""
+    set_pool(db, "tickets", 1)
+    done = cli(tmp_path, "submit", db, "workerflows.agent:AGENT_POOLED", "--run", "p1")
+    assert done.returncode == 0, done.stderr
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    running = worker(db, tmp_path, "workerflows.agent:AGENT_POOLED", AGENT_GATE=str(gate))
+    try:
+        wait_at_gate(gate, running)
+        pools = cli(tmp_path, "pools", db)
+    finally:
+        (gate / "open").touch()
+        code, out = finish(running)
+    assert code == 0 and "p1: succeeded" in out, out
+    assert pools.stdout == "pool tickets: 1 slots, 1 held\n", pools.stdout
