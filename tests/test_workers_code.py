@@ -392,12 +392,6 @@ def test_edited_code_that_diverges_on_a_takeover_writes_nothing_and_closes_the_r
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a worker takes slots only for pools its workflows' DAG steps name (_pools.pools_named"
-    " reads Workflow.steps, empty for a code workflow), so a code workflow's run.step(pool=...)"
-    " runs under the worker's own admission limit and the pool bounds nothing across workers",
-)
 def test_a_code_workflows_pooled_step_holds_a_slot_of_the_shared_pool_on_a_worker(
     db: str, tmp_path: Path, downstream: Path
 ) -> None:
