@@ -19,12 +19,22 @@ from attempt_kernel import (
     Admit,
     AttemptCreated,
     AttemptTransitioned,
+    Cancel,
     Change,
+    Confirm,
+    Confirmed,
     CorruptLine,
+    Dispatch,
+    Dispatched,
     Executor,
     Fail,
     Failed,
+    Indeterminate,
+    IntentChanged,
+    IntentPlanned,
+    IntentReconciled,
     Pending,
+    Planned,
     PriorStep,
     Record,
     RetryPolicy,
@@ -452,6 +462,23 @@ def test_a_cancelled_attempt_is_retried_at_once(tmp_path: Path) -> None:
     report = resume(path, workflow(calls, until(0), RetryPolicy(max_attempts=3)), time)
     assert time.waits == [] and calls.attempts == [3]
     assert the_step(report).state == Succeeded()
+
+
+def test_a_reconciled_indeterminate_attempt_is_retried_at_once(tmp_path: Path) -> None:
+    """Attempt 1 failed at T; attempt 2 ended Indeterminate and its intent was reconciled
+    since: attempt 3 starts without a wait (the step did not fail, it was stopped)."""
+    second: list[Change] = [
+        *failed_attempt(2)[:2],
+        IntentPlanned(step="s", attempt=2, name="send", key="k-send"),
+        IntentChanged(step="s", attempt=2, name="send", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()),
+        AttemptTransitioned(step="s", attempt=2, from_state=Running(), cause=Cancel(intent_dispatched=True), to_state=Indeterminate()),
+        IntentReconciled(step="s", attempt=2, name="send", key="k-send", from_state=Dispatched(), cause=Confirm(), to_state=Confirmed(), by="operator"),
+    ]  # fmt: skip
+    path = write(tmp_path / "log", [*failed_attempt(1), *second])
+    calls, time = Calls(), FakeTime(now=T)
+    report = resume(path, workflow(calls, until(0), RetryPolicy(max_attempts=3)), time)
+    assert time.waits == [] and calls.attempts == [3]
+    assert the_step(report).state == Succeeded() and replay(path).valid
 
 
 def test_a_resume_point_without_an_end_time_waits_the_whole_wait(tmp_path: Path) -> None:
