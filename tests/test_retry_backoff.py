@@ -578,6 +578,35 @@ def test_a_stop_during_the_wait_ends_it_at_once_and_recovery_waits_the_rest(tmp_
     assert resumed.status == "succeeded" and replay(path).valid
 
 
+@pytest.mark.parametrize("initial_interval", [1.0, 0.0])
+def test_a_stop_not_yet_recorded_when_the_wait_begins_still_starts_no_attempt(
+    tmp_path: Path, initial_interval: float
+) -> None:
+    """The step asks the stop as it fails (as a refused dispatch does): the wait does
+    not begin, and the step waits for run() to record the stop rather than create
+    attempt 2 under a stop that is asked but not yet written (with a wait or without)."""
+    time = FakeTime()
+    path = tmp_path / "log"
+    executors: list[Executor] = []
+
+    async def fails_and_stops(ctx: StepContext) -> JSON:
+        executors[0].stop("asked by the step", grace=3600.0)
+        raise RuntimeError("429")
+
+    policy = RetryPolicy(max_attempts=3, initial_interval=initial_interval)
+    flow = load_workflow("w", [Step(name="s", run=fails_and_stops, retry=policy)])
+
+    async def main() -> RunReport:
+        with RunLogWriter(path) as log:
+            executors.append(Executor(log, clock=time.clock, sleep=time.sleep))
+            return await executors[0].run(flow, "r")
+
+    report = asyncio.run(main())
+    assert time.waits == [] and report.status == "interrupted"
+    created = [i.change for i in read_log(path) if isinstance(i, Record) and isinstance(i.change, AttemptCreated)]
+    assert len(created) == 1 and replay(path).valid
+
+
 # --------------------------------------------------------------------------
 # The log field
 # --------------------------------------------------------------------------

@@ -720,19 +720,17 @@ class Executor:
         is waited. Otherwise this executor wrote the end itself a moment ago,
         with no ``await`` since (its own changes carry no record time), so the
         whole wait is left. Never longer than the whole wait (a clock set
-        back). A stop ends it at once, returning once the run has recorded
-        the stop; a cancel cancels this task.
+        back). A stop ends it at once (or finds it not begun), returning once
+        the run has recorded the stop; a cancel cancels this task.
         """
-        delay = retry_wait(step.retry, run, view)
-        if delay <= 0 or not self._may_start(run):
+        if not self._may_start(run):
             return
+        delay = retry_wait(step.retry, run, view)
         ended = view.ended_us
         left = delay if ended is None else min(delay, ended / 1_000_000 + delay - self._clock())
-        if left <= 0:
-            return
         stop = self._stop
         assert stop is not None  # made by run() before any step starts
-        if not stop.is_set():
+        if left > 0 and not stop.is_set():
             sleeping = asyncio.ensure_future(self._sleep(left))
             stopping = asyncio.ensure_future(stop.wait())
             try:
@@ -740,10 +738,10 @@ class Executor:
             finally:
                 sleeping.cancel()
                 stopping.cancel()
-        # run() records the stop when it takes it from its queue: return only
-        # then, so that the step's outcome never reaches run() first (it
-        # would take the run for ended and finish it). A cancel meanwhile
-        # cancels this task.
+        # run() records a stop when it takes it from its queue: return only
+        # then, wait or no wait, so that no retry starts under a stop already
+        # asked and the step's outcome never reaches run() first (it would
+        # take the run for ended and finish it). A cancel cancels this task.
         while stop.is_set() and self._may_start(run):
             await asyncio.sleep(0)
 
