@@ -365,6 +365,8 @@ def _change_json(change: Change) -> str:
             head = f',"type":"{_T_RESULT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
             if change.error is None:
                 return f'{head},"ok":true,"value":{_dumps(change.value)}}}'
+            if not change.retryable:  # written only when false: older logs hold no such field
+                return f'{head},"ok":false,"error":{_q(change.error)},"retry":false}}'
             return f'{head},"ok":false,"error":{_q(change.error)}}}'
         case IntentChanged():
             body = (
@@ -610,9 +612,14 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 step, attempt = _str(obj, "step"), _int(obj, "attempt")  # raise, naming the field
             ok = obj.get("ok")
             if ok is True:
+                if "retry" in obj:
+                    raise _Bad("field 'retry' belongs to a result with ok false")
                 return _new_result(step, attempt, cast(JSON, obj.get("value")), None)
             if ok is False:
-                return _new_result(step, attempt, None, _str(obj, "error"))
+                retry = obj.get("retry", True)
+                if type(retry) is not bool:
+                    raise _Bad(f"field 'retry' must be true or false, got {_shown(retry)}")
+                return _new_result(step, attempt, None, _str(obj, "error"), retry)
             raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
         case Kind.INTENT:
             return IntentChanged(
@@ -774,6 +781,7 @@ _set_r_step: Final[Callable[[StepResult, str], None]] = _result_slots["step"].__
 _set_r_attempt: Final[Callable[[StepResult, int], None]] = _result_slots["attempt"].__set__
 _set_r_value: Final[Callable[[StepResult, JSON], None]] = _result_slots["value"].__set__
 _set_r_error: Final[Callable[[StepResult, str | None], None]] = _result_slots["error"].__set__
+_set_r_retryable: Final[Callable[[StepResult, bool], None]] = _result_slots["retryable"].__set__
 
 
 def _new_transition(
@@ -795,12 +803,15 @@ def _new_created(step: str, attempt: int) -> AttemptCreated:
     return change
 
 
-def _new_result(step: str, attempt: int, value: JSON, error: str | None) -> StepResult:
+def _new_result(
+    step: str, attempt: int, value: JSON, error: str | None, retryable: bool = True
+) -> StepResult:
     change: StepResult = object.__new__(StepResult)
     _set_r_step(change, step)
     _set_r_attempt(change, attempt)
     _set_r_value(change, value)
     _set_r_error(change, error)
+    _set_r_retryable(change, retryable)
     return change
 
 

@@ -399,7 +399,8 @@ class CodeRun:
             del self._asked[position]
             future.set_result(view.result)
         elif is_terminal(attempt.state) and not may_run_again(
-            step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+            step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding(),
+            retryable=view.retryable,
         ):
             del self._asked[position]
             future.set_exception(StepFailed(self._run, outcome(step.name, view)))
@@ -426,7 +427,8 @@ class CodeRun:
             if view is not None:
                 attempt = view.attempt
                 if not may_run_again(
-                    step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+                    step.retry, attempt.state, attempt.last_cause, view.tries,
+                    view.outstanding(), retryable=view.retryable,
                 ):
                     self._settle(future, outcome(step.name, view))
                     continue
