@@ -124,4 +124,5 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_kernel.py")
     session.run("python", "benchmarks/bench_runlog.py")
     session.run("python", "benchmarks/bench_executor.py")
+    session.run("python", "benchmarks/bench_coderun.py")
     session.run("python", "benchmarks/bench_workers.py")
