@@ -227,7 +227,7 @@ def test_a_failed_step_raises_step_failed_which_the_function_may_catch(tmp_path:
     @workflow("catching")
     async def catching(run: RunContext) -> JSON:
         try:
-            await run.step("broken", broken, retry=RetryPolicy(max_attempts=2))
+            await run.step("broken", broken, retry=RetryPolicy(initial_interval=0, max_attempts=2))
         except StepFailed as failed:
             seen.append(str(failed))
             assert failed.outcome.state == Failed()

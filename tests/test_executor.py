@@ -110,7 +110,7 @@ def test_failed_step_is_retried_up_to_its_limit(tmp_path: Path) -> None:
 
     report, check = execute(
         tmp_path / "log",
-        [Step(name="a", run=broken, retry=RetryPolicy(max_attempts=3)), Step(name="b", run=returns, after=("a",))],
+        [Step(name="a", run=broken, retry=RetryPolicy(initial_interval=0, max_attempts=3)), Step(name="b", run=returns, after=("a",))],
     )  # fmt: skip
     a = outcome(report, "a")
     assert (a.state, a.attempts, a.error) == (Failed(), 3, "ValueError: bad input on attempt 3")
@@ -126,7 +126,7 @@ def test_flaky_step_succeeds_on_retry(tmp_path: Path) -> None:
             raise TimeoutError("the tool timed out by itself")  # not the step deadline
         return "ok"
 
-    report, check = execute(tmp_path / "log", [Step(name="a", run=flaky, retry=RetryPolicy(max_attempts=2))])
+    report, check = execute(tmp_path / "log", [Step(name="a", run=flaky, retry=RetryPolicy(initial_interval=0, max_attempts=2))])
     a = outcome(report, "a")
     assert (a.state, a.attempts, a.result) == (Succeeded(), 2, "ok")
     assert check.valid and check.final_states == {
@@ -139,7 +139,7 @@ def test_step_deadline_times_out_and_is_retried(tmp_path: Path) -> None:
     """Running past the step deadline is StepDeadlinePassed; retried when allowed."""
     report, check = execute(
         tmp_path / "log",
-        [Step(name="a", run=hangs, step_deadline=0.02, retry=RetryPolicy(max_attempts=2))],
+        [Step(name="a", run=hangs, step_deadline=0.02, retry=RetryPolicy(initial_interval=0, max_attempts=2))],
     )
     a = outcome(report, "a")
     assert (a.state, a.attempts, a.error) == (TimedOut(), 2, "step deadline passed")
@@ -148,7 +148,7 @@ def test_step_deadline_times_out_and_is_retried(tmp_path: Path) -> None:
 
 def test_no_retry_after_timeout_when_the_policy_says_so(tmp_path: Path) -> None:
     """retry_on_timeout=False stops after the first step-deadline TimedOut."""
-    policy = RetryPolicy(max_attempts=3, retry_on_timeout=False)
+    policy = RetryPolicy(initial_interval=0, max_attempts=3, retry_on_timeout=False)
     report, _ = execute(tmp_path / "log", [Step(name="a", run=hangs, step_deadline=0.02, retry=policy)])
     assert outcome(report, "a").attempts == 1
 
@@ -159,7 +159,7 @@ def test_queue_deadline_times_out_pending_and_is_never_retried(tmp_path: Path) -
         tmp_path / "log",
         [
             Step(name="busy", run=hangs, step_deadline=0.3),
-            Step(name="queued", run=returns, queue_deadline=0.02, retry=RetryPolicy(max_attempts=5)),
+            Step(name="queued", run=returns, queue_deadline=0.02, retry=RetryPolicy(initial_interval=0, max_attempts=5)),
         ],
         admission_limit=1,
     )
@@ -209,7 +209,7 @@ def test_rejected_effect_fails_the_attempt_and_the_retry_reuses_the_key(tmp_path
 
         return await ctx.effect("charge", charge)
 
-    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=RetryPolicy(max_attempts=2))])
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=RetryPolicy(initial_interval=0, max_attempts=2))])
     assert outcome(report, "pay").state == Succeeded() and len(keys) == 2 and keys[0] == keys[1]
     assert check.valid and check.to_reconcile == ()
 
@@ -222,7 +222,7 @@ def test_ambiguous_effect_stays_outstanding_and_is_not_retried(tmp_path: Path) -
 
         return await ctx.effect("charge", charge)
 
-    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=RetryPolicy(max_attempts=3))])
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=RetryPolicy(initial_interval=0, max_attempts=3))])
     pay_out = outcome(report, "pay")
     assert (pay_out.state, pay_out.attempts) == (Failed(), 1)
     assert len(pay_out.outstanding) == 1 and report.status == "needs-reconciliation"
@@ -243,7 +243,7 @@ def test_ambiguous_effect_is_retried_when_declared_idempotent(tmp_path: Path) ->
 
         return await ctx.effect("charge", charge)
 
-    policy = RetryPolicy(max_attempts=2, effects_idempotent=True)
+    policy = RetryPolicy(initial_interval=0, max_attempts=2, effects_idempotent=True)
     report, check = execute(tmp_path / "log", [Step(name="pay", run=pay, retry=policy)])
     assert outcome(report, "pay").state == Succeeded() and keys[0] == keys[1]
     assert check.valid
@@ -410,7 +410,7 @@ def test_generated_fault_schedules_always_give_valid_logs(
             run=_scheduled(plan),
             after=(f"s{i - 1}",) if chain and i else (),
             step_deadline=0.02,
-            retry=RetryPolicy(max_attempts=len(plan), effects_idempotent=idempotent),
+            retry=RetryPolicy(initial_interval=0, max_attempts=len(plan), effects_idempotent=idempotent),
         )
         for i, plan in enumerate(plans)
     ]
@@ -430,7 +430,7 @@ def test_a_cancel_as_a_retry_is_due_starts_no_new_attempt(tmp_path: Path) -> Non
         report, check = execute(
             tmp_path / f"log-{os.urandom(4).hex()}",
             [Step(name="s0", run=_scheduled(["fail", "ok"]), step_deadline=0.02,
-                  retry=RetryPolicy(max_attempts=2))],
+                  retry=RetryPolicy(initial_interval=0, max_attempts=2))],
             cancel_after=1,  # the failing example hypothesis found
         )  # fmt: skip
         assert check.valid, check.violations

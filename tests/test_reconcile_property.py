@@ -93,11 +93,13 @@ ANSWERS = ["confirmed", "rejected", "unknown"]
 # Who answers: the step's reconcilers (asked by recovery), an operator through
 # the Python API, an operator through the CLI.
 ANSWERERS = ["reconciler", "operator-api", "operator-cli"]
+# initial_interval=0: these tests are about which attempts run, not when (the
+# waits are tested in test_retry_backoff.py)
 POLICIES = [
-    RetryPolicy(max_attempts=1),
-    RetryPolicy(max_attempts=3),
-    RetryPolicy(max_attempts=1, effects_idempotent=True),
-    RetryPolicy(max_attempts=3, effects_idempotent=True),
+    RetryPolicy(initial_interval=0, max_attempts=1),
+    RetryPolicy(initial_interval=0, max_attempts=3),
+    RetryPolicy(initial_interval=0, max_attempts=1, effects_idempotent=True),
+    RetryPolicy(initial_interval=0, max_attempts=3, effects_idempotent=True),
 ]
 # Appends that succeed before the process dies, per phase (None: no crash).
 CRASH_POINTS = [None, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 16, 18, 20, 24]

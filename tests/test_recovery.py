@@ -65,7 +65,7 @@ class World:
             [
                 Step(name="a", run=plain),
                 Step(name="pay", run=pay, after=("a",)),
-                Step(name="flaky", run=flaky, after=("a",), retry=RetryPolicy(max_attempts=2)),
+                Step(name="flaky", run=flaky, after=("a",), retry=RetryPolicy(initial_interval=0, max_attempts=2)),
                 Step(name="z", run=plain, after=("pay", "flaky")),
             ],
         )

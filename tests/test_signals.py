@@ -29,6 +29,7 @@ from attempt_kernel import (
     IntentChanged,
     Job,
     Record,
+    RunStarted,
     RunControl,
     RunFinished,
     RunLogWriter,
@@ -36,6 +37,7 @@ from attempt_kernel import (
     RunStopRequested,
     Step,
     StepContext,
+    idempotency_key,
     load_workflow,
     read_log,
     recover_log,
@@ -128,7 +130,13 @@ def running(step: str) -> Callable[[list[Record]], bool]:
 
 def in_flight(cwd: Path) -> Callable[[list[Record]], bool]:
     """The intent is Dispatched in the log and the downstream service has the call."""
-    return lambda rs: charge_key(cwd) in calls(cwd) and any(
+    def started(rs: list[Record]) -> str | None:
+        for r in rs:  # the key needs the run's start (its random part); it comes first
+            if isinstance(r.change, RunStarted):
+                return idempotency_key(RUN, "charge", "charge-card", nonce=r.change.nonce)
+        return None
+
+    return lambda rs: started(rs) in calls(cwd) and any(
         isinstance(r.change, IntentChanged) and type(r.change.to_state).__name__ == "Dispatched"
         for r in rs
     )

@@ -45,7 +45,7 @@ async def _boom(ctx: StepContext) -> JSON:
     raise RuntimeError(f"boom in {ctx.step}#{ctx.attempt}")
 
 
-BOOM = load_workflow("boom", [Step(name="boom", run=_boom, retry=RetryPolicy(max_attempts=2))])
+BOOM = load_workflow("boom", [Step(name="boom", run=_boom, retry=RetryPolicy(initial_interval=0, max_attempts=2))])
 ALLFAIL = load_workflow("allfail", [Step(name="a", run=_boom), Step(name="b", run=_boom)])
 
 
