@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attempt_kernel import (
     JSON,
@@ -36,6 +39,7 @@ from attempt_kernel import (
     run_jobs,
     workflow,
 )
+from attempt_kernel._coderun import arguments_digest
 
 
 def records(path: Path) -> list[dict[str, object]]:
@@ -658,3 +662,24 @@ def test_a_worker_of_another_kind_is_refused(tmp_path: Path) -> None:
     dag = load_workflow("agent", [Step(name="s", run=noop)])
     with pytest.raises(RecoveryError, match="started by a code workflow named 'agent'"):
         resume_log(log, [dag])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.none(), st.booleans(), st.integers(), st.text(),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.lists(st.integers(), max_size=3),
+            st.dictionaries(st.text(max_size=3), st.integers(), max_size=3),
+        ),
+        max_size=4,
+    )
+)  # fmt: skip
+def test_the_argument_digest_is_the_documented_one(args: list[JSON]) -> None:
+    """sha256 of the arguments as one JSON array, keys sorted, no spaces (docs/run-log.md)."""
+    text = json.dumps(args, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    expected = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    digest, decoded = arguments_digest("s", args)
+    assert digest == expected
+    assert decoded == json.loads(text)

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import hashlib
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from typing_extensions import final
 
@@ -118,10 +119,13 @@ class WorkflowDiverged(AttemptKernelError):
 def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]]:
     """The digest of a step call's arguments, and the arguments as JSON decodes them.
 
-    Raises `WorkflowError` naming the first argument that is not a JSON value.
+    The digest is of the arguments as one JSON array, keys sorted, no
+    spaces, ASCII only. Raises `WorkflowError` naming the first argument
+    that is not a JSON value.
     """
     try:
-        text = _canonical(list(args))
+        scalars = _scalars_json(args)
+        text = scalars if scalars is not None else _canonical(list(args))
     except (TypeError, ValueError, RecursionError):
         for index, arg in enumerate(args, 1):
             try:
@@ -133,12 +137,58 @@ def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]
                 ) from None
         raise  # not reached: one argument failed above
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    decoded: list[JSON] = _decode(text) if text != "[]" else []
+    if scalars is not None:
+        # what JSON decodes a str, int, float, bool or None to is that value
+        return digest, cast("list[JSON]", list(args))
+    decoded: list[JSON] = _decode(text)
     return digest, decoded
 
 
 _canonical: Final = json.JSONEncoder(allow_nan=False, sort_keys=True, separators=(",", ":")).encode
 _decode: Final = json.JSONDecoder().decode
+_string: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
+
+
+def _scalars_json(args: Sequence[object]) -> str | None:
+    """`_canonical` of the arguments when each is a str, int, float, bool or None (the
+    common case, without building an encoder per call); None when one is not."""
+    parts: list[str] = []
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            parts.append(_string(cast(str, arg)))
+        elif kind is int:
+            parts.append(int.__repr__(cast(int, arg)))
+        elif kind is bool:
+            parts.append("true" if arg else "false")
+        elif arg is None:
+            parts.append("null")
+        elif kind is float:
+            number = cast(float, arg)
+            if number != number or number in (_INF, -_INF):
+                raise ValueError(f"Out of range float values are not JSON compliant: {number!r}")
+            parts.append(float.__repr__(number))
+        else:
+            return None
+    return "[" + ",".join(parts) + "]"
+
+
+_INF: Final = float("inf")
+
+
+
+
+@functools.lru_cache(maxsize=512)
+def _async_cached(fn: object) -> bool:
+    return is_async_function(fn)
+
+
+def _is_async(fn: object) -> bool:
+    """`is_async_function`, remembered per function (asked at every step call)."""
+    try:
+        return _async_cached(fn)
+    except TypeError:  # an unhashable callable
+        return is_async_function(fn)
 
 
 _CURRENT: Final[contextvars.ContextVar[CodeRun | None]] = contextvars.ContextVar(
@@ -185,7 +235,8 @@ class CodeRun:
         """Steps being driven now."""
         self.failure: BaseException | None = None
         """An error of the run's own machinery (the log failing): the run stops."""
-        self.failed: Final = asyncio.Event()
+        self.on_failure: Callable[[], None] | None = None
+        """Called once `failure` is set (the executor wakes up to stop the run)."""
         self.diverged: WorkflowDiverged | None = None
         self._asked: dict[int, tuple[Step, asyncio.Future[JSON]]] = {}
         """Recorded positions the code asked for again, not answered yet."""
@@ -233,7 +284,7 @@ class CodeRun:
         # typed str; this guards callers that ignored the annotations
         if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
             raise WorkflowError(f"run.step needs a non-empty step name, got {name!r}")
-        if not is_async_function(fn):
+        if not _is_async(fn):
             raise WorkflowError(
                 f"run.step({name!r}, {getattr(fn, '__qualname__', fn)!r}): the step function is"
                 " not an async function; write it as `async def f(ctx: StepContext, ...) -> JSON`"
@@ -257,7 +308,11 @@ class CodeRun:
             reconcilers=dict(reconcilers) if reconcilers is not None else {},
             domain_states=tuple(domain_states),
         )
-        check_step(step, f"run {self._run!r}, step {step_id!r}", self._declared)
+        if not (
+            retry is None and step_deadline is None and queue_deadline is None and pool is None
+            and not domain_states
+        ):  # fmt: skip  # the workflow's defaults were checked when it was made
+            check_step(step, f"run {self._run!r}, step {step_id!r}", self._declared)
         self._next += 1
         self._steps.append(step_id)
         future: asyncio.Future[JSON] = self._loop.create_future()
@@ -285,22 +340,19 @@ class CodeRun:
         try:
             self._write(StepCalled(step=step.name, position=position, name=name, digest=digest))
         except BaseException as error:  # the log failed: the run stops, whatever the code catches
-            if self.failure is None:
-                self.failure = error
-            self.failed.set()
+            self._fail(error)
             raise
         self._start(step, future)
 
     def _start(self, step: Step, future: asyncio.Future[JSON]) -> None:
-        # A step's own task runs outside the function: run.step there is refused.
-        context = contextvars.copy_context()
-        context.run(_CURRENT.set, None)
-        # A task copies the context it is created in (3.10 has no context=).
-        task = context.run(self._loop.create_task, self._drive_step(step, future))
+        task = self._loop.create_task(self._drive_step(step, future))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def _drive_step(self, step: Step, future: asyncio.Future[JSON]) -> None:
+        # A step's own task runs outside the function (the task has a copy of
+        # the context it was made in): run.step from inside a step is refused.
+        _CURRENT.set(None)
         try:
             done = await self._drive(step)
         except asyncio.CancelledError:
@@ -308,11 +360,15 @@ class CodeRun:
             raise
         except BaseException as error:  # the log failed, most likely: the run stops
             future.cancel()
-            if self.failure is None:
-                self.failure = error
-            self.failed.set()
+            self._fail(error)
             return
         self._settle(future, done)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        if self.on_failure is not None:
+            self.on_failure()
 
     def _settle(self, future: asyncio.Future[JSON], done: StepOutcome) -> None:
         if future.done():

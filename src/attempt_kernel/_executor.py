@@ -1046,15 +1046,26 @@ class Executor:
                 raise
             self._write(run, RunResumed())
             await code.take_up()
+        # One future wakes the run: its function ends, a cancel, a stop, or
+        # the log failing under a step.
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def rouse(_: object = None) -> None:
+            if not wake.done():
+                wake.set_result(None)
+
+        main.add_done_callback(rouse)
         cancel_wait = asyncio.ensure_future(control.wait())
+        cancel_wait.add_done_callback(rouse)
         stop_wait = asyncio.ensure_future(self._stop.wait())
-        failed_wait = asyncio.ensure_future(code.failed.wait())
+        stop_wait.add_done_callback(rouse)
+        code.on_failure = rouse
+        if code.failure is not None:
+            rouse()
         cancelled = stopped = False
         failure: BaseException | None = None
         try:
-            await asyncio.wait(
-                {main, cancel_wait, stop_wait, failed_wait}, return_when=asyncio.FIRST_COMPLETED
-            )
+            await wake
             if code.failure is not None:
                 failure = code.failure
             elif not main.done() and control.cancelled:
@@ -1070,7 +1081,7 @@ class Executor:
             self._write(run, RunCancelRequested(reason="the task driving the run was cancelled"))
             failure = asyncio.CancelledError()
         finally:
-            for waiter in (cancel_wait, stop_wait, failed_wait):
+            for waiter in (cancel_wait, stop_wait):
                 waiter.cancel()
             # Steps still live (the run was cancelled or stopped, or the function
             # returned without awaiting them) end as a cancel ends them.
