@@ -98,9 +98,14 @@ def test_the_fake_context_example_tests_a_step_without_the_executor(
 
 
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has one python block, executor.md two (run above)."""
+    """No example escapes running: README has one python block, executor.md two (run above),
+    agents.md one (run by test_agents.py)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
         for path in [README, *sorted((README.parent / "docs").glob("*.md"))]
     }
-    assert {name: n for name, n in counts.items() if n} == {"README.md": 1, "executor.md": 2}
+    assert {name: n for name, n in counts.items() if n} == {
+        "README.md": 1,
+        "agents.md": 1,
+        "executor.md": 2,
+    }
