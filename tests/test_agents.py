@@ -77,10 +77,10 @@ def test_the_doc_quotes_lines_of_the_example_files() -> None:
 
 
 def test_the_example_files_pass_mypy_strict() -> None:
-    """agent.py and agent_v2.py have no error under `mypy --strict`."""
+    """agent.py and agent_v2.py have no error under the project's `mypy --strict`."""
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "agent.py", "agent_v2.py"],
-        cwd=AGENT,
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", *map(str, FILES)],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
