@@ -97,7 +97,7 @@ def test_run_log_doc_example_lines_are_real_records() -> None:
 def test_executor_doc_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """docs/executor.md's example runs and prints what its comments say."""
     doc = (README.parent / "docs" / "executor.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[0]
+    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[1]
     exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "succeeded"
@@ -124,7 +124,7 @@ def test_the_fake_context_example_tests_a_step_without_the_executor(
 ) -> None:
     """docs/executor.md's unit-test example runs and prints what its comments say."""
     doc = (README.parent / "docs" / "executor.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[1]
+    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[2]
     exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out.splitlines()
     assert out == [
@@ -133,8 +133,20 @@ def test_the_fake_context_example_tests_a_step_without_the_executor(
     ]
 
 
+def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/executor.md's code workflow runs and prints the positions its comment shows."""
+    doc = (README.parent / "docs" / "executor.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[0]
+    exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "succeeded ['think@1', 'search@2', 'think@3', 'search@4', 'think@5']",
+        "[{'hits': 3, 'query': 'q0'}, {'hits': 3, 'query': 'q1'}]",
+    ]
+
+
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has two python blocks, executor.md two (run above),
+    """No example escapes running: README has two python blocks, executor.md three (run above),
     agents.md one (run by test_agents.py)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
@@ -143,5 +155,5 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     assert {name: n for name, n in counts.items() if n} == {
         "README.md": 2,
         "agents.md": 1,
-        "executor.md": 2,
+        "executor.md": 3,
     }

@@ -28,7 +28,8 @@ EXPECTED_PUBLIC = {
     "RunFinished", "Record", "CorruptLine", "TornTail", "LogItem", "SCHEMA_VERSION",
     "LogSource", "RunLog", "Journal", "FileLog", "RunLogWriter", "read_log",
     "RunLogError", "LogOpenError", "LogReadError", "LogLocked", "LogNeedsRecovery",
-    "LogWriteFailed", "UnencodableRecord", "DispatchRefused",
+    "LogWriteFailed", "UnencodableRecord", "RecordTooLarge", "MAX_RECORD_BYTES",
+    "DispatchRefused",
     # replay (spec §5)
     "replay", "ReplayReport", "Violation", "OpenAttempt",
     # workflows, the step context, the executor (spec §6)
@@ -51,7 +52,7 @@ EXPECTED_PUBLIC = {
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
-    "AttemptKernelError", "RunLogError", "EffectRejected", "DispatchRefused",
+    "AttemptKernelError", "RunLogError", "UnencodableRecord", "EffectRejected", "DispatchRefused",
     "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext",
 }  # fmt: skip
 STATES_AND_CAUSES = [

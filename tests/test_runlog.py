@@ -38,7 +38,7 @@ from attempt_kernel import (
     UnencodableRecord,
     read_log,
 )
-from attempt_kernel._codec import MAX_LINE_BYTES, decode_line, encode_record
+from attempt_kernel._codec import MAX_RECORD_BYTES, decode_line, encode_record
 
 
 def _line(body: str) -> bytes:
@@ -206,9 +206,9 @@ def test_megabytes_long_line_is_corruption(tmp_path: Path) -> None:
     """A line over the cap is reported as corruption and the next line is still read."""
     path = write_log(tmp_path / "log", simple_changes())
     lines = path.read_bytes().splitlines(keepends=True)
-    path.write_bytes(lines[0] + b"x" * (3 * MAX_LINE_BYTES) + b"\n" + b"".join(lines[1:]))
+    path.write_bytes(lines[0] + b"x" * (MAX_RECORD_BYTES + (1 << 20)) + b"\n" + b"".join(lines[1:]))
     items = list(read_log(path))
-    assert items[1] == CorruptLine(line=2, reason=f"line longer than {MAX_LINE_BYTES} bytes")
+    assert items[1] == CorruptLine(line=2, reason=f"line longer than {MAX_RECORD_BYTES} bytes")
     assert [i.line for i in items if isinstance(i, Record)] == [1, 3, 4, 5]
 
 

@@ -10,9 +10,13 @@ same comments (``enableTypeIgnoreComments``) and, with the file-level
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Mapping
+from pathlib import Path
+
 from typing_extensions import assert_never, assert_type
 
 from attempt_kernel import (
+    JSON,
     Admit,
     AttemptState,
     Cancel,
@@ -21,13 +25,48 @@ from attempt_kernel import (
     IllegalTransition,
     Indeterminate,
     Pending,
+    RetryPolicy,
+    RunContext,
     Running,
+    StepContext,
+    StepFailed,
+    StepOutcome,
     Succeeded,
     TimedOut,
     TransitionCause,
+    Workflow,
     is_terminal,
     transition,
+    workflow,
 )
+
+
+async def lookup(ctx: StepContext, city: str) -> dict[str, int]:
+    return {city: len(city)}
+
+
+async def pair(ctx: StepContext, a: int, b: Mapping[str, JSON]) -> list[int]:
+    return [a, len(b)]
+
+
+async def nothing(ctx: StepContext) -> None:
+    return None
+
+
+@workflow("typed-trip", version="1", retry=RetryPolicy(max_attempts=2))
+async def typed_trip(run: RunContext) -> JSON:
+    """A user's code workflow, typed as the docs show it: no cast anywhere."""
+    found = await run.step("lookup", lookup, "Oslo", step_deadline=5.0)
+    assert_type(found, dict[str, int])
+    both = await run.step("pair", pair, 1, {"k": [1, 2]}, reconcilers={})
+    assert_type(both, list[int])
+    pending = run.step("nothing", nothing)
+    _ = assert_type(pending, Awaitable[None])
+    try:
+        await pending
+    except StepFailed as failed:
+        assert_type(failed.outcome, StepOutcome)
+    return {"found": found, "both": both}
 
 
 def describe(state: AttemptState) -> str:
@@ -67,8 +106,34 @@ def _misuses() -> None:  # pyright: ignore[reportUnusedFunction]  # never called
         pass
 
 
+async def _code_misuses(run: RunContext) -> None:  # pyright: ignore[reportUnusedFunction]  # only type-checked
+    """Never called: each line must stay a type error."""
+    await run.step("lookup", lookup, 3)  # type: ignore[arg-type]
+    await run.step("lookup", lookup)  # type: ignore[arg-type]
+    await run.step("pair", pair, 1, {"k": {1, 2}})  # type: ignore[type-var,arg-type]
+    await run.step("lookup", lookup, "Oslo", retry=3)  # type: ignore[call-overload]
+
+
+def _workflow_types() -> None:  # pyright: ignore[reportUnusedFunction]  # only type-checked
+    assert_type(typed_trip, Workflow)
+
+
 def test_user_match_handles_every_state() -> None:
     """The exhaustive user match above runs for each state."""
     assert describe(Pending()) == "live"
     assert describe(Succeeded()) == "done"
     assert describe(Indeterminate()) == "reconcile"
+
+
+def test_the_typed_code_workflow_runs(tmp_path: Path) -> None:
+    """The typed workflow above is a real one: it runs to its result."""
+    import asyncio
+
+    from attempt_kernel import Executor, RunLogWriter
+
+    async def main() -> JSON:
+        with RunLogWriter(tmp_path / "t.jsonl") as log:
+            report = await Executor(log).run(typed_trip, "t-1")
+        return report.result
+
+    assert asyncio.run(main()) == {"found": {"Oslo": 4}, "both": [1, 1]}

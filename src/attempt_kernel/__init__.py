@@ -22,6 +22,8 @@ from ._attempt import TimedOut as TimedOut
 from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
+from ._codec import MAX_RECORD_BYTES as MAX_RECORD_BYTES
+from ._codec import RecordTooLarge as RecordTooLarge
 from ._codec import RunLogError as RunLogError
 from ._coderun import StepFailed as StepFailed
 from ._coderun import WorkflowDiverged as WorkflowDiverged
@@ -169,6 +171,7 @@ __all__ = [
     "LogReadError",
     "LogSource",
     "LogWriteFailed",
+    "MAX_RECORD_BYTES",
     "OpenAttempt",
     "OrphanEnded",
     "Pending",
@@ -180,6 +183,7 @@ __all__ = [
     "Reconciler",
     "RECONCILER_DEADLINE",
     "Record",
+    "RecordTooLarge",
     "RecoveredRun",
     "Recovery",
     "RecoveryError",

@@ -110,7 +110,8 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="run your own workflow (MODULE:ATTR) and write its log",
-        description="Import the workflow MODULE:ATTR (a Workflow from load_workflow; the "
+        description="Import the workflow MODULE:ATTR (a Workflow: a function decorated with "
+        "@workflow, or a DAG from load_workflow; the "
         "current folder is on the import path), run it once, append its records to the "
         "log, and print its report. SIGINT/SIGTERM stop it gracefully: no new attempt, "
         f"{GRACE:g} s of grace, then live attempts end as recovery would end them, and "
@@ -348,6 +349,7 @@ def load_target(target: str) -> Workflow:
     if not isinstance(value, Workflow):
         raise _Usage(
             f"{target} is a {type(value).__name__}, not a Workflow; make it with"
+            " @attempt_kernel.workflow(...) on an async function, or with"
             " attempt_kernel.load_workflow(...)"
         )
     return value

@@ -13,6 +13,11 @@ same way: exhaustive encoders, and decoding tables built from them.
 Decoding is strict JSON: a duplicate key in an object, ``NaN`` or an
 infinite number is corruption, even under a valid checksum, because the
 writer never produces them.
+
+One limit, `MAX_RECORD_BYTES`, bounds a line on both sides: the encoder
+refuses a longer record (`RecordTooLarge`) and the file reader reports a
+longer line as corruption, so no record the encoder accepts is refused on
+reading.
 """
 
 from __future__ import annotations
@@ -83,8 +88,25 @@ from ._records import (
 SCHEMA_VERSION: Final = 1
 """The version written in every record's ``v`` field; the reader accepts only it."""
 
-MAX_LINE_BYTES: Final = 1 << 20
-"""A longer line is reported as corruption (it is never loaded whole)."""
+MAX_RECORD_BYTES: Final = 64 << 20
+"""The longest line a run log holds, its newline included: 64 MiB (67,108,864 bytes).
+
+The one limit of both sides: `encode_record` refuses a longer record
+(`RecordTooLarge`, so nothing is appended) and the reader reports a longer
+line as corruption without loading it whole, so every line the writer
+accepts, the reader reads back.
+
+Why 64 MiB: a record must hold an agent's transcript of 16 MiB, and JSON's
+escaping (the writer emits ASCII only) makes text, control characters
+aside, up to three times longer: a Cyrillic or accented letter (2 bytes of
+UTF-8) becomes ``\\uXXXX``, an emoji (4 bytes) two of them. 64 MiB holds
+16 MiB of any such text with room to spare. Why no more: the reader holds
+at most one line, but decoding it takes a few copies (the bytes, the
+checksummed copy, the text, the parsed value), so reading a log's largest
+record needs a few times its size in memory, and so does writing it. A
+larger value belongs outside the log (a file, an object store), with a
+reference to it in the log.
+"""
 
 # ,"crc":"xxxxxxxx"}\n closes every line; the checksum covers the line with
 # that tail replaced by "}" (the record's JSON without its crc field).
@@ -97,9 +119,34 @@ class RunLogError(AttemptKernelError):
     """A run log cannot be opened, read or written."""
 
 
-@final
 class UnencodableRecord(RunLogError):
-    """A change holds a value that JSON cannot carry (nothing was written)."""
+    """A record cannot be written: it holds a value that JSON cannot carry, or
+    it is too large for the log (`RecordTooLarge`). Nothing was written."""
+
+
+@final
+class RecordTooLarge(UnencodableRecord):
+    """A record's line would be longer than `MAX_RECORD_BYTES`; nothing was written.
+
+    ``size`` is the line's length in bytes and ``limit`` the limit; ``seq``,
+    ``run``, ``record_type`` (its ``type`` tag) and ``step`` (None for a
+    run-level record) name the record. The message names them all.
+    """
+
+    def __init__(self, *, seq: int, run: str, record_type: str, step: str | None, size: int) -> None:
+        where = f"type {record_type!r}" if step is None else f"type {record_type!r}, step {step!r}"
+        super().__init__(
+            f"record seq {seq} of run {run!r} ({where}) is {size} bytes encoded, over the run"
+            f" log's limit of {MAX_RECORD_BYTES} bytes per record (MAX_RECORD_BYTES); nothing"
+            " was written. Keep a value this large outside the log (a file, an object store)"
+            " and put a reference to it in the log instead"
+        )
+        self.seq: Final = seq
+        self.run: Final = run
+        self.record_type: Final = record_type
+        self.step: Final = step
+        self.size: Final = size
+        self.limit: Final = MAX_RECORD_BYTES
 
 
 # --------------------------------------------------------------------------
@@ -318,6 +365,8 @@ def _change_json(change: Change) -> str:
             head = f',"type":"{_T_RESULT}","step":{_q(change.step)},"attempt":{change.attempt:d}'
             if change.error is None:
                 return f'{head},"ok":true,"value":{_dumps(change.value)}}}'
+            if not change.retryable:  # written only when false: older logs hold no such field
+                return f'{head},"ok":false,"error":{_q(change.error)},"retry":false}}'
             return f'{head},"ok":false,"error":{_q(change.error)}}}'
         case IntentChanged():
             body = (
@@ -386,11 +435,26 @@ def _change_json(change: Change) -> str:
             assert_never(change)
 
 
+def _step_of(change: Change) -> str | None:
+    """The step a change belongs to; None for a run-level change."""
+    match change:
+        case (
+            AttemptCreated() | AttemptTransitioned() | IntentPlanned() | IntentChanged()
+            | IntentReconciled() | DomainStateSet() | StepResult() | StepCalled()
+        ):  # fmt: skip
+            return change.step
+        case RunStarted() | RunCancelRequested() | RunStopRequested() | RunResumed() | RunFinished():
+            return None
+        case _:
+            assert_never(change)
+
+
 def encode_record(seq: int, time_us: int, run: str, change: Change) -> bytes:
     """One complete line (ending in a newline) for the record.
 
     Raises `UnencodableRecord` if a value cannot be written as strict JSON
-    (a set, an object, NaN, ...).
+    (a set, an object, NaN, ...), and its subclass `RecordTooLarge` if the
+    line would be longer than `MAX_RECORD_BYTES`: the reader would refuse it.
     """
     try:
         body = (
@@ -401,6 +465,12 @@ def encode_record(seq: int, time_us: int, run: str, change: Change) -> bytes:
         raise UnencodableRecord(
             f"record seq {seq} of run {run!r} cannot be written as JSON: {error}"
         ) from None
+    # The line is the body with its closing "}" replaced by the checksum's tail.
+    size = len(body) - 1 + _TAIL_LEN
+    if size > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            seq=seq, run=run, record_type=kind_of(change).value, step=_step_of(change), size=size
+        )
     return b'%s%s%08x"}\n' % (body[:-1], _CRC_OPEN, zlib.crc32(body))
 
 
@@ -542,9 +612,14 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 step, attempt = _str(obj, "step"), _int(obj, "attempt")  # raise, naming the field
             ok = obj.get("ok")
             if ok is True:
+                if "retry" in obj:
+                    raise _Bad("field 'retry' belongs to a result with ok false")
                 return _new_result(step, attempt, cast(JSON, obj.get("value")), None)
             if ok is False:
-                return _new_result(step, attempt, None, _str(obj, "error"))
+                retry = obj.get("retry", True)
+                if type(retry) is not bool:
+                    raise _Bad(f"field 'retry' must be true or false, got {_shown(retry)}")
+                return _new_result(step, attempt, None, _str(obj, "error"), retry)
             raise _Bad(f"field 'ok' must be true or false, got {_shown(ok)}")
         case Kind.INTENT:
             return IntentChanged(
@@ -706,6 +781,7 @@ _set_r_step: Final[Callable[[StepResult, str], None]] = _result_slots["step"].__
 _set_r_attempt: Final[Callable[[StepResult, int], None]] = _result_slots["attempt"].__set__
 _set_r_value: Final[Callable[[StepResult, JSON], None]] = _result_slots["value"].__set__
 _set_r_error: Final[Callable[[StepResult, str | None], None]] = _result_slots["error"].__set__
+_set_r_retryable: Final[Callable[[StepResult, bool], None]] = _result_slots["retryable"].__set__
 
 
 def _new_transition(
@@ -727,12 +803,15 @@ def _new_created(step: str, attempt: int) -> AttemptCreated:
     return change
 
 
-def _new_result(step: str, attempt: int, value: JSON, error: str | None) -> StepResult:
+def _new_result(
+    step: str, attempt: int, value: JSON, error: str | None, retryable: bool = True
+) -> StepResult:
     change: StepResult = object.__new__(StepResult)
     _set_r_step(change, step)
     _set_r_attempt(change, attempt)
     _set_r_value(change, value)
     _set_r_error(change, error)
+    _set_r_retryable(change, retryable)
     return change
 
 
@@ -751,7 +830,7 @@ def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
     if len(raw) < _TAIL_LEN or raw[-_TAIL_LEN:_CRC_OPEN_END] != _CRC_OPEN:
         return CorruptLine(line=line, reason="no checksum at the end of the line")
     # crc32 of the line with its tail replaced by "}". One copy of the line
-    # (at most MAX_LINE_BYTES) is cheaper than a memoryview and two calls.
+    # (at most MAX_RECORD_BYTES) is cheaper than a memoryview and two calls.
     crc = zlib.crc32(raw[:-_TAIL_LEN] + b"}")
     # Compared as written (lowercase hex), so that no altered byte goes unseen.
     if raw[-11:] != b'%08x"}\n' % crc:

@@ -120,18 +120,25 @@ def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]
 
     Raises `WorkflowError` naming the first argument that is not a JSON value.
     """
-    for index, arg in enumerate(args, 1):
-        try:
-            json.dumps(arg, allow_nan=False)
-        except (TypeError, ValueError, RecursionError) as error:
-            raise WorkflowError(
-                f"run.step({name!r}, ...): argument {index} is not a JSON value ({error});"
-                " pass JSON values only (they are recorded and handed back on recovery)"
-            ) from None
-    text = json.dumps(list(args), allow_nan=False, sort_keys=True, separators=(",", ":"))
+    try:
+        text = _canonical(list(args))
+    except (TypeError, ValueError, RecursionError):
+        for index, arg in enumerate(args, 1):
+            try:
+                _canonical(arg)
+            except (TypeError, ValueError, RecursionError) as error:
+                raise WorkflowError(
+                    f"run.step({name!r}, ...): argument {index} is not a JSON value ({error});"
+                    " pass JSON values only (they are recorded and handed back on recovery)"
+                ) from None
+        raise  # not reached: one argument failed above
     digest = "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    decoded: list[JSON] = json.loads(text)
+    decoded: list[JSON] = _decode(text) if text != "[]" else []
     return digest, decoded
+
+
+_canonical: Final = json.JSONEncoder(allow_nan=False, sort_keys=True, separators=(",", ":")).encode
+_decode: Final = json.JSONDecoder().decode
 
 
 _CURRENT: Final[contextvars.ContextVar[CodeRun | None]] = contextvars.ContextVar(
@@ -275,7 +282,13 @@ class CodeRun:
     ) -> None:
         if not self._may_start():
             return  # the run is being cancelled or stopped: its function is cancelled next
-        self._write(StepCalled(step=step.name, position=position, name=name, digest=digest))
+        try:
+            self._write(StepCalled(step=step.name, position=position, name=name, digest=digest))
+        except BaseException as error:  # the log failed: the run stops, whatever the code catches
+            if self.failure is None:
+                self.failure = error
+            self.failed.set()
+            raise
         self._start(step, future)
 
     def _start(self, step: Step, future: asyncio.Future[JSON]) -> None:
@@ -386,7 +399,8 @@ class CodeRun:
             del self._asked[position]
             future.set_result(view.result)
         elif is_terminal(attempt.state) and not may_run_again(
-            step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+            step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding(),
+            retryable=view.retryable,
         ):
             del self._asked[position]
             future.set_exception(StepFailed(self._run, outcome(step.name, view)))
@@ -413,7 +427,8 @@ class CodeRun:
             if view is not None:
                 attempt = view.attempt
                 if not may_run_again(
-                    step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+                    step.retry, attempt.state, attempt.last_cause, view.tries,
+                    view.outstanding(), retryable=view.retryable,
                 ):
                     self._settle(future, outcome(step.name, view))
                     continue

@@ -104,7 +104,9 @@ def trip_planner(seed: int = 0) -> Blueprint:
                 name="search-flights",
                 run=search_flights,
                 after=("fetch-profile",),
-                retry=RetryPolicy(max_attempts=3),
+                # The simulated tools answer in tens of milliseconds, so the
+                # backoff is scaled down with them (a real API: the default 1 s).
+                retry=RetryPolicy(max_attempts=3, initial_interval=0.05),
             ),
             Step(name="check-visa", run=check_visa, after=("fetch-profile",), step_deadline=0.05),
             Step(name="book-flight", run=book_flight, after=("search-flights",)),

@@ -32,6 +32,7 @@ import os
 import secrets
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar, Union
@@ -68,8 +69,10 @@ from ._ledger import (
     Ledger,
     PriorStep,
     RunStatus,
+    StepView,
     has_succeeded,
     may_run_again,
+    retry_wait,
     run_status,
 )
 from ._records import (
@@ -331,6 +334,14 @@ class Executor:
     ``pool`` (a slot of that pool, shared with other processes), instead of
     ``admission_limit``; without it, such steps are admitted under
     ``admission_limit`` like the others.
+
+    ``clock`` (seconds since the Unix epoch, like `time.time`) and ``sleep``
+    (an awaitable pause, like `asyncio.sleep`) are what the wait before a
+    retry uses (`RetryPolicy`): the wait runs from when the failed attempt
+    ended, which for a resumed run is its terminal record's ``time_us``, so
+    ``clock`` must tell the time the log's writer stamps records with. Tests
+    pass fakes, to see the waits without waiting. A cancel of the run or a
+    `stop` ends a wait at once, and no attempt starts.
     """
 
     def __init__(
@@ -340,6 +351,8 @@ class Executor:
         admission_limit: int = 8,
         progress: Callable[[str], None] | None = None,
         pools: PoolAdmission | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
@@ -351,6 +364,8 @@ class Executor:
         self._limit: Final = admission_limit
         self._progress: Final = progress
         self._pools: Final = pools
+        self._clock: Final = clock
+        self._sleep: Final = sleep
         # One limit for every run this executor drives; made on first use so
         # that it belongs to the running event loop.
         self._admission: asyncio.Semaphore | None = None
@@ -661,7 +676,23 @@ class Executor:
                         self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
                 case _Raised():
                     message = describe(output.error)
-                    self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
+                    retryable = not isinstance(output.error, step.retry.non_retryable)
+                    try:
+                        self._conclude(
+                            run, name,
+                            StepResult(step=name, attempt=number, error=message, retryable=retryable),
+                            _FAIL,
+                        )  # fmt: skip
+                    except UnencodableRecord as error:  # nothing was written: the message is too large
+                        message = (
+                            f"the step raised {type(output.error).__name__} with a message"
+                            f" the run log cannot hold: {error}"
+                        )
+                        self._conclude(
+                            run, name,
+                            StepResult(step=name, attempt=number, error=message, retryable=retryable),
+                            _FAIL,
+                        )  # fmt: skip
                 case _:
                     assert_never(output)
         finally:
@@ -675,6 +706,39 @@ class Executor:
 
     # ------------------------------------------------------------ one step
 
+    async def _wait_to_retry(self, run: str, step: Step, view: StepView) -> None:
+        """Wait what is left of the wait before the step's next attempt (`retry_wait`).
+
+        It runs from when the latest attempt ended. Read from the log (a
+        resumed run), that is its terminal record's time, and only the rest
+        is waited. Otherwise this executor wrote the end itself a moment ago,
+        with no ``await`` since (its own changes carry no record time), so the
+        whole wait is left. Never longer than the whole wait (a clock set
+        back). A stop ends it at once (or finds it not begun), returning once
+        the run has recorded the stop; a cancel cancels this task.
+        """
+        if not self._may_start(run):
+            return
+        delay = retry_wait(step.retry, run, view)
+        ended = view.ended_us
+        left = delay if ended is None else min(delay, ended / 1_000_000 + delay - self._clock())
+        stop = self._stop
+        assert stop is not None  # made by run() before any step starts
+        if left > 0 and not stop.is_set():
+            sleeping = asyncio.ensure_future(self._sleep(left))
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait((sleeping, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeping.cancel()
+                stopping.cancel()
+        # run() records a stop when it takes it from its queue: return only
+        # then, wait or no wait, so that no retry starts under a stop already
+        # asked and the step's outcome never reaches run() first (it would
+        # take the run for ended and finish it). A cancel cancels this task.
+        while stop.is_set() and self._may_start(run):
+            await asyncio.sleep(0)
+
     async def _drive(
         self, run: str, step: Step, input: JSON, inputs: Mapping[str, JSON], admission: asyncio.Semaphore
     ) -> StepOutcome:
@@ -682,6 +746,8 @@ class Executor:
         ledger = self._ledger
         while True:
             view = ledger.step(run, step.name)
+            if view is not None:
+                await self._wait_to_retry(run, step, view)
             if not self._may_start(run):
                 # A step started just before a stop (or cancel) was recorded
                 # creates no attempt after it (spec §9).
@@ -693,7 +759,12 @@ class Executor:
             assert view is not None  # the attempt was created above
             attempt = view.attempt
             if not self._may_start(run) or not may_run_again(
-                step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+                step.retry,
+                attempt.state,
+                attempt.last_cause,
+                view.tries,
+                view.outstanding(),
+                retryable=view.retryable,
             ):
                 # A cancelled or stopped run starts no attempt, even where the
                 # cancellation of this task was lost (3.10's wait_for can
@@ -725,6 +796,13 @@ class Executor:
         Run ids are unique in a log the executor could read: starting a run
         that finished there runs nothing and returns its recorded report;
         one that has not finished is refused (`RunRefused`: recover it).
+
+        An ``input`` the log cannot hold is refused before anything is
+        written: `UnencodableRecord`, or its subclass `RecordTooLarge` when
+        the start record would be longer than `MAX_RECORD_BYTES`. A step
+        result over that limit fails its attempt instead (the error names
+        the size and the limit), and so does an effect's result, which is
+        recorded ``Confirmed`` without it.
         """
         control = control if control is not None else RunControl()
         if workflow.function is not None:
@@ -765,7 +843,12 @@ class Executor:
                     continue
                 attempt = view.attempt
                 if not may_run_again(
-                    step_def.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding()
+                    step_def.retry,
+                    attempt.state,
+                    attempt.last_cause,
+                    view.tries,
+                    view.outstanding(),
+                    retryable=view.retryable,
                 ):
                     outcomes[name] = outcome(name, view)
         if self._admission is None:

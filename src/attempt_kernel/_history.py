@@ -129,6 +129,10 @@ class RunHistory:
     domain_state: str | None
     events: tuple[RunEvent, ...]
     steps: tuple[StepHistory, ...]
+    version: str = ""
+    """The workflow's version label its start recorded ("" if none)."""
+    result: JSON = None
+    """What a code workflow's function returned, once its run finished."""
 
 
 @dataclass(slots=True)
@@ -176,6 +180,8 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
     steps: dict[str, list[_Attempt]] = {}
     workflow: str | None = None
     run_input: JSON = None
+    version = ""
+    run_result: JSON = None
     for item in items:
         match item:
             case Record():
@@ -192,7 +198,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         when, change = item.time_us, item.change
         match change:
             case RunStarted():
-                workflow, run_input = change.workflow, change.input
+                workflow, run_input, version = change.workflow, change.input, change.version
                 events.append(RunEvent(time_us=when, what="started"))
             case RunCancelRequested():
                 events.append(RunEvent(time_us=when, what="cancel requested", reason=change.reason))
@@ -202,6 +208,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
                 events.append(RunEvent(time_us=when, what="resumed"))
             case RunFinished():
                 events.append(RunEvent(time_us=when, what="finished", reason=change.error or ""))
+                run_result = change.result
             case StepCalled():
                 steps.setdefault(change.step, [])  # shown even before its first attempt
             case AttemptCreated():
@@ -277,6 +284,8 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         input=run_input,
         standing=view.standing(),
         domain_state=view.domain_state,
+        version=version,
+        result=run_result,
         events=tuple(events),
         steps=tuple(
             StepHistory(

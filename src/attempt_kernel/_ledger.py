@@ -17,7 +17,8 @@ House rules:
    decides a state by itself.
 2. Every rule *derived* from the tables lives here, once, as a ``match``
    closed by ``assert_never``: what counts as a try (`counts_as_try`), when a
-   step may get another attempt (`may_run_again`), which idempotency keys are
+   step may get another attempt (`may_run_again`), how long it waits for it
+   (`retry_wait`, by the formula `retry_delay`), which idempotency keys are
    outstanding (`StepView.outstanding`), when an attempt needs an operator
    (`needs_reconciliation`), how a run ended (`run_status`). Everything else
    asks; nothing else classifies states.
@@ -29,11 +30,16 @@ House rules:
 4. Memory follows live runs, not log length: when a run finishes its steps
    are dropped; its id, workflow and status stay (a few dozen bytes).
 
-No I/O, no clock, no asyncio.
+No I/O, no clock, no asyncio. Times are data: a record's ``time_us`` (when
+it was written) is kept where a rule needs it (when a step's latest attempt
+ended, for the wait before its retry); the executor, which has the clock,
+does the waiting.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -175,13 +181,17 @@ def may_run_again(
     cause: TransitionCause | None,
     tries: int,
     outstanding: tuple[str, ...],
+    *,
+    retryable: bool = True,
 ) -> bool:
     """May a new attempt of a step start after one that ended in ``state``? (spec §6)
 
     ``cause`` moved the attempt into ``state``; ``tries`` counts the step's
     attempts that `counts_as_try`; ``outstanding`` are the ended attempt's
-    intents still `Dispatched`. Whether the run itself was cancelled is the
-    caller's question (`RunView.cancel_requested`).
+    intents still `Dispatched`; ``retryable`` is False when its step raised
+    one of the policy's ``non_retryable`` types (`StepResult.retryable`).
+    Whether the run itself was cancelled is the caller's question
+    (`RunView.cancel_requested`).
     """
     match state:
         case Succeeded():
@@ -191,10 +201,15 @@ def may_run_again(
             # one is reconciled the step gets a new attempt. The Indeterminate
             # attempt does not count against max_attempts (it was stopped from
             # outside, like a cancel).
-            return not outstanding
+            return retryable and not outstanding
         case Cancelled():
-            return True  # stopped with nothing outstanding (by the table): may run again
+            # Stopped with nothing outstanding (by the table): may run again,
+            # unless its step had raised a non-retryable error already (a
+            # crash between the result and its Fail ends it Cancelled).
+            return retryable
         case Failed() | TimedOut():
+            if not retryable:
+                return False  # the step raised a non_retryable type
             match cause:
                 case QueueDeadlinePassed():
                     return False  # the step never ran; its deadline says it is too late
@@ -214,6 +229,48 @@ def may_run_again(
             raise AssertionError(f"an attempt in {state!r} has not ended")
         case _:
             assert_never(state)
+
+
+def retry_delay(policy: RetryPolicy, tries: int, *, run: str, step: str, attempt: int) -> float:
+    """Seconds attempt ``attempt`` of ``step`` in ``run`` waits after ``tries`` counted tries.
+
+    The formula of `RetryPolicy`: ``initial_interval * backoff_factor **
+    (tries - 1)``, at most ``max_interval`` (None: 100 times
+    ``initial_interval``), then moved by up to ``jitter`` of itself, by a
+    fraction derived from a hash of (``run``, ``step``, ``attempt``): the same
+    arguments give the same wait in every process, so a wait recomputed after
+    a crash is the one the crashed process was waiting. No try yet
+    (``tries`` < 1): no wait. A pure function of its arguments.
+    """
+    if tries < 1:
+        return 0.0
+    initial = policy.initial_interval
+    ceiling = 100 * initial if policy.max_interval is None else policy.max_interval
+    try:
+        delay = min(initial * policy.backoff_factor ** (tries - 1), ceiling)
+    except OverflowError:  # a factor raised that far passed any ceiling long ago
+        delay = ceiling
+    if not policy.jitter or not delay:
+        return float(delay)
+    # blake2b, not hash(): the same in every process (hash() is salted).
+    name = json.dumps([run, step, attempt]).encode()
+    digest = hashlib.blake2b(name, digest_size=8).digest()
+    spread = int.from_bytes(digest, "big") / 2**64 * 2 - 1  # in [-1, 1)
+    return float(delay * (1 + policy.jitter * spread))
+
+
+def retry_wait(policy: RetryPolicy, run: str, step: StepView) -> float:
+    """Seconds between the end of the step's latest attempt and the start of its next.
+
+    Only an attempt that `counts_as_try` (the step's own failure) is followed
+    by a wait (`retry_delay`); one stopped from outside (`Cancelled`, an
+    `Indeterminate` one once reconciled) is followed by the next at once.
+    Whether a next attempt may start at all is `may_run_again`'s question.
+    """
+    attempt = step.attempt
+    if not counts_as_try(attempt.state, attempt.last_cause):
+        return 0.0
+    return retry_delay(policy, step.tries, run=run, step=step.name, attempt=attempt.number + 1)
 
 
 def has_succeeded(state: AttemptState | None) -> bool:
@@ -313,6 +370,13 @@ class StepView:
     """Intents earlier attempts left outstanding, by name (how many): an
     idempotent step retries past them under the same key, so they stay
     outstanding until an outcome for that key is recorded."""
+    retryable: bool = True
+    """False when the latest attempt's step raised a ``non_retryable`` type
+    (its `StepResult` says so): the step gets no new attempt."""
+    ended_us: int | None = None
+    """When the latest attempt ended: its terminal record's ``time_us``.
+    None while it is live, or when the change was applied without a record
+    time (`Ledger.apply_change`: the executor that applied it saw it end)."""
     position: int = 0
     """A code workflow's step: its position in the run (0 for a DAG step)."""
 
@@ -422,6 +486,12 @@ class PriorStep:
     """The idempotency key of each intent name the step has used."""
     confirmed: Mapping[str, JSON] = field(default_factory=lambda: MappingProxyType({}))
     """The result of each effect known to have happened, by intent name."""
+    retryable: bool = True
+    """False when the last attempt's step raised a ``non_retryable`` type."""
+    ended_us: int | None = None
+    """When the last attempt ended (its terminal record's ``time_us``), so that
+    a retry waits only what is left of its wait; None when unknown (the whole
+    wait is waited again)."""
 
 
 def snapshot(step: StepView) -> PriorStep:
@@ -438,6 +508,8 @@ def snapshot(step: StepView) -> PriorStep:
         intents=MappingProxyType(dict(attempt.intents)),
         keys=MappingProxyType(dict(step.keys)),
         confirmed=MappingProxyType(dict(step.confirmed)),
+        retryable=step.retryable,
+        ended_us=step.ended_us,
     )
 
 
@@ -509,7 +581,8 @@ class Ledger:
         self._counts: Final[dict[type, int]] = {type(s): 0 for s in ALL_STATES}
         self._expect_seq: int | None = 1
         self._line = 0
-        self._time = 0
+        self._time: int | None = None
+        """The time_us of the record being applied (None: a change without one)."""
         self._proposed: AttemptTransitioned | None = None
 
     # ------------------------------------------------------------ questions
@@ -575,6 +648,8 @@ class Ledger:
                 keys=keys,
                 confirmed=dict(prior.confirmed),
                 superseded=superseded,
+                retryable=prior.retryable,
+                ended_us=prior.ended_us,
             )
 
     # ------------------------------------------------------------ feeding
@@ -639,7 +714,7 @@ class Ledger:
         when it was proposed, against the state it now moves.
         """
         self._line = 0
-        self._time = 0
+        self._time = None
         proposed = self._proposed
         if proposed is not None and change is proposed:
             self._proposed = None
@@ -685,6 +760,7 @@ class Ledger:
                 step = self._live_step(run, view, change.step, change.attempt, "a step result")
                 if step is not None:
                     step.result, step.error = change.value, change.error
+                    step.retryable = change.retryable
             case IntentChanged():
                 self._intent_changed(run, view, change)
             case IntentPlanned():
@@ -783,6 +859,8 @@ class Ledger:
                 keys={},
                 confirmed={},
                 superseded={},
+                retryable=True,
+                ended_us=None,
                 position=position,
             )
         else:
@@ -803,6 +881,7 @@ class Ledger:
                         step.superseded[name] = step.superseded.get(name, 0) + 1
             step.attempt = attempt
             step.result = step.error = None
+            step.retryable, step.ended_us = True, None
         self._counts[Pending] += 1
 
     def _step(self, run: str, view: RunView | None, name: str, number: int) -> StepView | None:
@@ -898,6 +977,7 @@ class Ledger:
         if step.position:
             self.runs[run].events.append(-step.position)
         step.tries += counts_as_try(to, cause)
+        step.ended_us = self._time
         outstanding = step.outstanding()
         if not needs_reconciliation(to, outstanding):
             return

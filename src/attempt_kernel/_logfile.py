@@ -23,7 +23,7 @@ from typing import BinaryIO, Final, Protocol
 
 from typing_extensions import Self, assert_never, final
 
-from ._codec import MAX_LINE_BYTES, RunLogError, decode_line, encode_record
+from ._codec import MAX_RECORD_BYTES, RunLogError, decode_line, encode_record
 from ._records import Change, CorruptLine, LogItem, Record, TornTail
 
 DEFAULT_BATCH: Final = 64
@@ -120,23 +120,27 @@ def _rest_is_nul(stream: BinaryIO) -> bool:
 def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
     """Yield each line of the log at ``path`` as a `Record` or `CorruptLine`.
 
-    Streams: at most one line (capped at `MAX_LINE_BYTES`) is in memory. An
-    unterminated last line, or a tail of NUL bytes, ends the stream with a
-    `TornTail`. Raises `LogOpenError` if the file cannot be opened or is not
-    a regular file (checked before the first read).
+    Streams: at most one line is in memory. A line longer than
+    `MAX_RECORD_BYTES` (its newline included; the writer never writes one)
+    is a `CorruptLine`, skipped without being loaded whole. An unterminated
+    last line, or a tail of NUL bytes, ends the stream with a `TornTail`.
+    Raises `LogOpenError` if the file cannot be opened or is not a regular
+    file (checked before the first read).
     """
     stream = _open_for_reading(Path(path))
     line = 0
     offset = 0
-    # Locals: this loop runs once per record of the log.
-    readline, limit, decode = stream.readline, MAX_LINE_BYTES + 1, decode_line
+    # Locals: this loop runs once per record of the log. A line of at most
+    # MAX_RECORD_BYTES, its newline included, comes whole from one
+    # readline(limit); a longer one comes cut, without its newline.
+    readline, limit, decode = stream.readline, MAX_RECORD_BYTES, decode_line
     try:
         while raw := readline(limit):
             line += 1
             start = offset
             offset += len(raw)
             if raw[-1] != 0x0A:  # no newline: cheaper than raw.endswith per line
-                if len(raw) <= MAX_LINE_BYTES:
+                if len(raw) < MAX_RECORD_BYTES:  # short of the cap: the file ended
                     yield TornTail(line=line, offset=start, length=len(raw))
                     return
                 # Overlong: skip to the end of the line without keeping it.
@@ -146,7 +150,7 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
                 if not more:
                     yield TornTail(line=line, offset=start, length=offset - start)
                     return
-                yield CorruptLine(line=line, reason=f"line longer than {MAX_LINE_BYTES} bytes")
+                yield CorruptLine(line=line, reason=f"line longer than {MAX_RECORD_BYTES} bytes")
                 continue
             if raw[0] == 0 and not raw.strip(b"\x00\n"):
                 if _rest_is_nul(stream):
@@ -350,7 +354,13 @@ class RunLogWriter:
         return read_log(self.path)
 
     def append(self, run: str, change: Change) -> int:
-        """Write one record and return its sequence number (see the class doc)."""
+        """Write one record and return its sequence number (see the class doc).
+
+        A record JSON cannot carry raises `UnencodableRecord`, and one whose
+        line would be longer than `MAX_RECORD_BYTES` its subclass
+        `RecordTooLarge`, before anything is written: the log and the next
+        sequence number stay as they were.
+        """
         if self._broken is not None:
             raise LogWriteFailed(
                 f"{self.path}: the writer failed earlier ({self._broken}); reopen the"

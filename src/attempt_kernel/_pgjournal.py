@@ -637,8 +637,10 @@ class PgJournal:
         """Write one record and return its sequence number in its run (see the class doc).
 
         Raises `UnencodableRecord` (nothing written) for a value JSON cannot
-        carry, `LeaseLost` when the writer's lease does not match, and
-        `PgWriteFailed` when the database fails.
+        carry, and its subclass `RecordTooLarge` (nothing written) for a
+        record longer than `MAX_RECORD_BYTES`, the file store's limit, so that
+        every row exports to a readable log; `LeaseLost` when the writer's
+        lease does not match, and `PgWriteFailed` when the database fails.
         """
         return self._write(run, (change,))
 
@@ -648,7 +650,9 @@ class PgJournal:
         What `append` does for each, in order, at the cost of one: the
         executor hands over records it writes back to back (an attempt's
         creation and admission, a step's result and its end). Commits
-        synchronously if any of them must.
+        synchronously if any of them must. Every record is encoded before
+        anything is sent: one that `append` would refuse (`UnencodableRecord`,
+        `RecordTooLarge`) writes none of them.
         """
         if not changes:
             raise ValueError("append_all needs at least one change")

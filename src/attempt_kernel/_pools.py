@@ -206,9 +206,18 @@ def _pools(
 
 
 def pools_named(workflows: Iterable[Workflow]) -> dict[str, str]:
-    """Each pool the workflows' steps name, with the first step naming it (for messages)."""
+    """Each pool the workflows' steps name, with the first step naming it (for messages).
+
+    A code workflow's steps are known only as its function calls them: the
+    pool its steps default to is named here; one a ``run.step`` call names
+    is not (a missing pool then holds the attempt `Pending` until its queue
+    deadline passes).
+    """
     named: dict[str, str] = {}
     for workflow in workflows:
+        pool = workflow.defaults.pool
+        if workflow.function is not None and pool is not None and pool not in named:
+            named[pool] = f"workflow {workflow.name!r} (the pool its steps default to)"
         for step in workflow.steps:
             if step.pool is not None and step.pool not in named:
                 named[step.pool] = f"workflow {workflow.name!r}, step {step.name!r}"

@@ -195,12 +195,27 @@ class DomainStateSet:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StepResult:
-    """The attempt's step returned ``value`` (``error`` is None) or raised ``error``."""
+    """The attempt's step returned ``value`` (``error`` is None) or raised ``error``.
+
+    ``retryable`` is False when the step raised one of its retry policy's
+    ``non_retryable`` types: the step gets no new attempt, and the log says
+    so for whoever resumes the run. It belongs to a raised error only.
+    """
 
     step: str
     attempt: int
     value: JSON = None
     error: str | None = None
+    retryable: bool = True
+
+    def __repr__(self) -> str:
+        # ``retryable`` shows only when False, as the log writes it: a result
+        # reads in messages and tests as it did before the field existed.
+        tail = "" if self.retryable else ", retryable=False"
+        return (
+            f"StepResult(step={self.step!r}, attempt={self.attempt!r}, value={self.value!r},"
+            f" error={self.error!r}{tail})"
+        )
 
 
 @final

@@ -360,8 +360,12 @@ def show_text(history: RunHistory, writer_live: bool) -> str:
     """One run step by step, for people."""
     standing = "running" if writer_live else history.standing
     out = [f"run {shown(history.run)} (workflow {shown(history.workflow or '-')}): {standing}"]
+    if history.version:
+        out.append(f"  version: {shown(history.version)}")
     if history.input is not None:
         out.append(f"  input: {shown(short(history.input))}")
+    if history.result is not None:
+        out.append(f"  result: {shown(short(history.result))}")
     if history.domain_state is not None:
         out.append(f"  domain state: {shown(history.domain_state)}")
     for event in history.events:
@@ -396,11 +400,13 @@ def _intent_json(intent: IntentHistory) -> dict[str, object]:
 
 def show_json(history: RunHistory, writer_live: bool) -> str:
     """One run step by step, for machines."""
-    doc = {
+    doc: dict[str, object] = {
         "run": history.run,
         "workflow": history.workflow,
         "status": "running" if writer_live else history.standing,
         "input": history.input,
+        "version": history.version,
+        "result": history.result,
         "domain_state": history.domain_state,
         "events": [
             {"time": when(e.time_us), "what": e.what, "reason": e.reason} for e in history.events

@@ -635,9 +635,11 @@ class Worker:
             # journal still holds it unfinished, and `recover URL --workflows`
             # with the code it started with resumes it.
             self._say(f"{run}: {diverged}")
-            conn.execute(
+            if conn.execute(
                 _statement(_COMPLETE, self._schema), ("diverged", run, lease.owner, lease.fence)
-            )
+            ).rowcount != 1:
+                self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}")
+                return False
             return True
         finally:
             if executor is not None:
@@ -677,7 +679,11 @@ class Worker:
         slots_conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
             check_pools(conn, schema, self._workflows.values())
-            if pools_named(self._workflows.values()):
+            # A code workflow's steps may name a pool at any call: take slots
+            # for whatever they name.
+            if pools_named(self._workflows.values()) or any(
+                w.function is not None for w in self._workflows.values()
+            ):
                 slots_conn = connect(url)
                 self._pools = SlotAdmission(slots_conn, schema=schema, worker=self.id, leases=self._leases)
         except BaseException:

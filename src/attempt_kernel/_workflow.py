@@ -2,10 +2,11 @@
 
 Two ways of deciding the next step, one engine. A DAG is checked once, when
 it is loaded (`load_workflow`): a cycle, an unknown dependency, a duplicate
-step name, or a non-positive deadline or attempt limit is a `WorkflowError`
-that names the culprit. A code workflow (`workflow`) is an ``async def``
-of a `RunContext` that calls ``run.step(...)`` as it goes; each call is a
-step like a DAG's, with the same options, checked when it is made.
+step name, a non-positive deadline or attempt limit, or a retry wait out of
+range is a `WorkflowError` that names the culprit (`check_step` checks one
+step's own fields). A code workflow (`workflow`) is an ``async def`` of a
+`RunContext` that calls ``run.step(...)`` as it goes; each call is a step
+like a DAG's, with the same options, checked when it is made.
 
 No I/O and no asyncio here: a step's function is just a value (an ``async
 def`` the executor awaits), and `RunContext` is only the contract.
@@ -19,7 +20,7 @@ import math
 from types import MappingProxyType
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar, overload
+from typing import Protocol, TypeVar, cast, overload
 
 from typing_extensions import TypeAlias, final
 
@@ -52,12 +53,49 @@ class RetryPolicy:
     `Indeterminate` attempt. An attempt that ended with an intent still
     outstanding is retried only if ``effects_idempotent`` says the step's
     effects may be sent again under the same idempotency key (spec §6);
-    otherwise the run stops there for reconciliation.
+    otherwise the run stops there for reconciliation. An attempt whose step
+    raised an instance of one of the ``non_retryable`` exception types is
+    never retried (the log records it, so recovery knows too).
+
+    **When a retry starts.** After ``tries`` attempts that counted (Failed,
+    or TimedOut by the step deadline), the next one waits
+    ``initial_interval * backoff_factor ** (tries - 1)`` seconds, at most
+    ``max_interval`` (None: 100 times ``initial_interval``), then moved by
+    up to ``jitter`` of itself either way (so a jittered wait may pass
+    ``max_interval`` by that fraction). With the defaults that is 1, 2,
+    4, 8, ... seconds, never more than 100. ``initial_interval=0`` retries
+    at once. An attempt that was stopped from outside (`Cancelled`, or an
+    `Indeterminate` one once reconciled) is not the step's failure: the next
+    attempt starts at once, without a wait.
+
+    The wait is measured from when the failed attempt ended (its terminal
+    record's time), so it is durable without a record of its own: a crash,
+    or a graceful stop, during the wait resumes the step with only what is
+    left of it. So the jitter is no random draw: it is derived from a hash
+    of the run id, the step name and the number of the attempt about to
+    start, and the wait recomputed after a crash is the same one.
+
+    The defaults are Temporal's (1 s, doubling, up to 100 s, no jitter):
+    a rate-limited call (HTTP 429) backs off instead of spending its
+    attempts at once, the waits are the ones the formula says, and
+    ``max_attempts`` defaults to 1, so they matter only once a step asks
+    for retries. Set ``jitter`` (0.1 to 0.5) when many runs share one rate
+    limit and should not retry in step.
     """
 
     max_attempts: int = 1
     retry_on_timeout: bool = True
     effects_idempotent: bool = False
+    initial_interval: float = 1.0
+    """Seconds before the first retry (0: at once); finite, not negative."""
+    backoff_factor: float = 2.0
+    """Each further retry waits this many times longer (at least 1: 1 keeps the wait constant)."""
+    max_interval: float | None = None
+    """The longest wait before a retry, before jitter (None: 100 times ``initial_interval``)."""
+    jitter: float = 0.0
+    """The fraction of the wait (0 to 1) that may be added or taken away, per attempt."""
+    non_retryable: tuple[type[Exception], ...] = ()
+    """Exception types that are never retried: the attempt that raised one is the step's last."""
 
 
 @final
@@ -283,8 +321,63 @@ def _declared(name: str, domain_states: Iterable[str]) -> tuple[str, ...]:
     return tuple(declared)
 
 
+def _number(value: object, least: float, what: str, must: str) -> float:
+    """A finite int or float of at least ``least``, else a `WorkflowError` saying ``must``."""
+    # typed float: this guards callers that ignored the annotations
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise WorkflowError(f"{what} must be {must}, got {value!r}")
+    if not (math.isfinite(value) and value >= least):
+        raise WorkflowError(f"{what} must be {must}, got {value!r}")
+    return value
+
+
+def _check_retry(policy: RetryPolicy, where: str) -> None:
+    """Refuse a retry policy whose fields cannot say when a retry starts."""
+    limit: object = policy.max_attempts
+    if type(limit) is not int or limit < 1:
+        raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
+    initial = _number(
+        policy.initial_interval,
+        0,
+        f"{where}: retry.initial_interval",
+        "a finite number of seconds, 0 or more (0: retry at once)",
+    )
+    _number(
+        policy.backoff_factor,
+        1,
+        f"{where}: retry.backoff_factor",
+        "a finite number, 1 or more (1: every wait the same)",
+    )
+    if policy.max_interval is not None:
+        _number(
+            policy.max_interval,
+            initial,
+            f"{where}: retry.max_interval",
+            f"None or a finite number of seconds, at least initial_interval ({initial!r})",
+        )
+    jitter = _number(policy.jitter, 0, f"{where}: retry.jitter", "a fraction from 0 to 1")
+    if jitter > 1:
+        raise WorkflowError(f"{where}: retry.jitter must be a fraction from 0 to 1, got {jitter!r}")
+    types: object = policy.non_retryable
+    if type(types) is not tuple:
+        raise WorkflowError(
+            f"{where}: retry.non_retryable must be a tuple of exception types, got {types!r}"
+        )
+    for kind in cast("tuple[object, ...]", types):
+        if not (isinstance(kind, type) and issubclass(kind, Exception)):
+            raise WorkflowError(
+                f"{where}: retry.non_retryable must hold exception types (subclasses of"
+                f" Exception, which is what a step's failure is), got {kind!r}"
+            )
+
+
 def check_step(step: Step, where: str, declared: tuple[str, ...]) -> None:
-    """Refuse a step whose options break a rule; the `WorkflowError` names the field."""
+    """Refuse a step whose options break a rule, with a `WorkflowError` prefixed by ``where``.
+
+    Its deadlines, pool name and retry policy, and the domain states it names
+    (each must be in ``declared``, the workflow's). `load_workflow` calls it
+    for each step; a code workflow's run calls it for each ``run.step``.
+    """
     _positive(step.queue_deadline, f"{where}: queue_deadline")
     _positive(step.step_deadline, f"{where}: step_deadline")
     pool: object = step.pool
@@ -293,9 +386,7 @@ def check_step(step: Step, where: str, declared: tuple[str, ...]) -> None:
     retry: object = step.retry
     if not isinstance(retry, RetryPolicy):  # pyright: ignore[reportUnnecessaryIsInstance]  # guards callers that ignored the annotations
         raise WorkflowError(f"{where}: retry must be a RetryPolicy, got {retry!r}")
-    limit: object = retry.max_attempts
-    if type(limit) is not int or limit < 1:
-        raise WorkflowError(f"{where}: retry.max_attempts must be at least 1, got {limit!r}")
+    _check_retry(step.retry, where)
     for state in step.domain_states:
         if state not in declared:
             raise WorkflowError(
@@ -379,9 +470,10 @@ def load_workflow(
     ``domain_states`` declares the workflow's domain step state names
     (spec §7). Raises `WorkflowError` naming the culprit: an empty or
     duplicate step name, an unknown dependency, a cycle (listed in order), a
-    non-positive deadline or attempt limit, an empty pool name, an empty or
-    repeated domain state name, a step naming a domain state the workflow
-    does not declare.
+    non-positive deadline or attempt limit, a retry interval, factor, jitter
+    or non-retryable type out of range (`check_step`), an empty pool name,
+    an empty or repeated domain state name, a step naming a domain state the
+    workflow does not declare.
     """
     if not name:
         raise WorkflowError("a workflow needs a non-empty name")
