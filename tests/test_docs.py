@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,12 +12,46 @@ import pytest
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
+def _readme_python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
+
+
+def test_readme_usage_opens_with_a_code_workflow_that_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's first Python example, run as a script, runs its workflow and prints the comment."""
+    usage = README.read_text().split("## Usage\n", 1)[1]
+    first = _readme_python_blocks()[0]
+    assert usage.split("```python\n", 1)[1].startswith(first)  # the section's first example
+    assert "@workflow(" in first
+    monkeypatch.chdir(tmp_path)
+    exec(compile(first, "README.md", "exec"), {"__name__": "__main__"})
+    out = capsys.readouterr().out
+    assert out == "succeeded ['search@1', 'send_digest@2'] sent 2 results to ada@example.com\n"
+    assert (tmp_path / "digest.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_readme_code_workflow_runs_from_the_command_line_as_shown(tmp_path: Path) -> None:
+    """Saved as flows.py, the README's first example prints what its `run flows:digest` block shows."""
+    (tmp_path / "flows.py").write_text(_readme_python_blocks()[0])
+    result = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "run", "flows:digest"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "$ attempt-kernel run flows:digest\n" + result.stdout + "```" in README.read_text()
+
+
 def test_readme_usage_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """The README's Python example executes and prints the refusal it shows."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-    assert blocks, "README has no python example"
+    """The README's kernel example executes and prints the refusal it shows."""
+    blocks = _readme_python_blocks()
+    assert len(blocks) == 2, "README has a code workflow and a kernel example"
     namespace: dict[str, object] = {}
-    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    exec(compile(blocks[1], "README.md", "exec"), namespace)
     out = capsys.readouterr().out
     assert out.startswith("illegal transition: Admit() from Cancelled(): a terminal state")
     alert_level = namespace["alert_level"]
@@ -110,9 +146,14 @@ def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has one python block, executor.md three (run above)."""
+    """No example escapes running: README has two python blocks, executor.md three (run above),
+    agents.md one (run by test_agents.py)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
         for path in [README, *sorted((README.parent / "docs").glob("*.md"))]
     }
-    assert {name: n for name, n in counts.items() if n} == {"README.md": 1, "executor.md": 3}
+    assert {name: n for name, n in counts.items() if n} == {
+        "README.md": 2,
+        "agents.md": 1,
+        "executor.md": 3,
+    }

@@ -1,34 +1,31 @@
 """docs/tutorial.md's session is real: replayed in a fresh folder, it prints what the doc shows.
 
 Every ``$ command`` of the tutorial's ```console blocks runs, in order, in
-one fresh folder holding a copy of examples/tutorial/flows.py, through
-``bash -c`` with ``attempt-kernel`` on ``PATH`` meaning ``sys.executable -m
-attempt_kernel``; stdout and stderr are read together, as a terminal shows
-them. Only timestamps are normalised. A command killed by a signal is
-reported as an interactive shell reports it (``Killed`` for SIGKILL); the
-exit codes the tutorial's prose gives are checked against a hand-written
-list. The workflow file also passes `mypy --strict` and pyright strict.
+one fresh folder holding a copy of examples/tutorial/flows.py (tests/sessions.py
+says how). Only timestamps and idempotency keys are normalised: each key the
+tutorial shows is paired with the key the session printed in its place, by
+order of first appearance, and later commands get the session's key
+(``reconcile --key ...``). bank.json and outbox.json list their keys in the
+order the effects happened (flows.py never sorts them), so the pairing is the
+same in every session. The exit codes the tutorial's prose gives are checked
+against a hand-written list. The workflow file also passes `mypy --strict`
+and pyright strict.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from sessions import attempt_kernel_on_path, missing_line, replay_session, text_blocks
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 FLOWS = ROOT / "examples" / "tutorial" / "flows.py"
-TIMESTAMP = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\b")
-CONSOLE = re.compile(r"^```console\n(.*?)^```", re.DOTALL | re.MULTILINE)
-TEXT = re.compile(r"^```text\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 # Written by hand from the tutorial's prose, one per `$` command, in order.
 EXIT_CODES = [
@@ -54,71 +51,22 @@ EXIT_CODES = [
 pytestmark = pytest.mark.slow
 
 
-def _session() -> list[tuple[str, str]]:
-    """(command, expected output) for each `$` line of the console blocks, in order."""
-    steps: list[tuple[str, str]] = []
-    for block in CONSOLE.findall(TUTORIAL.read_text()):
-        for chunk in re.split(r"^\$ ", block, flags=re.MULTILINE)[1:]:
-            command, _, output = chunk.partition("\n")
-            steps.append((command, output))
-    return steps
-
-
-def _normalised(text: str) -> str:
-    return TIMESTAMP.sub("<timestamp>", text)
-
-
-def _shell(command: str, cwd: Path, path: str) -> tuple[int, str]:
-    """Exit code and output of one command, as an interactive shell would show them."""
-    result = subprocess.run(
-        ["bash", "-c", command],
-        cwd=cwd,
-        env={**os.environ, "PATH": path},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    output = result.stdout
-    if result.returncode < 0:  # bash -c exec'd it, so the signal is ours to report
-        number = -result.returncode
-        output += "Killed\n" if number == signal.SIGKILL else f"{signal.strsignal(number)}\n"
-        return 128 + number, output
-    return result.returncode, output
-
-
 def test_the_tutorial_session_prints_what_the_doc_shows(tmp_path: Path) -> None:
     """Each command of the tutorial, run in a fresh folder, prints the doc's output and exit code."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "attempt-kernel"
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m attempt_kernel "$@"\n')
-    wrapper.chmod(0o755)
+    path = attempt_kernel_on_path(tmp_path / "bin")
     work = tmp_path / "shop"
     work.mkdir()
     shutil.copy(FLOWS, work / "flows.py")
-    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
-    session = _session()
-    assert len(session) == len(EXIT_CODES), [command for command, _ in session]
-    for (command, expected), code in zip(session, EXIT_CODES):
-        got_code, got = _shell(command, work, path)
-        assert _normalised(got) == _normalised(expected), f"$ {command}"
-        assert got_code == code, f"$ {command}\n{got}"
+    replay_session(TUTORIAL, work, path, EXIT_CODES)
 
 
 def test_the_tutorial_quotes_lines_of_the_workflow_file() -> None:
     """Each line of the tutorial's excerpts of flows.py is a line of the file, in order."""
     source = FLOWS.read_text().splitlines()
-    blocks = TEXT.findall(TUTORIAL.read_text())
+    blocks = text_blocks(TUTORIAL)
     assert blocks
     for block in blocks:
-        at = 0
-        for line in block.splitlines():
-            if line.strip() == "...":
-                continue
-            assert line in source[at:], line
-            at = source.index(line, at) + 1
+        assert missing_line(block, source) is None, missing_line(block, source)
 
 
 def test_the_workflow_file_passes_mypy_strict() -> None:

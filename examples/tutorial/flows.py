@@ -41,6 +41,7 @@ def _load(path: Path) -> dict[str, JSON]:
 
 
 def _save(path: Path, data: dict[str, JSON]) -> None:
+    # insertion order, never sorted: entries stay in the order they arrived
     path.write_text(json.dumps(data, indent=1) + "\n")
 
 
