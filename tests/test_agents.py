@@ -149,11 +149,6 @@ def _crashed_agent_run(tmp_path: Path) -> tuple[Path, str]:
     return work, path
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--workflows is nargs='+' with the store action: a repeated flag keeps only the"
-    " last list, though recover's own 'resume with' hint repeats the flag",
-)
 def test_recover_given_workflows_flag_twice_uses_both(tmp_path: Path) -> None:
     """`--workflows A --workflows B` gives recover both A and B."""
     work, path = _crashed_agent_run(tmp_path)
@@ -166,11 +161,6 @@ def test_recover_given_workflows_flag_twice_uses_both(tmp_path: Path) -> None:
     assert "run status: succeeded" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a code run's orphans are ended when the function is run again (CodeRun.take_up),"
-    " after recover printed what recovery did, so recover never says what the reconciler found",
-)
 def test_recover_of_a_code_run_says_what_the_reconciler_found(tmp_path: Path) -> None:
     """recover prints the reconciler's answer and the orphan's end for a code run, as for a DAG's."""
     work, path = _crashed_agent_run(tmp_path)

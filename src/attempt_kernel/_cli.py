@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     recover.add_argument("log", metavar="LOG", help="path of the run log to recover")
     recover.add_argument(
-        "--workflows", nargs="+", default=[], metavar="MODULE:ATTR",
+        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
         help="your workflows, beside the built-in demo's",
     )  # fmt: skip
     runs = commands.add_parser(
@@ -219,7 +219,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("url", metavar="URL", help="postgresql://...")
     worker.add_argument(
-        "--workflows", nargs="+", required=True, metavar="MODULE:ATTR",
+        "--workflows", nargs="+", action="extend", required=True, metavar="MODULE:ATTR",
         help="the workflows this worker can run",
     )  # fmt: skip
     worker.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
@@ -536,6 +536,10 @@ def _recover(args: argparse.Namespace) -> int:
             sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
         sys.stdout.flush()
 
+    def print_taken_up(done: Recovery) -> None:
+        sys.stdout.write(_report.taken_up_text(done))
+        sys.stdout.flush()
+
     for run in sorted(held or ()):
         print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
     try:
@@ -548,6 +552,7 @@ def _recover(args: argparse.Namespace) -> int:
             stop_on_signals=True,
             grace=GRACE,
             on_recovered=print_recovery,
+            on_taken_up=print_taken_up,
         )
     except RunsStopped as error:
         return _stopped("recover", error, f"attempt-kernel recover {_redacted(log_path)}{extra}")

@@ -93,6 +93,7 @@ from ._records import (
     StepResult,
 )
 from ._outcome import RunReport, StepOutcome, describe, outcome
+from ._recovery import Asked, OrphanEnded, Recovery
 from ._store import BatchLog, DispatchRefused, LogSource, RunLog, is_batch_log, is_log_source
 from ._workflow import Step, Workflow
 
@@ -342,6 +343,11 @@ class Executor:
     ``clock`` must tell the time the log's writer stamps records with. Tests
     pass fakes, to see the waits without waiting. A cancel of the run or a
     `stop` ends a wait at once, and no attempt starts.
+
+    ``on_taken_up``, if given, is told what resuming a code workflow's run
+    did before the run went on (its function checked against the log):
+    the reconcilers asked and the orphaned attempts ended, as a `Recovery`
+    (recovery itself leaves a code run's orphans to the executor).
     """
 
     def __init__(
@@ -351,6 +357,7 @@ class Executor:
         admission_limit: int = 8,
         progress: Callable[[str], None] | None = None,
         pools: PoolAdmission | None = None,
+        on_taken_up: Callable[[Recovery], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
@@ -364,6 +371,7 @@ class Executor:
         self._limit: Final = admission_limit
         self._progress: Final = progress
         self._pools: Final = pools
+        self._on_taken_up: Final = on_taken_up
         self._clock: Final = clock
         self._sleep: Final = sleep
         # One limit for every run this executor drives; made on first use so
@@ -532,9 +540,10 @@ class Executor:
         run: str,
         step: Step,
         note: str = "asked when the run was stopped, before ending the attempt",
-    ) -> None:
+    ) -> list[Asked]:
         """Ask the step's reconcilers about its attempt's outstanding intents and
-        record what they found (`EffectUnknown` leaves an intent outstanding)."""
+        record what they found (`EffectUnknown` leaves an intent outstanding);
+        return what was asked."""
         attempt = self._ledger.attempt(run, step.name)
         keys = self._ledger.runs[run].steps[step.name].keys
         questions = [
@@ -543,8 +552,12 @@ class Executor:
             if is_outstanding(state) and name in step.reconcilers
         ]
         if not questions:
-            return
+            return []
         findings = await ask_all([(r, keys[name]) for name, r in questions])
+        asked = [
+            Asked(run=run, step=step.name, attempt=attempt.number, intent=name, key=keys[name], finding=f)
+            for (name, _), f in zip(questions, findings)
+        ]
         for (name, _), finding in zip(questions, findings):
             result: JSON = None
             match finding:
@@ -573,6 +586,7 @@ class Executor:
                     note=note,
                 ),
             )
+        return asked
 
     def _cancel(self, run: str, step: str) -> None:
         # spec §2: the flag comes from the intent record, never from where the
@@ -1013,13 +1027,26 @@ class Executor:
         async def drive(step: Step) -> StepOutcome:
             return await self._drive(run, step, input, {}, admission)
 
+        asked: list[Asked] = []
+        orphans: list[OrphanEnded] = []
+
         async def end_orphan(step: Step) -> None:
             # as recovery ends an orphan: its reconcilers first, then the
             # Cancel the intent record decides
-            await self._ask_reconcilers(
-                run, step, "asked by recovery before ending the orphaned attempt"
+            asked.extend(
+                await self._ask_reconcilers(
+                    run, step, "asked by recovery before ending the orphaned attempt"
+                )
             )
+            view = ledger.runs[run].steps[step.name]
+            before = view.attempt.state
             self._cancel(run, step.name)
+            orphans.append(
+                OrphanEnded(
+                    run=run, step=step.name, attempt=view.attempt.number, from_state=before,
+                    to_state=view.attempt.state, outstanding=view.outstanding(),
+                )  # fmt: skip
+            )
 
         code = CodeRun(
             run=run,
@@ -1046,6 +1073,13 @@ class Executor:
                 raise
             self._write(run, RunResumed())
             await code.take_up()
+            if self._on_taken_up is not None and (asked or orphans):
+                self._on_taken_up(
+                    Recovery(
+                        torn_tail=None, side_file=None, orphans=tuple(orphans), runs=(),
+                        asked=tuple(asked),
+                    )  # fmt: skip
+                )
         # One future wakes the run: its function ends, a cancel, a stop, or
         # the log failing under a step.
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -1194,8 +1228,10 @@ def drive_jobs(
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
     grace: float = 5.0,
+    on_taken_up: Callable[[Recovery], None] | None = None,
 ) -> list[RunReport | WorkflowDiverged]:
-    """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the reports."""
+    """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
+    reports (``on_taken_up``: as `Executor` says)."""
     caught: list[int] = []
 
     async def drive(executor: Executor, job: Job) -> RunReport | WorkflowDiverged:
@@ -1219,7 +1255,9 @@ def drive_jobs(
         # Returns None: on 3.11, asyncio.run formats its main task (result
         # included) while restoring the SIGINT handler; a 10,000-step report
         # would cost a noticeable repr.
-        executor = Executor(log, admission_limit=admission_limit, progress=progress)
+        executor = Executor(
+            log, admission_limit=admission_limit, progress=progress, on_taken_up=on_taken_up
+        )
         loop = asyncio.get_running_loop()
 
         def on_signal(number: int) -> None:

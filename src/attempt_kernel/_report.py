@@ -178,6 +178,24 @@ def recovery_text(recovery: Recovery, source: str) -> str:
             f"  cut the torn tail at line {tail.line} ({tail.length} bytes from byte"
             f" {tail.offset}); its bytes are kept in {shown(str(recovery.side_file))}"
         )
+    out += _settled_lines(recovery)
+    for run in recovery.closed:
+        out.append(f"  closed run {shown(run)}: its cancel was decided before the crash; not resumed")
+    for r in recovery.runs:
+        out.append(f"  resuming run {shown(r.run)} (workflow {shown(r.workflow)})")
+    return "\n".join(out) + "\n"
+
+
+def taken_up_text(recovery: Recovery) -> str:
+    """What resuming a code workflow's run did once its code was checked, for people."""
+    runs = sorted({a.run for a in recovery.asked} | {o.run for o in recovery.orphans})
+    head = ", ".join(shown(run) for run in runs)
+    return "\n".join([f"recover: run {head}: its code matches the log", *_settled_lines(recovery)]) + "\n"
+
+
+def _settled_lines(recovery: Recovery) -> list[str]:
+    """The reconcilers asked and the orphans ended, one line each."""
+    out: list[str] = []
     for asked in recovery.asked:
         finding = asked.finding
         match finding:
@@ -203,11 +221,7 @@ def recovery_text(recovery: Recovery, source: str) -> str:
             f"  ended orphaned attempt {shown(o.run)} / {shown(o.step)} #{o.attempt}:"
             f" {state_name(o.from_state)} -> {state_name(o.to_state)}{keys}"
         )
-    for run in recovery.closed:
-        out.append(f"  closed run {shown(run)}: its cancel was decided before the crash; not resumed")
-    for r in recovery.runs:
-        out.append(f"  resuming run {shown(r.run)} (workflow {shown(r.workflow)})")
-    return "\n".join(out) + "\n"
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -53,6 +53,7 @@ def resume_log(
     reconciler_deadline: float = RECONCILER_DEADLINE,
     on_recovered: Callable[[Recovery], None] | None = None,
     skip_runs: Collection[str] = frozenset(),
+    on_taken_up: Callable[[Recovery], None] | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -61,7 +62,10 @@ def resume_log(
     ``workflows`` are the workflows its runs may belong to (by name); a run
     of another workflow is refused (`RecoveryError`) before anything is
     written. ``supervisors`` (by workflow name) play the outside world beside
-    each resumed run. ``on_recovered`` is called once recovery is done and
+    each resumed run. ``on_taken_up`` is called for each code workflow's run
+    once its function was checked against the log, with the reconcilers it
+    asked and the orphans it ended then (recovery leaves those of a code run
+    to that moment). ``on_recovered`` is called once recovery is done and
     before any run is resumed (the CLI prints what recovery did there).
     With ``stop_on_signals``, SIGINT and SIGTERM stop the resumed runs
     gracefully (`RunsStopped`), as `run_jobs` says. ``skip_runs`` are left
@@ -75,13 +79,13 @@ def resume_log(
         )
         with writer:
             done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
-                           stop_on_signals, grace, on_recovered)  # fmt: skip
+                           stop_on_signals, grace, on_recovered, on_taken_up)  # fmt: skip
     else:
         recovery = recover(
             log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
-                       stop_on_signals, grace, on_recovered)  # fmt: skip
+                       stop_on_signals, grace, on_recovered, on_taken_up)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -99,6 +103,7 @@ def _resume(
     stop_on_signals: bool,
     grace: float,
     on_recovered: Callable[[Recovery], None] | None,
+    on_taken_up: Callable[[Recovery], None] | None,
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -121,4 +126,5 @@ def _resume(
         progress=progress,
         stop_on_signals=stop_on_signals,
         grace=grace,
+        on_taken_up=on_taken_up,
     )
