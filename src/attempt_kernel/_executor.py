@@ -825,26 +825,9 @@ class Executor:
         outcomes: dict[str, StepOutcome] = {}
         known = ledger.run(run)
         if prior is None:
-            if known is not None and known.finished:
-                log = self._log
-                if not is_log_source(log):
-                    raise RunRefused(f"run {run!r} already finished in this log")
-                return recorded_report(log, workflow, run)
             if known is not None:
-                raise RunRefused(
-                    f"run {run!r} is already in the log and has not finished; recovery"
-                    " resumes it (`attempt-kernel recover LOG`, or `resume_log`)"
-                )
-            self._write(
-                run,
-                RunStarted(
-                    workflow=workflow.name,
-                    input=input,
-                    domain_states=workflow.domain_states,
-                    version=workflow.version,
-                    nonce=secrets.token_hex(8),
-                ),
-            )
+                return self._known(workflow, run, known.finished)
+            self._start_run(workflow, run, input)
         else:
             if known is None or not known.steps:
                 ledger.resume(run, workflow.name, prior)
@@ -975,6 +958,33 @@ class Executor:
         return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
 
 
+    def _known(self, workflow: Workflow, run: str, finished: bool) -> RunReport:
+        """A fresh start of a run id the log already has: its recorded report if
+        it finished, else `RunRefused` (run ids are unique in a log)."""
+        if not finished:
+            raise RunRefused(
+                f"run {run!r} is already in the log and has not finished; recovery"
+                " resumes it (`attempt-kernel recover LOG`, or `resume_log`)"
+            )
+        log = self._log
+        if not is_log_source(log):
+            raise RunRefused(f"run {run!r} already finished in this log")
+        return recorded_report(log, workflow, run)
+
+    def _start_run(self, workflow: Workflow, run: str, input: JSON) -> None:
+        """The run's start record, with the random part of its keys."""
+        self._write(
+            run,
+            RunStarted(
+                workflow=workflow.name,
+                input=input,
+                domain_states=workflow.domain_states,
+                version=workflow.version,
+                nonce=secrets.token_hex(8),
+                code=workflow.function is not None,
+            ),
+        )
+
     # ------------------------------------------------------------ a code run
 
     async def _run_code(
@@ -987,27 +997,9 @@ class Executor:
         ledger = self._ledger
         known = ledger.run(run)
         if not resuming:
-            if known is not None and known.finished:
-                log = self._log
-                if not is_log_source(log):
-                    raise RunRefused(f"run {run!r} already finished in this log")
-                return recorded_report(log, workflow, run)
             if known is not None:
-                raise RunRefused(
-                    f"run {run!r} is already in the log and has not finished; recovery"
-                    " resumes it (`attempt-kernel recover LOG`, or `resume_log`)"
-                )
-            self._write(
-                run,
-                RunStarted(
-                    workflow=workflow.name,
-                    input=input,
-                    domain_states=workflow.domain_states,
-                    version=workflow.version,
-                    nonce=secrets.token_hex(8),
-                    code=True,
-                ),
-            )
+                return self._known(workflow, run, known.finished)
+            self._start_run(workflow, run, input)
         elif known is None or not known.code:
             raise RunRefused(
                 f"run {run!r} is not a code workflow's run in this log (or the log cannot be"
