@@ -1,5 +1,5 @@
 """Code workflows under attack: forged logs, real kills and signals, odd names,
-and functions that wait on something else than their steps.
+functions that break the rules, and misuse of ``run.step``.
 
 Tests marked xfail (strict) show a bug in the library; each reason says what
 is wrong. Expected values are written out by hand.
@@ -8,6 +8,7 @@ is wrong. Expected values are written out by hand.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -87,20 +88,28 @@ def folder_state(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.parent.iterdir())}
 
 
-@pytest.fixture
-def no_hang() -> Iterator[None]:
-    """A safety net, not an assertion of speed: a test stuck for two minutes fails."""
+@contextlib.contextmanager
+def hang_detector(seconds: int) -> Generator[None, None, None]:
+    """Fail with TimeoutError if the block is still running after ``seconds``
+    (SIGALRM). A safety net against hangs, never an assertion of speed."""
 
     def stuck(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError("the test hung for 120 s")
+        raise TimeoutError(f"hung for {seconds} s")
 
     previous = signal.signal(signal.SIGALRM, stuck)
-    signal.alarm(120)
+    signal.alarm(seconds)
     try:
         yield
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.fixture
+def no_hang() -> Iterator[None]:
+    """A test stuck for two minutes fails instead of hanging the session."""
+    with hang_detector(120):
+        yield
 
 
 async def echo(ctx: StepContext, value: JSON) -> JSON:
@@ -575,3 +584,269 @@ def test_a_function_that_waits_forever_on_recovery_is_a_divergence_not_a_hang(
     )
     assert "the code did not ask for it" in str(diverged)
     assert log.read_bytes() == before
+
+
+# --------------------------------------------------------------------------
+# run.step misuse
+# --------------------------------------------------------------------------
+
+
+def test_run_step_from_a_task_that_outlives_the_function_is_refused_as_after_the_run(
+    tmp_path: Path,
+) -> None:
+    errors: list[str] = []
+    left: list[asyncio.Task[None]] = []
+    finished = asyncio.Event()
+
+    async def later(run: RunContext) -> None:
+        await finished.wait()
+        try:
+            _ = run.step("late", noop)
+        except WorkflowError as error:
+            errors.append(str(error))
+
+    @workflow("leaves")
+    async def flow(run: RunContext) -> JSON:
+        left.append(asyncio.ensure_future(later(run)))
+        return "returned"
+
+    async def main() -> RunReport:
+        with RunLogWriter(tmp_path / LOG, create=True) as log:
+            report = await Executor(log).run(flow, "k-1")
+            finished.set()
+            await left[0]
+            return report
+
+    assert asyncio.run(main()).status == "succeeded"
+    assert errors == [
+        "run.step('late') was called after run 'k-1' finished; a step belongs to the run"
+        " whose function calls it, while it runs"
+    ]
+    assert positions(tmp_path / LOG) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="run.step called after the run finished, from outside its function, says 'from inside a step'",
+)
+def test_run_step_after_the_run_finished_says_so(tmp_path: Path) -> None:
+    kept: list[RunContext] = []
+
+    @workflow("keeps")
+    async def flow(run: RunContext) -> JSON:
+        kept.append(run)
+        return None
+
+    execute(tmp_path / LOG, flow, "k-1")
+
+    async def later() -> None:
+        _ = kept[0].step("noop", noop)
+
+    with pytest.raises(WorkflowError, match="after run 'k-1' finished"):
+        asyncio.run(later())
+
+
+def test_run_step_on_another_runs_context_is_refused_naming_both_runs(tmp_path: Path) -> None:
+    contexts: dict[str, RunContext] = {}
+    errors: list[str] = []
+
+    @workflow("one")
+    async def one(run: RunContext) -> JSON:
+        contexts["one"] = run
+        while "two" not in contexts:
+            await asyncio.sleep(0)
+        try:
+            _ = contexts["two"].step("stolen", noop)
+        except WorkflowError as error:
+            errors.append(str(error))
+        return await run.step("mine", echo, 1)
+
+    @workflow("two")
+    async def two(run: RunContext) -> JSON:
+        contexts["two"] = run
+        return await run.step("mine", echo, 2)
+
+    async def main() -> list[RunReport]:
+        with RunLogWriter(tmp_path / LOG, create=True) as log:
+            executor = Executor(log)
+            return list(await asyncio.gather(executor.run(one, "r1"), executor.run(two, "r2")))
+
+    reports = asyncio.run(main())
+    assert [(r.run, r.status, r.result) for r in reports] == [("r1", "succeeded", 1), ("r2", "succeeded", 2)]
+    assert errors == ["run.step('stolen') of run 'r2' was called from the function of run 'r1'"]
+    called_steps = [(r["run"], r["step"]) for r in of_type(tmp_path / LOG, "step_called")]
+    assert sorted(called_steps) == [("r1", "mine@1"), ("r2", "mine@1")]
+    assert replay(FileLog(tmp_path / LOG)).violation_count == 0
+
+
+def test_run_step_from_inside_a_step_is_refused_and_the_step_goes_on(tmp_path: Path) -> None:
+    holder: list[RunContext] = []
+    errors: list[str] = []
+
+    async def outer(ctx: StepContext) -> JSON:
+        try:
+            _ = holder[0].step("inner", noop)
+        except WorkflowError as error:
+            errors.append(str(error))
+        return "outer"
+
+    @workflow("nested")
+    async def flow(run: RunContext) -> JSON:
+        holder.append(run)
+        return await run.step("outer", outer)
+
+    log = tmp_path / LOG
+    assert execute(log, flow, "x-1").result == "outer"
+    assert errors == [
+        "run.step('inner') of run 'x-1' was called from inside a step (a step's function"
+        " gets a StepContext, not the RunContext)"
+    ]
+    assert positions(log) == [(1, "outer")]
+
+
+def test_a_step_function_that_is_not_async_is_refused_and_takes_no_position(tmp_path: Path) -> None:
+    def plain(ctx: StepContext) -> JSON:
+        return None
+
+    errors: list[str] = []
+
+    @workflow("plain")
+    async def flow(run: RunContext) -> JSON:
+        try:
+            _ = run.step("plain", plain)  # type: ignore[arg-type]  # not async, on purpose
+        except WorkflowError as error:
+            errors.append(str(error))
+        return await run.step("after", noop)
+
+    log = tmp_path / LOG
+    assert execute(log, flow, "p-1").status == "succeeded"
+    [error] = errors
+    assert error.startswith("run.step('plain', ") and "is not an async function" in error
+    assert positions(log) == [(1, "after")]
+
+
+NOT_JSON: Final = [
+    pytest.param({"x": object()}, id="object"),
+    pytest.param(float("nan"), id="nan"),
+    pytest.param([float("inf")], id="infinity"),
+    pytest.param({(1, 2): "tuple key"}, id="tuple-key"),
+    pytest.param(
+        {1: "one"},
+        id="int-key",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="a dict with int keys is taken as a step argument: json.dumps turns its keys into strings",
+        ),
+    ),
+    pytest.param(
+        {1: "one", "1": "uno"},
+        id="int-and-str-keys",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="an argument with int and str keys escapes as a bare TypeError from sort_keys, not WorkflowError",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("bad", NOT_JSON)
+def test_an_argument_that_is_not_json_is_refused_naming_it_and_nothing_is_written(
+    tmp_path: Path, bad: object
+) -> None:
+    errors: list[str] = []
+
+    async def tool(ctx: StepContext, a: JSON, b: JSON) -> JSON:
+        return None
+
+    @workflow("badarg")
+    async def flow(run: RunContext) -> JSON:
+        try:
+            not_json: Any = bad
+            _ = run.step("tool", tool, 1, not_json)
+        except WorkflowError as error:
+            errors.append(str(error))
+        return await run.step("after", noop)
+
+    log = tmp_path / LOG
+    assert execute(log, flow, "b-1").status == "succeeded"
+    [error] = errors
+    assert error.startswith("run.step('tool', ...): argument 2 is not a JSON value")
+    assert positions(log) == [(1, "after")]
+    assert [r["step"] for r in of_type(log, "created")] == ["after@1"]
+
+
+NOT_JSON_RESULTS: Final = [
+    pytest.param({"a": {1, 2}}, id="set"),
+    pytest.param([float("nan")], id="nan"),
+    pytest.param(
+        {2: "two"},
+        id="int-key",
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="a result with int keys is recorded with string keys: the run succeeds, the log says another value",
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("bad", NOT_JSON_RESULTS)
+def test_a_function_returning_a_value_the_log_cannot_hold_fails_the_run_saying_so(
+    tmp_path: Path, bad: object
+) -> None:
+    @workflow("unjson")
+    async def flow(run: RunContext) -> JSON:
+        await run.step("a", noop)
+        result: Any = bad
+        return result  # type: ignore[no-any-return]  # what a function that ignored the types returns
+
+    log = tmp_path / LOG
+    report = execute(log, flow, "n-1")
+    assert report.status == "failed"
+    assert report.error is not None
+    assert report.error.startswith("the workflow function returned a value the run log cannot encode")
+    [end] = of_type(log, "run_finished")
+    assert end["ok"] is False and end["error"] == report.error
+    assert replay(FileLog(log)).violation_count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a step result with int keys is recorded with string keys, so recovery hands back another value than the first run saw",
+)
+def test_a_step_result_the_log_would_alter_does_not_change_what_recovery_hands_back(
+    tmp_path: Path,
+) -> None:
+    async def pick(ctx: StepContext) -> JSON:
+        chosen: Any = {1: "go"}  # int keys: what a step that ignored the types returns
+        return chosen  # type: ignore[no-any-return]
+
+    @workflow("picks")
+    async def flow(run: RunContext) -> JSON:
+        picked = await run.step("pick", pick)
+        assert isinstance(picked, dict)
+        chosen: Any = picked
+        return await run.step(str(chosen[1]), echo, "went")
+
+    clean = tmp_path / "clean.jsonl"
+    first = execute(clean, flow, "p-1")
+    # a crash right after pick@1 succeeded (started, called, created, admitted, result, succeeded)
+    log = crash_after(clean, 6, tmp_path / "crashed.jsonl")
+    [again] = resume_log(log, [flow]).reports
+    assert (again.status, again.result) == (first.status, first.result)
+
+
+def test_a_function_that_raises_fails_the_run_with_its_error_recorded(tmp_path: Path) -> None:
+    @workflow("raises")
+    async def flow(run: RunContext) -> JSON:
+        await run.step("a", noop)
+        raise ValueError("the model refused")
+
+    log = tmp_path / LOG
+    report = execute(log, flow, "f-1")
+    assert (report.status, report.error) == ("failed", "ValueError: the model refused")
+    [end] = of_type(log, "run_finished")
+    assert (end["ok"], end["error"]) == (False, "ValueError: the model refused")
+    assert "result" not in end
+    # a finished run is answered from the log, the function is not run again
+    assert execute(log, flow, "f-1").error == "ValueError: the model refused"
+    assert len(of_type(log, "run_finished")) == 1
