@@ -1,5 +1,6 @@
 """Code workflows under attack: forged logs, real kills and signals, odd names,
-functions that break the rules, and misuse of ``run.step``.
+functions that break the rules, misuse of ``run.step``, cancels mid-effect, and
+runs resumed after an operator reconciled them.
 
 Tests marked xfail (strict) show a bug in the library; each reason says what
 is wrong. Expected values are written out by hand.
@@ -28,9 +29,14 @@ from attempt_kernel import (
     AttemptCreated,
     AttemptKernelError,
     Change,
+    EffectFinding,
+    EffectHappened,
+    EffectUnknown,
     Executor,
     FileLog,
+    Job,
     RecoveryError,
+    RetryPolicy,
     RunContext,
     RunControl,
     RunFinished,
@@ -41,10 +47,12 @@ from attempt_kernel import (
     StepContext,
     StepFailed,
     Workflow,
+    WorkflowDiverged,
     WorkflowError,
     recover_log,
     replay,
     resume_log,
+    run_jobs,
     workflow,
 )
 from attempt_kernel._codec import encode_record
@@ -850,3 +858,343 @@ def test_a_function_that_raises_fails_the_run_with_its_error_recorded(tmp_path: 
     # a finished run is answered from the log, the function is not run again
     assert execute(log, flow, "f-1").error == "ValueError: the model refused"
     assert len(of_type(log, "run_finished")) == 1
+
+
+# --------------------------------------------------------------------------
+# Cancel while a code step's effect is in flight
+# --------------------------------------------------------------------------
+
+
+class Mailer:
+    """A downstream that counts calls by key; the first call hangs until cancelled."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.in_flight = asyncio.Event()
+
+    async def send(self, key: str) -> JSON:
+        self.calls.append(key)
+        self.in_flight.set()
+        await asyncio.sleep(3600)
+        return "sent"
+
+    async def unknown(self, key: str) -> EffectFinding:
+        return EffectUnknown()
+
+
+def mailing(mailer: Mailer, started: list[str]) -> Workflow:
+    async def email(ctx: StepContext) -> JSON:
+        return await ctx.effect("send", mailer.send)
+
+    @workflow("mailing")
+    async def flow(run: RunContext) -> JSON:
+        started.append(run.run)
+        await run.step("think", noop)
+        return await run.step("email", email, reconcilers={"send": mailer.unknown})
+
+    return flow
+
+
+def cancelled_in_flight(path: Path, mailer: Mailer, started: list[str]) -> RunReport:
+    async def main() -> RunReport:
+        mailer.in_flight = asyncio.Event()
+        control = RunControl()
+
+        async def cancel_when_sent() -> None:
+            await mailer.in_flight.wait()
+            control.cancel()
+
+        with RunLogWriter(path, create=True) as log:
+            canceller = asyncio.ensure_future(cancel_when_sent())
+            report = await Executor(log).run(mailing(mailer, started), "c-1", control=control)
+            await canceller
+            return report
+
+    return asyncio.run(main())
+
+
+def test_cancel_with_an_effect_in_flight_ends_the_attempt_indeterminate_and_recovery_never_resumes_it(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / LOG
+    mailer, started = Mailer(), list[str]()
+    report = cancelled_in_flight(log, mailer, started)
+    assert report.status == "needs-reconciliation"
+    assert [(s.step, s.state.__class__.__name__) for s in report.steps] == [
+        ("think@1", "Succeeded"), ("email@2", "Indeterminate"),
+    ]  # fmt: skip
+    [key] = mailer.calls
+    assert report.steps[1].outstanding == (key,)
+    assert [(r["type"], r.get("step"), r.get("to")) for r in records(log)] == [
+        ("run_started", None, None),
+        ("step_called", "think@1", None),
+        ("created", "think@1", None),
+        ("transition", "think@1", "Running"),
+        ("result", "think@1", None),
+        ("transition", "think@1", "Succeeded"),
+        ("step_called", "email@2", None),
+        ("created", "email@2", None),
+        ("transition", "email@2", "Running"),
+        ("intent_planned", "email@2", None),
+        ("intent", "email@2", "Dispatched"),
+        ("run_cancel_requested", None, None),
+        ("transition", "email@2", "Indeterminate"),
+        ("run_finished", None, None),
+    ]
+    assert replay(FileLog(log)).violation_count == 0
+
+    before = log.read_bytes()
+    resumed = resume_log(log, [mailing(mailer, started)])
+    assert (resumed.reports, resumed.diverged, resumed.recovery.changed_nothing) == ((), (), True)
+    assert log.read_bytes() == before
+
+    # the operator learns the email went out; the cancel still holds
+    done = cli(tmp_path, "reconcile", LOG, "--key", key, "--confirmed", "--result", '"sent"')
+    assert done.returncode == 0, done.stderr
+    assert run_status(tmp_path, "c-1") == "cancelled"
+    resumed = resume_log(log, [mailing(mailer, started)])
+    assert resumed.reports == ()
+    assert started == ["c-1"]
+    assert mailer.calls == [key]
+
+
+def test_a_crash_after_the_cancel_was_decided_is_closed_by_recovery_without_running_the_code(
+    tmp_path: Path,
+) -> None:
+    clean = tmp_path / "clean.jsonl"
+    mailer, started = Mailer(), list[str]()
+    cancelled_in_flight(clean, mailer, started)
+    cut = next(i for i, r in enumerate(records(clean)) if r["type"] == "run_cancel_requested") + 1
+    log = crash_after(clean, cut, tmp_path / LOG)
+    resumed = resume_log(log, [mailing(mailer, started)])
+    assert resumed.reports == ()
+    assert resumed.recovery.closed == ("c-1",)
+    [orphan] = resumed.recovery.orphans
+    assert (orphan.step, orphan.to_state.__class__.__name__) == ("email@2", "Indeterminate")
+    assert started == ["c-1"]  # the function was not run again
+    assert len(mailer.calls) == 1
+    assert [r["type"] for r in records(log)][-2:] == ["transition", "run_finished"]
+    assert run_status(tmp_path, "c-1") == "needs-reconciliation"
+    assert replay(FileLog(log)).violation_count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a step called after the run's cancel or stop is recorded gets a future never settled: a function awaiting it in finally hangs the executor",
+)
+@pytest.mark.parametrize("how", ["cancel", "stop"])
+def test_a_function_whose_finally_awaits_a_step_after_a_cancel_or_stop_does_not_hang_the_run(
+    tmp_path: Path, how: str
+) -> None:
+    """A run like this ends in milliseconds; five seconds mean it hangs."""
+    started = asyncio.Event()
+
+    async def slow(ctx: StepContext) -> JSON:
+        started.set()
+        await asyncio.sleep(3600)
+        return None
+
+    @workflow("cleans-up")
+    async def flow(run: RunContext) -> JSON:
+        try:
+            return await run.step("slow", slow)
+        finally:
+            await run.step("cleanup", noop)
+
+    async def main() -> RunReport:
+        control = RunControl()
+        with RunLogWriter(tmp_path / LOG, create=True) as log:
+            executor = Executor(log)
+
+            async def interrupt() -> None:
+                await started.wait()
+                if how == "cancel":
+                    control.cancel()
+                else:
+                    executor.stop("the test stops it", grace=0.1)
+
+            interrupter = asyncio.ensure_future(interrupt())
+            report = await executor.run(flow, "c-1", control=control)
+            await interrupter
+            return report
+
+    with hang_detector(5):
+        report = asyncio.run(main())
+    assert report.status == ("cancelled" if how == "cancel" else "interrupted")
+    assert positions(tmp_path / LOG) == [(1, "slow")]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a cancel the executor has not noticed yet is lost if the function returns first: the run ends succeeded, its step's effect sent",
+)
+def test_a_cancel_before_the_first_step_starts_no_attempt_and_ends_the_run_cancelled(
+    tmp_path: Path,
+) -> None:
+    sent: list[str] = []
+
+    async def email(ctx: StepContext) -> JSON:
+        async def perform(key: str) -> JSON:
+            sent.append(key)
+            return "sent"
+
+        return await ctx.effect("send", perform)
+
+    @workflow("early")
+    async def flow(run: RunContext) -> JSON:
+        return await run.step("email", email)
+
+    async def cancel_at_once(control: RunControl) -> None:
+        control.cancel()
+
+    log = tmp_path / LOG
+    with RunLogWriter(log, create=True) as writer:
+        [report] = run_jobs(writer, [Job(workflow=flow, run="c-1", supervise=cancel_at_once)])
+    assert sent == []
+    assert report.status == "cancelled"
+    assert len(of_type(log, "run_cancel_requested")) == 1
+
+
+# --------------------------------------------------------------------------
+# A run that ended needing reconciliation, reconciled, then recovered
+# --------------------------------------------------------------------------
+
+
+class Book:
+    """A downstream that counts calls by key and knows what it received."""
+
+    def __init__(self, knows: bool) -> None:
+        self.calls: dict[str, int] = {}
+        self.knows = knows
+
+    async def send(self, key: str) -> JSON:
+        self.calls[key] = self.calls.get(key, 0) + 1
+        return {"delivered": key}
+
+    async def ask(self, key: str) -> EffectFinding:
+        if self.knows and key in self.calls:
+            return EffectHappened(result={"delivered": key})
+        return EffectUnknown()
+
+
+def emailing(book: Book, catches: bool) -> Workflow:
+    async def email(ctx: StepContext) -> JSON:
+        return await ctx.effect("send", book.send)
+
+    @workflow("emailing")
+    async def flow(run: RunContext) -> JSON:
+        try:
+            sent = await run.step("email", email, reconcilers={"send": book.ask})
+        except StepFailed:
+            if not catches:
+                raise
+            sent = "failed"
+        return [sent, await run.step("after", echo, "after")]
+
+    return flow
+
+
+def reconciled_after_indeterminate(tmp_path: Path, catches: bool) -> tuple[Path, str]:
+    """A run whose email was in flight at a crash, ended Indeterminate by recovery
+    (no reconciler could tell), then reconciled by an operator: it happened."""
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, emailing(Book(knows=True), catches), "m-1")
+    dispatched = next(i for i, r in enumerate(records(clean)) if r.get("to") == "Dispatched")
+    log = crash_after(clean, dispatched + 1, tmp_path / LOG)
+    [key] = [r["key"] for r in of_type(log, "intent_planned")]
+    blind = Book(knows=False)
+    blind.calls[key] = 1  # the crashed process had sent it
+    [first] = resume_log(log, [emailing(blind, catches)]).reports
+    assert first.status == "needs-reconciliation"
+    assert blind.calls == {key: 1}
+    done = cli(tmp_path, "reconcile", LOG, "--key", key, "--confirmed", "--result", json.dumps({"delivered": key}))
+    assert done.returncode == 0, done.stderr
+    assert run_status(tmp_path, "m-1") == "interrupted"
+    return log, key
+
+
+def test_a_reconciled_run_whose_function_raised_is_resumed_and_reuses_the_confirmed_result(
+    tmp_path: Path,
+) -> None:
+    log, key = reconciled_after_indeterminate(tmp_path, catches=False)
+    book = Book(knows=True)
+    book.calls[key] = 1
+    resumed = resume_log(log, [emailing(book, catches=False)])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert (again.status, again.result) == ("succeeded", [{"delivered": key}, "after"])
+    assert book.calls == {key: 1}
+    assert replay(FileLog(log)).violation_count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the replay withholds a recorded StepFailed once its step may run again (reconciled), so a function that caught it is called divergent",
+)
+def test_a_reconciled_run_whose_function_caught_the_failure_is_resumed_not_called_divergent(
+    tmp_path: Path,
+) -> None:
+    log, key = reconciled_after_indeterminate(tmp_path, catches=True)
+    book = Book(knows=True)
+    book.calls[key] = 1
+    resumed = resume_log(log, [emailing(book, catches=True)])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert again.status == "succeeded"
+    assert book.calls == {key: 1}
+    assert replay(FileLog(log)).violation_count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the replay decides from the code's current retry policy whether a recorded failure was final, so a function that caught it is called divergent",
+)
+def test_a_recorded_failure_the_function_caught_is_handed_back_though_the_code_now_retries_more(
+    tmp_path: Path,
+) -> None:
+    limit = [1]
+
+    async def broken(ctx: StepContext) -> JSON:
+        raise RuntimeError("down")
+
+    @workflow("retries")
+    async def flow(run: RunContext) -> JSON:
+        try:
+            await run.step("broken", broken, retry=RetryPolicy(max_attempts=limit[-1]))
+        except StepFailed:
+            pass  # the function goes on without it
+        return [await run.step("b", echo, 1), await run.step("c", echo, 2)]
+
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, flow, "t-1")
+    cut = next(i for i, r in enumerate(records(clean)) if r.get("step") == "c@3")
+    log = crash_after(clean, cut, tmp_path / LOG)
+    limit.append(3)  # an option, not the step's name or arguments: no divergence by the contract
+    resumed = resume_log(log, [flow])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert (again.status, again.result) == ("succeeded", [1, 2])
+    assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "broken@1"] == [1]
+
+
+def test_divergence_is_reported_with_the_recorded_and_requested_calls(tmp_path: Path) -> None:
+    @workflow("edits")
+    async def original(run: RunContext) -> JSON:
+        return [await run.step("a", echo, 1), await run.step("b", echo, 2)]
+
+    @workflow("edits")
+    async def edited(run: RunContext) -> JSON:
+        return [await run.step("a", echo, 1), await run.step("b", echo, 3)]
+
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, original, "d-1")
+    cut = next(i for i, r in enumerate(records(clean)) if r.get("step") == "b@2") + 1
+    log = crash_after(clean, cut, tmp_path / LOG)
+    before = log.read_bytes()
+    resumed = resume_log(log, [edited])
+    [diverged] = resumed.diverged
+    assert isinstance(diverged, WorkflowDiverged)
+    assert (diverged.run, diverged.position, diverged.recorded.name) == ("d-1", 2, "b")
+    assert diverged.requested is not None and diverged.requested[0] == "b"
+    assert diverged.requested[1] != diverged.recorded.digest
+    assert log.read_bytes() == before
