@@ -119,6 +119,8 @@ class Downstream:
         self.log = log
         self.calls: list[Call] = list(past)
         self.honest = honest
+        self.ran: list[str] = []
+        """The step ids whose function ran in this process (the agent books them)."""
 
     def count(self, key: str) -> int:
         return sum(1 for c in self.calls if c.key == key)
@@ -153,30 +155,32 @@ def agent(service: Downstream, script: Sequence[Turn]) -> Workflow:
     def fails(turn: int, slot: int) -> bool:
         return script[turn][slot].fails
 
-    async def take_time(turn: int, slot: int) -> None:
+    async def take_time(ctx: StepContext, turn: int, slot: int) -> None:
+        service.ran.append(ctx.step)
         for _ in range(script[turn][slot].turns):
             await asyncio.sleep(0)
 
     async def think(ctx: StepContext, turn: int) -> JSON:
+        service.ran.append(ctx.step)
         if turn >= len(script):
             return {"tool": "done"}
         return {"tools": [use.tool for use in script[turn]], "turn": turn}
 
     async def search(ctx: StepContext, turn: int, slot: int) -> JSON:
-        await take_time(turn, slot)
+        await take_time(ctx, turn, slot)
         if fails(turn, slot):
             raise RuntimeError("the index is down")
         return {"hits": 3}
 
     async def email(ctx: StepContext, turn: int, slot: int) -> JSON:
-        await take_time(turn, slot)
+        await take_time(ctx, turn, slot)
         async def perform(key: str) -> JSON:
             return await service.send(ctx, "send", key, refuse_first=fails(turn, slot))
 
         return await ctx.effect("send", perform)
 
     async def charge(ctx: StepContext, turn: int, slot: int) -> JSON:
-        await take_time(turn, slot)
+        await take_time(ctx, turn, slot)
         async def perform(key: str) -> JSON:
             reply = await service.send(ctx, "charge", key, refuse_first=False)
             if fails(turn, slot):
@@ -186,7 +190,7 @@ def agent(service: Downstream, script: Sequence[Turn]) -> Workflow:
         return await ctx.effect("charge", perform)
 
     async def flaky(ctx: StepContext, turn: int, slot: int) -> JSON:
-        await take_time(turn, slot)
+        await take_time(ctx, turn, slot)
         async def perform(key: str) -> JSON:
             return await service.send(ctx, "ping", key, refuse_first=False)
 
@@ -196,6 +200,7 @@ def agent(service: Downstream, script: Sequence[Turn]) -> Workflow:
         return pong
 
     async def note(ctx: StepContext, tool: str, turn: int, slot: int) -> JSON:
+        service.ran.append(ctx.step)
         return f"{tool} of turn {turn} ({slot}) is done"
 
     tools: dict[str, tuple[Callable[[StepContext, int, int], Awaitable[JSON]], RetryPolicy]] = {
@@ -360,6 +365,12 @@ def orphans(rows: Sequence[dict[str, object]]) -> dict[tuple[str, int], bool]:
     return {at: bool(names) for at, names in live.items()}
 
 
+def check_nothing_ran_again(path: Path, cut: int, ran: Sequence[str]) -> None:
+    """A position that succeeded before the crash is answered from the log: its function does not run."""
+    done = {str(r["step"]) for r in records(path)[:cut] if r["type"] == "transition" and r["to"] == "Succeeded"}
+    assert not done & set(ran), sorted(done & set(ran))
+
+
 def check_orphans(path: Path, cut: int, honest: bool) -> None:
     """Each attempt the crash left live ends Cancelled, or Indeterminate exactly when
     its effect was in flight and the reconciler could not tell; Indeterminate is never retried."""
@@ -394,7 +405,7 @@ def crash_points(low: int, high: int, book: Sequence[Call]) -> st.SearchStrategy
     return st.one_of(st.sampled_from(near), anywhere) if near else anywhere
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(script=st.lists(turns, max_size=5), limit=st.sampled_from([1, 8]), data=st.data())
 def test_recovery_twice_over_keeps_effects_at_most_once_and_positions_put(
     script: list[list[Use]], limit: int, data: st.DataObject
@@ -424,6 +435,7 @@ def test_recovery_twice_over_keeps_effects_at_most_once_and_positions_put(
         assert [r.run for r in resumed.reports] == [RUN]
         check_recovered(crashed, first.calls, script, clean_keys)
         check_orphans(crashed, cut, first.honest)
+        check_nothing_ran_again(crashed, cut, first.ran)
 
         # a second crash, in the middle of what recovery wrote, and recovery again
         length = len(lines_of(crashed))
@@ -444,3 +456,4 @@ def test_recovery_twice_over_keeps_effects_at_most_once_and_positions_put(
         assert [r.run for r in resumed.reports] == [RUN]
         check_recovered(twice, second.calls, script, clean_keys)
         check_orphans(twice, again_cut, second.honest)
+        check_nothing_ran_again(twice, again_cut, second.ran)
