@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Awaitable, Callable, Generator, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -531,6 +531,65 @@ def test_a_step_name_too_long_for_a_log_line_leaves_a_log_that_replays_clean(tmp
     log = tmp_path / LOG
     execute(log, flow, "l-1")
     assert replay(FileLog(log)).violation_count == 0
+
+
+# --------------------------------------------------------------------------
+# Keys
+# --------------------------------------------------------------------------
+
+
+def test_the_same_run_id_in_two_logs_never_shares_a_key_and_recovery_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    async def email(ctx: StepContext) -> JSON:
+        async def perform(key: str) -> JSON:
+            return key
+
+        return await ctx.effect("send", perform)
+
+    @workflow("keys")
+    async def flow(run: RunContext) -> JSON:
+        await run.step("think", noop)
+        return await run.step("email", email)
+
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    execute(first, flow, "same-id")
+    execute(second, flow, "same-id")
+    [key_one] = [r["key"] for r in of_type(first, "intent_planned")]
+    [key_two] = [r["key"] for r in of_type(second, "intent_planned")]
+    assert key_one != key_two
+    # crashed before the email was planned, recovered: the key is the one its log's run had
+    cut = next(i for i, r in enumerate(records(first)) if r["type"] == "intent_planned")
+    crashed = crash_after(first, cut, tmp_path / "crashed.jsonl")
+    [again] = resume_log(crashed, [flow]).reports
+    assert again.result == key_one
+    assert [r["key"] for r in of_type(crashed, "intent_planned")] == [key_one]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="idempotency_key joins run, step and intent names with NUL unescaped: two effects of one run can share a key",
+)
+def test_two_effects_of_one_run_never_share_a_key_whatever_their_names(tmp_path: Path) -> None:
+    def sending(intent: str) -> Callable[[StepContext], Awaitable[JSON]]:
+        async def tool(ctx: StepContext) -> JSON:
+            async def perform(key: str) -> JSON:
+                return key
+
+            return await ctx.effect(intent, perform)
+
+        return tool
+
+    @workflow("nul")
+    async def flow(run: RunContext) -> JSON:
+        # step a@1's intent "z@2\0send", and step "a@1\0z"@2's intent "send"
+        return [await run.step("a", sending("z@2\x00send")), await run.step("a@1\x00z", sending("send"))]
+
+    log = tmp_path / LOG
+    execute(log, flow, "k-1")
+    keys = [r["key"] for r in of_type(log, "intent_planned")]
+    assert len(keys) == 2
+    assert keys[0] != keys[1]
 
 
 # --------------------------------------------------------------------------
