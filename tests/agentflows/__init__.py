@@ -1,0 +1,1 @@
+"""Code workflows the adversary tests run in subprocesses (``attempt-kernel run agentflows.agents:ATTR``)."""
