@@ -513,10 +513,6 @@ def test_a_divergence_names_the_steps_with_control_characters_escaped(tmp_path: 
     assert "but the code asked for step '\\x1b[32m\\n' (arguments sha256:" in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a step name longer than a log line may be is written anyway: the log's own reader then finds corrupt lines",
-)
 def test_a_step_name_too_long_for_a_log_line_leaves_a_log_that_replays_clean(tmp_path: Path) -> None:
     errors: list[str] = []
 
@@ -566,10 +562,6 @@ def test_the_same_run_id_in_two_logs_never_shares_a_key_and_recovery_keeps_its_o
     assert [r["key"] for r in of_type(crashed, "intent_planned")] == [key_one]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="idempotency_key joins run, step and intent names with NUL unescaped: two effects of one run can share a key",
-)
 def test_two_effects_of_one_run_never_share_a_key_whatever_their_names(tmp_path: Path) -> None:
     def sending(intent: str) -> Callable[[StepContext], Awaitable[JSON]]:
         async def tool(ctx: StepContext) -> JSON:
@@ -692,10 +684,6 @@ def test_run_step_from_a_task_that_outlives_the_function_is_refused_as_after_the
     assert positions(tmp_path / LOG) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run.step called after the run finished, from outside its function, says 'from inside a step'",
-)
 def test_run_step_after_the_run_finished_says_so(tmp_path: Path) -> None:
     kept: list[RunContext] = []
 
@@ -800,18 +788,10 @@ NOT_JSON: Final = [
     pytest.param(
         {1: "one"},
         id="int-key",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="a dict with int keys is taken as a step argument: json.dumps turns its keys into strings",
-        ),
     ),
     pytest.param(
         {1: "one", "1": "uno"},
         id="int-and-str-keys",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="an argument with int and str keys escapes as a bare TypeError from sort_keys, not WorkflowError",
-        ),
     ),
 ]
 
@@ -848,10 +828,6 @@ NOT_JSON_RESULTS: Final = [
     pytest.param(
         {2: "two"},
         id="int-key",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="a result with int keys is recorded with string keys: the run succeeds, the log says another value",
-        ),
     ),
 ]
 
@@ -876,10 +852,6 @@ def test_a_function_returning_a_value_the_log_cannot_hold_fails_the_run_saying_s
     assert replay(FileLog(log)).violation_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a step result with int keys is recorded with string keys, so recovery hands back another value than the first run saw",
-)
 def test_a_step_result_the_log_would_alter_does_not_change_what_recovery_hands_back(
     tmp_path: Path,
 ) -> None:
@@ -1037,10 +1009,6 @@ def test_a_crash_after_the_cancel_was_decided_is_closed_by_recovery_without_runn
     assert replay(FileLog(log)).violation_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a step called after the run's cancel or stop is recorded gets a future never settled: a function awaiting it in finally hangs the executor",
-)
 @pytest.mark.parametrize("how", ["cancel", "stop"])
 def test_a_function_whose_finally_awaits_a_step_after_a_cancel_or_stop_does_not_hang_the_run(
     tmp_path: Path, how: str
@@ -1083,10 +1051,6 @@ def test_a_function_whose_finally_awaits_a_step_after_a_cancel_or_stop_does_not_
     assert positions(tmp_path / LOG) == [(1, "slow")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a cancel the executor has not noticed yet is lost if the function returns first: the run ends succeeded, its step's effect sent",
-)
 def test_a_cancel_before_the_first_step_starts_no_attempt_and_ends_the_run_cancelled(
     tmp_path: Path,
 ) -> None:
@@ -1186,10 +1150,6 @@ def test_a_reconciled_run_whose_function_raised_is_resumed_and_reuses_the_confir
     assert replay(FileLog(log)).violation_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the replay withholds a recorded StepFailed once its step may run again (reconciled), so a function that caught it is called divergent",
-)
 def test_a_reconciled_run_whose_function_caught_the_failure_is_resumed_not_called_divergent(
     tmp_path: Path,
 ) -> None:
@@ -1204,10 +1164,6 @@ def test_a_reconciled_run_whose_function_caught_the_failure_is_resumed_not_calle
     assert replay(FileLog(log)).violation_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the replay decides from the code's current retry policy whether a recorded failure was final, so a function that caught it is called divergent",
-)
 def test_a_recorded_failure_the_function_caught_is_handed_back_though_the_code_now_retries_more(
     tmp_path: Path,
 ) -> None:

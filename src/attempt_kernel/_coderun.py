@@ -46,6 +46,9 @@ from ._outcome import StepOutcome, outcome
 from ._records import JSON, StepCalled
 from ._workflow import RetryPolicy, Step, StepOptions, WorkflowError, check_step, is_async_function
 
+MAX_STEP_NAME: Final = 10_000
+"""The longest step name a ``run.step`` call may give (every record of the step carries it)."""
+
 REPLAY_PATIENCE: Final = 10_000
 """Event-loop turns the replay waits for the next recorded call before it
 calls the function divergent (a deterministic function makes it in a few)."""
@@ -125,6 +128,15 @@ def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]
     """
     try:
         scalars = _scalars_json(args)
+        if scalars is None:
+            for index, arg in enumerate(args, 1):
+                key = non_string_key(arg)
+                if key is not None:
+                    raise WorkflowError(
+                        f"run.step({name!r}, ...): argument {index} is not a JSON value (it"
+                        f" holds the key {key[0]!r}, and JSON objects have string keys only:"
+                        " recovery would hand the step another value); pass JSON values only"
+                    )
         text = scalars if scalars is not None else _canonical(list(args))
     except (TypeError, ValueError, RecursionError):
         for index, arg in enumerate(args, 1):
@@ -174,6 +186,35 @@ def _scalars_json(args: Sequence[object]) -> str | None:
 
 
 _INF: Final = float("inf")
+
+
+def non_string_key(value: object, depth: int = 0) -> tuple[object] | None:
+    """The first key of a dict inside ``value`` that is not a string, if any."""
+    if depth > 200:
+        return None  # the encoder refuses it as too deep
+    if isinstance(value, dict):
+        for key, item in cast("dict[object, object]", value).items():
+            if type(key) is not str:
+                return (key,)
+            found = non_string_key(item, depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for item in cast("list[object]", value):
+            found = non_string_key(item, depth + 1)
+            if found is not None:
+                return found
+    return None
+_logged: Final = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
+
+
+def as_logged(value: JSON) -> JSON:
+    """``value`` as the run log gives it back: a container's keys become strings and
+    its tuples lists, as in a value read back on recovery."""
+    if type(value) in (str, int, float, bool, type(None)):
+        return value
+    decoded: JSON = _decode(_logged(value))
+    return decoded
 
 
 
@@ -268,6 +309,11 @@ class CodeRun:
         reconcilers: Mapping[str, Reconciler] | None = None,
         domain_states: Sequence[str] = (),
     ) -> Awaitable[Any]:
+        if self._closed:
+            raise WorkflowError(
+                f"run.step({name!r}) was called after run {self._run!r} finished; a step"
+                " belongs to the run whose function calls it, while it runs"
+            )
         current = _CURRENT.get()
         if current is not self:
             where = (
@@ -276,14 +322,14 @@ class CodeRun:
                 else f"from the function of run {current.run!r}"
             )
             raise WorkflowError(f"run.step({name!r}) of run {self._run!r} was called {where}")
-        if self._closed:
-            raise WorkflowError(
-                f"run.step({name!r}) was called after run {self._run!r} finished; a step"
-                " belongs to the run whose function calls it, while it runs"
-            )
         # typed str; this guards callers that ignored the annotations
         if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
             raise WorkflowError(f"run.step needs a non-empty step name, got {name!r}")
+        if len(name) > MAX_STEP_NAME:
+            raise WorkflowError(
+                f"run.step: a step name has at most {MAX_STEP_NAME} characters, got one of"
+                f" {len(name)} ({name[:40]!r}...)"
+            )
         if not _is_async(fn):
             raise WorkflowError(
                 f"run.step({name!r}, {getattr(fn, '__qualname__', fn)!r}): the step function is"
@@ -336,7 +382,11 @@ class CodeRun:
         self, position: int, step: Step, name: str, digest: str, future: asyncio.Future[JSON]
     ) -> None:
         if not self._may_start():
-            return  # the run is being cancelled or stopped: its function is cancelled next
+            # The run is being cancelled or stopped: nothing starts, and the
+            # function's await of this step ends as a cancellation does (a
+            # function awaiting it in a `finally` must not wait forever).
+            future.cancel()
+            return
         try:
             self._write(StepCalled(step=step.name, position=position, name=name, digest=digest))
         except BaseException as error:  # the log failed: the run stops, whatever the code catches
@@ -374,7 +424,8 @@ class CodeRun:
         if future.done():
             return
         if has_succeeded(done.state):
-            future.set_result(done.result)
+            # as the log holds it, so that a recovered run sees the same value
+            future.set_result(as_logged(done.result))
         else:
             future.set_exception(StepFailed(self._run, done))
 
@@ -404,14 +455,20 @@ class CodeRun:
         view = self._ledger.runs[self._run]
         calls = view.calls
         last_end: dict[int, int] = {}
+        last_call = -1
         for index, event in enumerate(view.events):
             if event < 0:
                 last_end[-event] = index
+            else:
+                last_call = index
         for index, event in enumerate(view.events):
             if event > 0:
                 await self._until_asked(event, calls[event - 1], function_task)
             elif last_end[-event] == index:
-                self._answer(-event)
+                # A call recorded after the step's last end means the function
+                # went on, so it had its outcome then: hand that back as it was,
+                # whatever a reconciliation or today's retry policy would say.
+                self._answer(-event, as_recorded=last_call > index)
         self._replaying = False
 
     async def _until_asked(
@@ -441,8 +498,9 @@ class CodeRun:
         if self.diverged is not None:
             raise self.diverged
 
-    def _answer(self, position: int) -> None:
-        """Hand a recorded outcome back to the code, if the step is done for good."""
+    def _answer(self, position: int, *, as_recorded: bool) -> None:
+        """Hand a recorded outcome back to the code, if the step is done for good
+        (``as_recorded``: it was, since the function went on after it)."""
         asked = self._asked.get(position)
         if asked is None:
             return
@@ -454,6 +512,9 @@ class CodeRun:
         if has_succeeded(attempt.state):
             del self._asked[position]
             future.set_result(view.result)
+        elif is_terminal(attempt.state) and as_recorded:
+            del self._asked[position]
+            future.set_exception(StepFailed(self._run, outcome(step.name, view)))
         elif is_terminal(attempt.state) and not may_run_again(
             step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding(),
             retryable=view.retryable,

@@ -52,7 +52,7 @@ from ._attempt import (
     transition,
 )
 from ._codec import UnencodableRecord, state_name
-from ._coderun import CodeRun, WorkflowDiverged
+from ._coderun import CodeRun, WorkflowDiverged, non_string_key
 from ._context import Perform
 from ._errors import AttemptKernelError
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown, ask_all
@@ -1047,7 +1047,7 @@ class Executor:
             defaults=workflow.defaults,
             domain_states=ledger.runs[run].domain_states,
             write=write,
-            may_start=lambda: self._may_start(run),
+            may_start=lambda: self._may_start(run) and not control.cancelled,
             drive=drive,
             end_orphan=end_orphan,
             replaying=resuming,
@@ -1094,7 +1094,9 @@ class Executor:
             await wake
             if code.failure is not None:
                 failure = code.failure
-            elif not main.done() and control.cancelled:
+            elif control.cancelled:
+                # even when the function ended first: the decision came before
+                # the run's end was written, and is recorded (RunControl.cancel)
                 cancelled = True
                 self._write(run, RunCancelRequested(reason="RunControl.cancel()"))
             elif not main.done():
@@ -1136,6 +1138,12 @@ class Executor:
                 error = describe(main.exception() or Exception())
             else:
                 result = main.result()
+                key = non_string_key(result)
+                if key is not None:  # JSON would make it a string: not what was returned
+                    result, error = None, (
+                        "the workflow function returned a value the run log cannot encode:"
+                        f" it holds the key {key[0]!r}, and JSON objects have string keys only"
+                    )
         try:
             self._write(run, RunFinished(result=result, error=error))
         except UnencodableRecord as unencodable:  # nothing was written

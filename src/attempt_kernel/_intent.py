@@ -22,6 +22,7 @@ random ids: `idempotency_key` is a pure function of the step's identity.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Union
@@ -236,6 +237,8 @@ def idempotency_key(run: str, step: str, name: str, *, nonce: str = "") -> str:
     even when two logs hold the same run id. Without it (logs written before
     runs had one) the key depends on the names alone.
     """
-    text = f"{run}\x00{step}\x00{name}" if not nonce else f"{nonce}\x00{run}\x00{step}\x00{name}"
+    # With a nonce, the parts go in as one JSON array: no name can contain
+    # a separator that makes two effects' keys the same.
+    text = f"{run}\x00{step}\x00{name}" if not nonce else json.dumps([nonce, run, step, name])
     digest = hashlib.sha256(text.encode()).hexdigest()
     return f"ak1-{digest[:32]}"
