@@ -205,9 +205,10 @@ def agent(service: Downstream, script: Sequence[Turn]) -> Workflow:
 
     tools: dict[str, tuple[Callable[[StepContext, int, int], Awaitable[JSON]], RetryPolicy]] = {
         "search": (search, RetryPolicy()),
-        "email": (email, RetryPolicy(max_attempts=2)),
+        # initial_interval=0: which attempts run is what is tested here, not when
+        "email": (email, RetryPolicy(initial_interval=0, max_attempts=2)),
         "charge": (charge, RetryPolicy()),
-        "flaky": (flaky, RetryPolicy(max_attempts=2)),
+        "flaky": (flaky, RetryPolicy(initial_interval=0, max_attempts=2)),
     }
     reconcilers = {"send": service.ask, "charge": service.ask, "ping": service.ask}
 

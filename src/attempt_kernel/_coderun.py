@@ -465,10 +465,11 @@ class CodeRun:
             if event > 0:
                 await self._until_asked(event, calls[event - 1], function_task)
             elif last_end[-event] == index:
-                # A call recorded after the step's last end means the function
-                # went on, so it had its outcome then: hand that back as it was,
-                # whatever a reconciliation or today's retry policy would say.
-                self._answer(-event, as_recorded=last_call > index)
+                # A step that ended leaving an effect outstanding, after which
+                # the function went on (a later call is recorded), had its
+                # failure then: it is handed back so, though a reconciliation
+                # since would let the step run again.
+                self._answer(-event, open_then=index in view.open_ends and last_call > index)
         self._replaying = False
 
     async def _until_asked(
@@ -498,9 +499,9 @@ class CodeRun:
         if self.diverged is not None:
             raise self.diverged
 
-    def _answer(self, position: int, *, as_recorded: bool) -> None:
+    def _answer(self, position: int, *, open_then: bool) -> None:
         """Hand a recorded outcome back to the code, if the step is done for good
-        (``as_recorded``: it was, since the function went on after it)."""
+        (``open_then``: judged as when it ended, with an effect outstanding)."""
         asked = self._asked.get(position)
         if asked is None:
             return
@@ -512,11 +513,9 @@ class CodeRun:
         if has_succeeded(attempt.state):
             del self._asked[position]
             future.set_result(view.result)
-        elif is_terminal(attempt.state) and as_recorded:
-            del self._asked[position]
-            future.set_exception(StepFailed(self._run, outcome(step.name, view)))
         elif is_terminal(attempt.state) and not may_run_again(
-            step.retry, attempt.state, attempt.last_cause, view.tries, view.outstanding(),
+            step.retry, attempt.state, attempt.last_cause, view.tries,
+            view.outstanding() or (("(outstanding when it ended)",) if open_then else ()),
             retryable=view.retryable,
         ):
             del self._asked[position]

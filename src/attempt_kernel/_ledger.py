@@ -440,6 +440,8 @@ class RunView:
     """A code run's calls and step ends in log order: ``p`` when position p
     was called, ``-p`` when an attempt of it ended (recovery hands results
     back to the code in this order). Dropped with its steps."""
+    open_ends: set[int] = field(default_factory=set[int])
+    """Indexes in `events` of step ends that left an effect outstanding."""
     result: JSON = None
     """What a code workflow's function returned (kept for runs the ledger keeps)."""
     error: str | None = None
@@ -974,11 +976,14 @@ class Ledger:
         attempt.last_cause = cause
         if not is_terminal(to):
             return  # Admit: nothing was tried or left yet
-        if step.position:
-            self.runs[run].events.append(-step.position)
         step.tries += counts_as_try(to, cause)
         step.ended_us = self._time
         outstanding = step.outstanding()
+        if step.position:
+            view = self.runs[run]
+            view.events.append(-step.position)
+            if outstanding:
+                view.open_ends.add(len(view.events) - 1)
         if not needs_reconciliation(to, outstanding):
             return
         entry = OpenAttempt(
@@ -1171,4 +1176,4 @@ class Ledger:
             view.status = run_status(steps, view.cancel_requested)
         if view.status != "needs-reconciliation" and run not in self._keep:
             view.steps = {}  # memory follows live runs; these keep what reconcile needs
-            view.calls, view.events = [], []
+            view.calls, view.events, view.open_ends = [], [], set()
