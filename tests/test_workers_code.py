@@ -370,7 +370,7 @@ def test_edited_code_that_diverges_on_a_takeover_writes_nothing_and_closes_the_r
 
     # Another edited worker has nothing to claim: the run is not taken again and again.
     code, out = finish(worker(db, tmp_path, EDITED))
-    assert code == 0 and "d1" not in out and "runs closed: 0" in out, out
+    assert code == 0 and "d1:" not in out and "runs closed: 0" in out, out
     assert raw_records(db, "d1") == before
 
     recovered = cli(tmp_path, "recover", db, "--workflows", AGENT)
