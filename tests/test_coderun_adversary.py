@@ -57,6 +57,10 @@ from attempt_kernel import (
 )
 from attempt_kernel._codec import encode_record
 
+
+# Many of these tests run the command line in a subprocess (or share helpers that do).
+pytestmark = pytest.mark.slow
+
 TESTS: Final = Path(__file__).parent
 FLOWS: Final = "agentflows.agents"
 LOG: Final = "run.jsonl"

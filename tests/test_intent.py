@@ -204,3 +204,14 @@ def test_is_outstanding_bad_input_names_the_value() -> None:
 def test_cancel_cause_reads_the_intent_record(states: list[IntentState], expected: Cancel) -> None:
     """The one Cancel both executor and recovery use: flagged iff an intent is Dispatched."""
     assert cancel_cause(states) == expected
+
+
+def test_a_key_with_a_nonce_is_the_sha256_of_the_parts_as_a_json_array() -> None:
+    """With a run's random part the key hashes [nonce, run, step, name]; without, the old form."""
+    import hashlib
+
+    with_nonce = hashlib.sha256(b'["ab12", "run-1", "charge", "charge-card"]').hexdigest()[:32]
+    assert idempotency_key("run-1", "charge", "charge-card", nonce="ab12") == f"ak1-{with_nonce}"
+    without = hashlib.sha256(b"run-1\x00charge\x00charge-card").hexdigest()[:32]
+    assert idempotency_key("run-1", "charge", "charge-card") == f"ak1-{without}"
+    assert idempotency_key("run-1", "charge", "charge-card", nonce="ab13") != f"ak1-{with_nonce}"
