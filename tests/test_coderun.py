@@ -28,6 +28,7 @@ from attempt_kernel import (
     RunContext,
     RunLogWriter,
     RunReport,
+    StepCalled,
     StepContext,
     StepFailed,
     Succeeded,
@@ -604,7 +605,7 @@ def test_divergence_leaves_the_log_byte_for_byte_and_sends_nothing(tmp_path: Pat
     [diverged] = resumed.diverged
     assert diverged.run == "a-1"
     assert diverged.position == 2
-    assert diverged.recorded.name == "search"
+    assert isinstance(diverged.recorded, StepCalled) and diverged.recorded.name == "search"
     assert diverged.requested is not None and diverged.requested[0] == "email"
     assert str(diverged).startswith(
         "run 'a-1' diverged at position 2: the log holds step 'search' (arguments sha256:"

@@ -1218,6 +1218,7 @@ def test_divergence_is_reported_with_the_recorded_and_requested_calls(tmp_path: 
     resumed = resume_log(log, [edited])
     [diverged] = resumed.diverged
     assert isinstance(diverged, WorkflowDiverged)
+    assert isinstance(diverged.recorded, StepCalled)
     assert (diverged.run, diverged.position, diverged.recorded.name) == ("d-1", 2, "b")
     assert diverged.requested is not None and diverged.requested[0] == "b"
     assert diverged.requested[1] != diverged.recorded.digest

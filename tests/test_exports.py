@@ -48,6 +48,8 @@ EXPECTED_PUBLIC = {
     # workflows as code
     "workflow", "RunContext", "WorkflowFunction", "StepOptions", "StepCalled",
     "StepFailed", "WorkflowDiverged",
+    # runs that wait, and operators' actions
+    "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.

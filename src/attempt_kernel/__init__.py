@@ -95,9 +95,13 @@ from ._records import RunFinished as RunFinished
 from ._records import RunResumed as RunResumed
 from ._records import RunStarted as RunStarted
 from ._records import RunStopRequested as RunStopRequested
+from ._records import SignalSent as SignalSent
 from ._records import StepCalled as StepCalled
 from ._records import StepResult as StepResult
 from ._records import TornTail as TornTail
+from ._records import WaitEnded as WaitEnded
+from ._records import WaitStarted as WaitStarted
+from ._operate import OperationRefused as OperationRefused
 from ._recovery import Asked as Asked
 from ._recovery import OrphanEnded as OrphanEnded
 from ._recovery import RecoveredRun as RecoveredRun
@@ -173,6 +177,7 @@ __all__ = [
     "LogWriteFailed",
     "MAX_RECORD_BYTES",
     "OpenAttempt",
+    "OperationRefused",
     "OrphanEnded",
     "Pending",
     "Perform",
@@ -209,6 +214,7 @@ __all__ = [
     "RunStatus",
     "RunStopRequested",
     "SCHEMA_VERSION",
+    "SignalSent",
     "Step",
     "StepCalled",
     "StepContext",
@@ -227,6 +233,8 @@ __all__ = [
     "TransitionCause",
     "UnencodableRecord",
     "Violation",
+    "WaitEnded",
+    "WaitStarted",
     "Workflow",
     "WorkflowDiverged",
     "WorkflowError",

@@ -81,8 +81,11 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    SignalSent,
     StepCalled,
     StepResult,
+    WaitEnded,
+    WaitStarted,
 )
 
 SCHEMA_VERSION: Final = 1
@@ -163,6 +166,9 @@ class Kind(enum.Enum):
     RUN_STOP_REQUESTED = "run_stop_requested"
     RUN_RESUMED = "run_resumed"
     STEP_CALLED = "step_called"
+    WAIT_STARTED = "wait_started"
+    WAIT_ENDED = "wait_ended"
+    SIGNAL_SENT = "signal_sent"
     CREATED = "created"
     TRANSITION = "transition"
     INTENT_PLANNED = "intent_planned"
@@ -186,6 +192,12 @@ def kind_of(change: Change) -> Kind:
             return Kind.RUN_RESUMED
         case StepCalled():
             return Kind.STEP_CALLED
+        case WaitStarted():
+            return Kind.WAIT_STARTED
+        case WaitEnded():
+            return Kind.WAIT_ENDED
+        case SignalSent():
+            return Kind.SIGNAL_SENT
         case AttemptCreated():
             return Kind.CREATED
         case AttemptTransitioned():
@@ -346,6 +358,9 @@ _T_RESUMED: Final = Kind.RUN_RESUMED.value
 _T_RECONCILED: Final = Kind.RECONCILED.value
 _T_DOMAIN: Final = Kind.DOMAIN_STATE.value
 _T_CALLED: Final = Kind.STEP_CALLED.value
+_T_WAIT_STARTED: Final = Kind.WAIT_STARTED.value
+_T_WAIT_ENDED: Final = Kind.WAIT_ENDED.value
+_T_SIGNAL: Final = Kind.SIGNAL_SENT.value
 
 
 def _change_json(change: Change) -> str:
@@ -406,6 +421,25 @@ def _change_json(change: Change) -> str:
                 f',"type":"{_T_CALLED}","step":{_q(change.step)},"position":{change.position:d}'
                 f',"name":{_q(change.name)},"digest":{_q(change.digest)}}}'
             )
+        case WaitStarted():
+            body = f',"type":"{_T_WAIT_STARTED}","position":{change.position:d}'
+            if change.signal is not None:
+                body += f',"signal":{_q(change.signal)}'
+            if change.wake_us is not None:
+                body += f',"wake_us":{change.wake_us:d}'
+            return body + "}"
+        case WaitEnded():
+            if change.signal is None:
+                return f',"type":"{_T_WAIT_ENDED}","position":{change.position:d}}}'
+            return (
+                f',"type":"{_T_WAIT_ENDED}","position":{change.position:d}'
+                f',"signal":{change.signal:d}}}'
+            )
+        case SignalSent():
+            return (
+                f',"type":"{_T_SIGNAL}","name":{_q(change.name)},"id":{_q(change.id)}'
+                f',"payload":{_dumps(change.payload)}}}'
+            )
         case RunStarted():
             head = f',"type":"{_T_STARTED}","workflow":{_q(change.workflow)}'
             if change.domain_states:
@@ -443,7 +477,10 @@ def _step_of(change: Change) -> str | None:
             | IntentReconciled() | DomainStateSet() | StepResult() | StepCalled()
         ):  # fmt: skip
             return change.step
-        case RunStarted() | RunCancelRequested() | RunStopRequested() | RunResumed() | RunFinished():
+        case (
+            RunStarted() | RunCancelRequested() | RunStopRequested() | RunResumed() | RunFinished()
+            | WaitStarted() | WaitEnded() | SignalSent()
+        ):  # fmt: skip
             return None
         case _:
             assert_never(change)
@@ -674,6 +711,24 @@ def _decode_change(obj: dict[str, object]) -> Change:
                 name=_str(obj, "name"),
                 digest=_str(obj, "digest"),
             )
+        case Kind.WAIT_STARTED:
+            signal = obj.get("signal")
+            if signal is not None:
+                signal = _str(obj, "signal")
+            wake = obj.get("wake_us")
+            if wake is not None and (type(wake) is not int or wake < 0):
+                raise _Bad(f"field 'wake_us' must be a non-negative integer, got {_shown(wake)}")
+            if signal is None and wake is None:
+                raise _Bad("a wait_started needs field 'signal' or 'wake_us' (a sleep has a wake time)")
+            return WaitStarted(position=_int(obj, "position"), signal=signal, wake_us=wake)
+        case Kind.WAIT_ENDED:
+            number = None if obj.get("signal") is None else _int(obj, "signal")
+            return WaitEnded(position=_int(obj, "position"), signal=number)
+        case Kind.SIGNAL_SENT:
+            payload = cast(JSON, obj.get("payload"))
+            if payload is None:
+                raise _Bad("field 'payload' of a signal_sent must be a JSON value other than null")
+            return SignalSent(name=_str(obj, "name"), payload=payload, id=_str(obj, "id"))
         case Kind.RUN_FINISHED:
             ok = obj.get("ok")
             if ok is None:

@@ -43,7 +43,8 @@ from ._errors import AttemptKernelError
 from ._findings import Reconciler
 from ._ledger import Ledger, has_succeeded, may_run_again
 from ._outcome import StepOutcome, outcome
-from ._records import JSON, StepCalled
+from ._operate import OperationRefused, check_signal_name
+from ._records import JSON, StepCalled, WaitEnded, WaitStarted
 from ._workflow import RetryPolicy, Step, StepOptions, WorkflowError, check_step, is_async_function
 
 MAX_STEP_NAME: Final = 10_000
@@ -86,10 +87,12 @@ class StepFailed(AttemptKernelError):
 class WorkflowDiverged(AttemptKernelError):
     """A code workflow's function, run again, asked for another step than the log holds.
 
-    ``position`` is where; ``recorded`` names the step the log holds there
-    (``name`` and argument digest); ``requested`` what the code asked for
-    (None when it asked for nothing: it returned, raised, or waited on
-    something else). Nothing was written for the run and nothing was sent:
+    ``position`` is where; ``recorded`` is what the log holds there: a step
+    (`StepCalled`: ``name`` and argument digest) or a wait (`WaitStarted`);
+    ``requested`` what the code asked for, as (name, argument digest), where
+    a sleep is ``("run.sleep", "")`` and a wait for a signal
+    ``("run.wait_for_signal", name)``; None when it asked for nothing (it
+    returned, raised, or waited on something else). Nothing was written for the run and nothing was sent:
     restore the code the run started with (its version is in the log), or
     leave the run unfinished.
     """
@@ -98,18 +101,14 @@ class WorkflowDiverged(AttemptKernelError):
         self,
         run: str,
         position: int,
-        recorded: StepCalled,
+        recorded: StepCalled | WaitStarted,
         requested: tuple[str, str] | None,
         why: str = "",
     ) -> None:
-        asked = (
-            f"the code asked for step {requested[0]!r} (arguments {requested[1]})"
-            if requested is not None
-            else f"the code {why}"
-        )
+        asked = f"the code {why}" if requested is None else f"the code asked for {_asked(requested)}"
         super().__init__(
-            f"run {run!r} diverged at position {position}: the log holds step"
-            f" {recorded.name!r} (arguments {recorded.digest}) there, but {asked};"
+            f"run {run!r} diverged at position {position}: the log holds {_held(recorded)}"
+            f" there, but {asked};"
             " nothing was written for this run and nothing was sent. Run it with the"
             " code it started with, or leave it unfinished"
         )
@@ -117,6 +116,33 @@ class WorkflowDiverged(AttemptKernelError):
         self.position: Final = position
         self.recorded: Final = recorded
         self.requested: Final = requested
+
+
+def _asked(requested: tuple[str, str]) -> str:
+    name, detail = requested
+    if name == "run.sleep":
+        return "a sleep (run.sleep)"
+    if name == "run.wait_for_signal":
+        return f"a wait for signal {detail!r}"
+    return f"step {name!r} (arguments {detail})"
+
+
+def _held(recorded: StepCalled | WaitStarted) -> str:
+    if isinstance(recorded, StepCalled):
+        return f"step {recorded.name!r} (arguments {recorded.digest})"
+    if recorded.signal is None:
+        return "a sleep (run.sleep)"
+    return f"a wait for signal {recorded.signal!r}"
+
+
+def _duration(value: object, what: str) -> float:
+    """``value`` as seconds, if it is a finite number of at least 0; else `WorkflowError`."""
+    if type(value) not in (int, float):
+        raise WorkflowError(f"{what} must be a number of seconds, got {value!r}")
+    seconds = float(cast(float, value))
+    if not (0 <= seconds < _INF):  # NaN fails too
+        raise WorkflowError(f"{what} must be finite and at least 0 seconds, got {value!r}")
+    return seconds
 
 
 def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]]:
@@ -241,6 +267,10 @@ Drive = Callable[[Step], Awaitable[StepOutcome]]
 EndOrphan = Callable[[Step], Awaitable[None]]
 
 
+def _no_quiet() -> None:
+    pass
+
+
 @final
 class CodeRun:
     """The executor's `RunContext` for one run of a code workflow (see the module doc)."""
@@ -253,11 +283,14 @@ class CodeRun:
         ledger: Ledger,
         defaults: StepOptions,
         domain_states: tuple[str, ...],
-        write: Callable[[StepCalled], None],
+        write: Callable[[StepCalled | WaitStarted | WaitEnded], None],
         may_start: Callable[[], bool],
         drive: Drive,
         end_orphan: EndOrphan,
         replaying: bool,
+        clock: Callable[[], float],
+        sleep: Callable[[float], Awaitable[None]],
+        quiet_after: float | None = None,
     ) -> None:
         self._run: Final = run
         self._input: Final = input
@@ -269,6 +302,9 @@ class CodeRun:
         self._drive: Final = drive
         self._end_orphan: Final = end_orphan
         self._replaying = replaying
+        self._clock: Final = clock
+        self._sleep: Final = sleep
+        self._quiet_after: Final = quiet_after
         self._next = 1
         self._closed = False
         self._loop = asyncio.get_running_loop()
@@ -281,10 +317,21 @@ class CodeRun:
         self.diverged: WorkflowDiverged | None = None
         self._asked: dict[int, tuple[Step, asyncio.Future[JSON]]] = {}
         """Recorded positions the code asked for again, not answered yet."""
-        self._held: list[tuple[int, Step, str, str, asyncio.Future[JSON]]] = []
-        """New positions asked for while replaying: started once the run is taken up."""
+        self._asked_waits: dict[int, asyncio.Future[JSON]] = {}
+        """Recorded waits the code asked for again, not answered yet."""
+        self._held: list[Callable[[], None]] = []
+        """New calls made while replaying: started, in position order, once the run is taken up."""
         self._steps: list[str] = []
-        """Step ids by position, as the code asked for them."""
+        """Step ids by position, as the code asked for them ("" where it waited)."""
+        self.waiters: Final[dict[int, asyncio.Task[None]]] = {}
+        """Waits being waited now, by position."""
+        self._blocked: set[int] = set()
+        """Waits with nothing to take and no wake time come: they wait for news."""
+        self._news: asyncio.Future[None] = self._loop.create_future()
+        """Resolved (and replaced) by `notify`: a signal may have come."""
+        self.on_quiet: Callable[[], None] = _no_quiet
+        """Called when every branch of the function waits (no step live) and no
+        wake time comes within ``quiet_after`` seconds (see `quiet`)."""
 
     # ------------------------------------------------------------ RunContext
 
@@ -365,16 +412,162 @@ class CodeRun:
         if not self._replaying:
             self._launch(position, step, name, digest, future)
             return future
-        calls = self._ledger.runs[self._run].calls
-        if position > len(calls):
-            self._held.append((position, step, name, digest, future))  # new: after the replay
+        at = self._ledger.runs[self._run].at
+        if position > len(at):  # new: started after the replay
+            self._held.append(lambda: self._launch(position, step, name, digest, future))
             return future
-        recorded = calls[position - 1]
-        if recorded.name != name or recorded.digest != digest:
+        recorded = at[position - 1]
+        if not isinstance(recorded, StepCalled) or recorded.name != name or recorded.digest != digest:
             self.diverged = WorkflowDiverged(self._run, position, recorded, (name, digest))
             raise self.diverged
         self._asked[position] = (step, future)
         return future
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        self._check_call("run.sleep()")
+        length = _duration(seconds, "run.sleep(seconds)")
+        future = self._wait_call(None, length)
+        return cast("asyncio.Future[None]", future)
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Awaitable[JSON]:
+        self._check_call(f"run.wait_for_signal({name!r})")
+        try:
+            check_signal_name(name, "run.wait_for_signal")
+        except OperationRefused as error:
+            raise WorkflowError(str(error)) from None
+        length = None if timeout is None else _duration(timeout, "run.wait_for_signal(timeout=)")
+        return self._wait_call(name, length)
+
+    def _check_call(self, what: str) -> None:
+        if self._closed:
+            raise WorkflowError(
+                f"{what} was called after run {self._run!r} finished; it belongs to the run"
+                " whose function calls it, while it runs"
+            )
+        current = _CURRENT.get()
+        if current is not self:
+            where = (
+                "from inside a step (a step's function gets a StepContext, not the RunContext)"
+                if current is None
+                else f"from the function of run {current.run!r}"
+            )
+            raise WorkflowError(f"{what} of run {self._run!r} was called {where}")
+
+    def _wait_call(self, signal: str | None, seconds: float | None) -> asyncio.Future[JSON]:
+        """A wait takes the next position, as a step does (see `sleep`, `wait_for_signal`)."""
+        position = self._next
+        self._next += 1
+        self._steps.append("")
+        future: asyncio.Future[JSON] = self._loop.create_future()
+        if not self._replaying:
+            self._launch_wait(position, signal, seconds, future)
+            return future
+        at = self._ledger.runs[self._run].at
+        if position > len(at):  # new: started after the replay
+            self._held.append(lambda: self._launch_wait(position, signal, seconds, future))
+            return future
+        recorded = at[position - 1]
+        if not isinstance(recorded, WaitStarted) or recorded.signal != signal:
+            asked = ("run.sleep", "") if signal is None else ("run.wait_for_signal", signal)
+            self.diverged = WorkflowDiverged(self._run, position, recorded, asked)
+            raise self.diverged
+        self._asked_waits[position] = future
+        return future
+
+    # ------------------------------------------------------------ waits
+
+    def _now_us(self) -> int:
+        return int(self._clock() * 1_000_000)
+
+    def _launch_wait(
+        self, position: int, signal: str | None, seconds: float | None, future: asyncio.Future[JSON]
+    ) -> None:
+        if not self._may_start():
+            future.cancel()  # cancelled or stopped: no wait starts (as no step does)
+            return
+        wake = None if seconds is None else self._now_us() + round(seconds * 1_000_000)
+        try:
+            self._write(WaitStarted(position=position, signal=signal, wake_us=wake))
+        except BaseException as error:  # the log failed: the run stops
+            self._fail(error)
+            raise
+        self._start_wait(position, signal, wake, future)
+
+    def _start_wait(
+        self, position: int, signal: str | None, wake: int | None, future: asyncio.Future[JSON]
+    ) -> None:
+        task = self._loop.create_task(self._waiting(position, signal, wake, future))
+        self.waiters[position] = task
+        task.add_done_callback(lambda _: self.waiters.pop(position, None))
+        # the function stopped awaiting it (its task was cancelled): so does the wait
+        future.add_done_callback(lambda done: task.cancel() if done.cancelled() else None)
+
+    async def _waiting(
+        self, position: int, signal: str | None, wake: int | None, future: asyncio.Future[JSON]
+    ) -> None:
+        _CURRENT.set(None)
+        try:
+            while not future.done():
+                view = self._ledger.runs[self._run]
+                taken = None if signal is None else view.untaken(signal)
+                now = self._now_us()
+                if taken is not None or (wake is not None and now >= wake):
+                    if not self._may_start():
+                        future.cancel()
+                        return
+                    number = None if taken is None else taken.number
+                    self._write(WaitEnded(position=position, signal=number))
+                    future.set_result(None if taken is None else taken.payload)
+                    return
+                news = self._news
+                timer = None if wake is None else asyncio.ensure_future(self._sleep((wake - now) / 1e6))
+                self._blocked.add(position)
+                try:
+                    if self._quiet_after is not None:
+                        quiet = asyncio.ensure_future(self._check_quiet())
+                        news.add_done_callback(lambda _: quiet.cancel())
+                    await asyncio.wait(
+                        [news] if timer is None else [news, timer],
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    self._blocked.discard(position)
+                    if timer is not None:
+                        timer.cancel()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as error:  # the log failed, most likely: the run stops
+            future.cancel()
+            self._fail(error)
+
+    async def _check_quiet(self) -> None:
+        # A few turns of the loop first: what a branch just handed back may
+        # start another step.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if self.quiet():
+            self.on_quiet()
+
+    def quiet(self) -> bool:
+        """Every wait open is waiting for news, no step is live, and no wake time
+        comes within ``quiet_after`` seconds: the run may be let go while it waits."""
+        if self.tasks or not self.waiters or len(self._blocked) < len(self.waiters):
+            return False
+        if self._quiet_after is None:
+            return False
+        view = self._ledger.runs[self._run]
+        soonest = min(
+            (w.wake_us for p in self._blocked if (w := view.waits.get(p)) is not None and w.wake_us is not None),
+            default=None,
+        )
+        return soonest is None or soonest - self._now_us() >= self._quiet_after * 1_000_000
+
+    def notify(self) -> None:
+        """News for the run's waits (a signal was recorded): each looks again."""
+        news, self._news = self._news, self._loop.create_future()
+        if not news.done():
+            news.set_result(None)
 
     # ------------------------------------------------------------ live steps
 
@@ -440,8 +633,8 @@ class CodeRun:
             self._closed = True
 
     def steps(self) -> list[str]:
-        """The step ids of the run by position, as the code asked for them."""
-        return list(self._steps)
+        """The step ids of the run by position, as the code asked for them (not its waits)."""
+        return [step for step in self._steps if step]
 
     # ------------------------------------------------------------ recovery
 
@@ -453,7 +646,7 @@ class CodeRun:
         every recorded position was asked for again.
         """
         view = self._ledger.runs[self._run]
-        calls = view.calls
+        at = view.at
         last_end: dict[int, int] = {}
         last_call = -1
         for index, event in enumerate(view.events):
@@ -463,7 +656,9 @@ class CodeRun:
                 last_call = index
         for index, event in enumerate(view.events):
             if event > 0:
-                await self._until_asked(event, calls[event - 1], function_task)
+                await self._until_asked(event, at[event - 1], function_task)
+            elif -event in view.waits:
+                self._answer_wait(-event)
             elif last_end[-event] == index:
                 # A step that ended leaving an effect outstanding, after which
                 # the function went on (a later call is recorded), had its
@@ -473,7 +668,7 @@ class CodeRun:
         self._replaying = False
 
     async def _until_asked(
-        self, position: int, recorded: StepCalled, function_task: asyncio.Future[JSON]
+        self, position: int, recorded: StepCalled | WaitStarted, function_task: asyncio.Future[JSON]
     ) -> None:
         turns = 0
         while position > len(self._steps):
@@ -489,8 +684,8 @@ class CodeRun:
                     )
                 else:
                     why = (
-                        "did not ask for it (a workflow function may await only its"
-                        " run's steps; clock reads, sleeps and I/O belong inside steps)"
+                        "did not ask for it (a workflow function may await only its run's"
+                        " steps and waits; clock reads, asyncio.sleep and I/O belong inside steps)"
                     )
                 self.diverged = WorkflowDiverged(self._run, position, recorded, None, why)
                 raise self.diverged
@@ -498,6 +693,16 @@ class CodeRun:
             turns += 1
         if self.diverged is not None:
             raise self.diverged
+
+    def _answer_wait(self, position: int) -> None:
+        """Hand a recorded wait's end back to the code: the signal it took, or None."""
+        future = self._asked_waits.pop(position, None)
+        if future is None or future.done():
+            return
+        view = self._ledger.runs[self._run]
+        wait = view.waits[position]
+        number = wait.taken
+        future.set_result(None if number is None else view.signals[number - 1].payload)
 
     def _answer(self, position: int, *, open_then: bool) -> None:
         """Hand a recorded outcome back to the code, if the step is done for good
@@ -549,9 +754,15 @@ class CodeRun:
                     self._settle(future, outcome(step.name, view))
                     continue
             self._start(step, future)
+        # Waits the code asked for again that have not ended wait for what is left.
+        run_view = ledger.runs[self._run]
+        for position, future in sorted(self._asked_waits.items()):
+            wait = run_view.waits[position]
+            self._start_wait(position, wait.signal, wait.wake_us, future)
+        self._asked_waits.clear()
         held, self._held = self._held, []
-        for position, step, name, digest, future in held:
-            self._launch(position, step, name, digest, future)
+        for launch in held:
+            launch()
 
     def close(self) -> None:
         """The run is over: a later ``run.step`` is refused."""

@@ -89,9 +89,13 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    SignalSent,
     StepCalled,
     StepResult,
+    WaitEnded,
+    WaitStarted,
 )
+from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
 from ._store import BatchLog, DispatchRefused, LogSource, RunLog, is_batch_log, is_log_source
@@ -132,13 +136,18 @@ class RunControl:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self.reason = ""
+        """Why it was cancelled, as the record says (set by `cancel`)."""
 
-    def cancel(self) -> None:
+    def cancel(self, reason: str = "") -> None:
         """Cancel the run: no new attempt starts, live ones end Cancelled or Indeterminate.
 
-        The decision is recorded first (``run_cancel_requested``), so a crash
-        before the run's end is written never resumes it.
+        The decision is recorded first (``run_cancel_requested``, with
+        ``reason``, by default ``RunControl.cancel()``), so a crash before
+        the run's end is written never resumes it. A waiting run ends at once.
         """
+        if not self._event.is_set():
+            self.reason = reason
         self._event.set()
 
     @property
@@ -344,6 +353,14 @@ class Executor:
     pass fakes, to see the waits without waiting. A cancel of the run or a
     `stop` ends a wait at once, and no attempt starts.
 
+    ``let_go_after``, if given, lets go of a code workflow's run that waits:
+    once every branch of its function waits (`RunContext.sleep`,
+    `RunContext.wait_for_signal`), no step is live, and no wake time comes
+    within that many seconds, `run` returns a report with status
+    ``waiting`` and writes nothing more (a PostgreSQL worker then releases
+    the run until its wake time or a signal). Without it, the run waits in
+    this process.
+
     ``on_taken_up``, if given, is told what resuming a code workflow's run
     did before the run went on (its function checked against the log):
     the reconcilers asked and the orphaned attempts ended, as a `Recovery`
@@ -360,6 +377,7 @@ class Executor:
         on_taken_up: Callable[[Recovery], None] | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        let_go_after: float | None = None,
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
@@ -381,6 +399,10 @@ class Executor:
         self._grace = 0.0
         self._stop_reason = ""
         self._workflows: dict[str, Workflow] = {}
+        self._let_go_after: Final = let_go_after
+        self._controls: Final[dict[str, RunControl]] = {}
+        """The runs this executor drives now, each with its control."""
+        self._code_runs: Final[dict[str, CodeRun]] = {}
         if is_log_source(log):
             self._ledger.feed(log.read())
             if self._ledger.violation_count:
@@ -587,6 +609,48 @@ class Executor:
                 ),
             )
         return asked
+
+    def deliver(self, run: str, change: Delivery) -> str | None:
+        """Record an operator's change for ``run`` in this executor's log, now.
+
+        For the one writer of a log (a process that holds a file log) taking
+        in what an operator sent from outside: a signal (`SignalSent`, which
+        wakes the run's waits for that name), a cancel (`RunCancelRequested`,
+        recorded here, after which the run, if this executor drives it,
+        ends as `RunControl.cancel` ends it) or a reconciliation
+        (`IntentReconciled`). The record is durable when this returns
+        None. A change that no longer applies (the run finished meanwhile,
+        the same signal taken in twice, an intent reconciled already) is
+        not written: the reason is returned.
+        """
+        why = refusal(self._ledger, run, change)
+        if why is not None:
+            return why
+        self._write(run, change)
+        self._log.flush()
+        match change:
+            case SignalSent():
+                code = self._code_runs.get(run)
+                if code is not None:
+                    code.notify()
+            case RunCancelRequested():
+                control = self._controls.get(run)
+                if control is not None:
+                    control.cancel(change.reason)
+            case IntentReconciled():
+                pass
+            case _:
+                assert_never(change)
+        return None
+
+    def driving(self) -> frozenset[str]:
+        """The runs this executor drives now."""
+        return frozenset(self._controls)
+
+    def _cancel_decided(self, run: str, reason: str) -> None:
+        """Record the run's cancel decision, unless it is recorded already (`deliver`)."""
+        if not self._ledger.runs[run].cancel_requested:
+            self._write(run, RunCancelRequested(reason=reason))
 
     def _cancel(self, run: str, step: str) -> None:
         # spec §2: the flag comes from the intent record, never from where the
@@ -819,8 +883,25 @@ class Executor:
         recorded ``Confirmed`` without it.
         """
         control = control if control is not None else RunControl()
-        if workflow.function is not None:
-            return await self._run_code(workflow, run, control, prior is not None, input)
+        if run in self._controls:
+            raise RunRefused(f"run {run!r} is being driven by this executor already")
+        self._controls[run] = control
+        try:
+            if workflow.function is not None:
+                return await self._run_code(workflow, run, control, prior is not None, input)
+            return await self._run_dag(workflow, run, control, prior, input)
+        finally:
+            del self._controls[run]
+            self._code_runs.pop(run, None)
+
+    async def _run_dag(
+        self,
+        workflow: Workflow,
+        run: str,
+        control: RunControl,
+        prior: Mapping[str, PriorStep] | None,
+        input: JSON,
+    ) -> RunReport:
         ledger = self._ledger
         outcomes: dict[str, StepOutcome] = {}
         known = ledger.run(run)
@@ -899,7 +980,7 @@ class Executor:
                 if done == "":
                     cancelled = True
                     # spec §4: the decision is a record before any attempt ends for it
-                    self._write(run, RunCancelRequested(reason="RunControl.cancel()"))
+                    self._cancel_decided(run, control.reason or "RunControl.cancel()")
                     break
                 if done is None:
                     stopped = True
@@ -917,7 +998,7 @@ class Executor:
         except asyncio.CancelledError as error:
             failure = error
             cancelled = True
-            self._write(run, RunCancelRequested(reason="the task driving the run was cancelled"))
+            self._cancel_decided(run, "the task driving the run was cancelled")
             raise
         except BaseException as error:
             failure = error
@@ -1013,7 +1094,7 @@ class Executor:
             self._stop = asyncio.Event()
         admission = self._admission
 
-        def write(change: StepCalled) -> None:
+        def write(change: StepCalled | WaitStarted | WaitEnded) -> None:
             self._write(run, change)
 
         async def drive(step: Step) -> StepOutcome:
@@ -1047,11 +1128,16 @@ class Executor:
             defaults=workflow.defaults,
             domain_states=ledger.runs[run].domain_states,
             write=write,
-            may_start=lambda: self._may_start(run) and not control.cancelled,
+            may_start=lambda: self._may_start(run) and not control.cancelled and not let_go,
             drive=drive,
             end_orphan=end_orphan,
             replaying=resuming,
+            clock=self._clock,
+            sleep=self._sleep,
+            quiet_after=self._let_go_after,
         )
+        self._code_runs[run] = code
+        let_go = False
         main = asyncio.ensure_future(code.main(function))
         if resuming:
             try:
@@ -1080,6 +1166,13 @@ class Executor:
             if not wake.done():
                 wake.set_result(None)
 
+        def quiet() -> None:
+            nonlocal let_go
+            if not main.done() and not control.cancelled and not self.stopping:
+                let_go = True
+                rouse()
+
+        code.on_quiet = quiet
         main.add_done_callback(rouse)
         cancel_wait = asyncio.ensure_future(control.wait())
         cancel_wait.add_done_callback(rouse)
@@ -1098,7 +1191,9 @@ class Executor:
                 # even when the function ended first: the decision came before
                 # the run's end was written, and is recorded (RunControl.cancel)
                 cancelled = True
-                self._write(run, RunCancelRequested(reason="RunControl.cancel()"))
+                self._cancel_decided(run, control.reason or "RunControl.cancel()")
+            elif let_go:
+                pass  # it waits: nothing more is written, whoever drives it next goes on
             elif not main.done():
                 stopped = True
                 self._write(run, RunStopRequested(reason=self._stop_reason))
@@ -1106,18 +1201,20 @@ class Executor:
                     await asyncio.wait(list(code.tasks), timeout=self._grace)
         except asyncio.CancelledError:
             cancelled = True
-            self._write(run, RunCancelRequested(reason="the task driving the run was cancelled"))
+            self._cancel_decided(run, "the task driving the run was cancelled")
             failure = asyncio.CancelledError()
         finally:
             for waiter in (cancel_wait, stop_wait):
                 waiter.cancel()
             # Steps still live (the run was cancelled or stopped, or the function
-            # returned without awaiting them) end as a cancel ends them.
-            for task in list(code.tasks):
+            # returned without awaiting them) end as a cancel ends them; waits
+            # end with nothing written.
+            let_go = let_go or not main.done()  # no wait ends, no step starts from here on
+            for task in [*code.tasks, *code.waiters.values()]:
                 task.cancel()
             if not main.done():
                 main.cancel()
-            await asyncio.gather(main, *code.tasks, return_exceptions=True)
+            await asyncio.gather(main, *code.tasks, *code.waiters.values(), return_exceptions=True)
             code.close()
         if failure is None and code.failure is not None:
             failure = code.failure
@@ -1128,9 +1225,10 @@ class Executor:
         steps = tuple(outcome(c.step, view.steps.get(c.step)) for c in view.calls)
         result: JSON = None
         error: str | None = None
-        if stopped:
+        if stopped or (let_go and not cancelled):
             self._log.flush()
-            return RunReport(run=run, workflow=workflow.name, status="interrupted", steps=steps)
+            status: RunStatus = "interrupted" if stopped else "waiting"
+            return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
         if not cancelled:
             if main.cancelled():
                 error = "the workflow function was cancelled"
@@ -1151,8 +1249,9 @@ class Executor:
             error = f"the workflow function returned a value the run log cannot encode: {unencodable}"
             self._write(run, RunFinished(error=error))
         self._log.flush()
-        status = ledger.runs[run].status
-        assert status is not None  # set by run_finished
+        ended = ledger.runs[run].status
+        assert ended is not None  # set by run_finished
+        status = ended
         if failure is not None:  # the task driving the run was cancelled: say so to it
             raise failure
         return RunReport(

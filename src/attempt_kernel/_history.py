@@ -34,9 +34,12 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    SignalSent,
     StepCalled,
     StepResult,
     TornTail,
+    WaitEnded,
+    WaitStarted,
 )
 
 
@@ -119,6 +122,35 @@ class RunEvent:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitHistory:
+    """One wait of a code run: a sleep (``signal`` None) or a wait for a signal."""
+
+    position: int
+    signal: str | None
+    wake_us: int | None
+    """When it ends by itself (a sleep's wake time, a timeout; None: never)."""
+    started_us: int
+    ended_us: int | None = None
+    """When it ended (None: it has not)."""
+    taken: int | None = None
+    """The number of the signal it took (None: it ended by its wake time, or has not ended)."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalHistory:
+    """One signal sent to the run, numbered in the order recorded."""
+
+    number: int
+    name: str
+    payload: JSON
+    sent_us: int
+    taken_at: int | None = None
+    """The position of the wait that took it (None: no wait has taken it)."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunHistory:
     """Everything the log says about one run."""
 
@@ -133,6 +165,10 @@ class RunHistory:
     """The workflow's version label its start recorded ("" if none)."""
     result: JSON = None
     """What a code workflow's function returned, once its run finished."""
+    waits: tuple[WaitHistory, ...] = ()
+    """A code run's waits, by position."""
+    signals: tuple[SignalHistory, ...] = ()
+    """Signals sent to the run, in the order recorded, each with the wait that took it."""
 
 
 @dataclass(slots=True)
@@ -182,6 +218,8 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
     run_input: JSON = None
     version = ""
     run_result: JSON = None
+    waits: dict[int, WaitHistory] = {}
+    signals: list[SignalHistory] = []
     for item in items:
         match item:
             case Record():
@@ -211,6 +249,32 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
                 run_result = change.result
             case StepCalled():
                 steps.setdefault(change.step, [])  # shown even before its first attempt
+            case WaitStarted():
+                waits[change.position] = WaitHistory(
+                    position=change.position, signal=change.signal, wake_us=change.wake_us,
+                    started_us=when,
+                )  # fmt: skip
+            case WaitEnded():
+                wait = waits.get(change.position)
+                if wait is not None:
+                    waits[change.position] = WaitHistory(
+                        position=wait.position, signal=wait.signal, wake_us=wait.wake_us,
+                        started_us=wait.started_us, ended_us=when, taken=change.signal,
+                    )  # fmt: skip
+                number = change.signal
+                if number is not None and 0 < number <= len(signals):
+                    sent = signals[number - 1]
+                    signals[number - 1] = SignalHistory(
+                        number=sent.number, name=sent.name, payload=sent.payload,
+                        sent_us=sent.sent_us, taken_at=change.position,
+                    )  # fmt: skip
+            case SignalSent():
+                signals.append(
+                    SignalHistory(
+                        number=len(signals) + 1, name=change.name, payload=change.payload,
+                        sent_us=when,
+                    )  # fmt: skip
+                )
             case AttemptCreated():
                 steps.setdefault(change.step, []).append(
                     _Attempt(number=change.attempt, created_us=when)
@@ -287,6 +351,8 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         version=version,
         result=run_result,
         events=tuple(events),
+        waits=tuple(waits[p] for p in sorted(waits)),
+        signals=tuple(signals),
         steps=tuple(
             StepHistory(
                 name=name,

@@ -102,9 +102,12 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    SignalSent,
     StepCalled,
     StepResult,
     TornTail,
+    WaitEnded,
+    WaitStarted,
 )
 from ._workflow import RetryPolicy
 
@@ -112,19 +115,23 @@ MAX_VIOLATIONS_KEPT: Final = 1000
 """Violations beyond this many are counted, not kept (a garbage file has one per line)."""
 
 RunStatus: TypeAlias = Literal[
-    "succeeded", "failed", "cancelled", "needs-reconciliation", "interrupted"
+    "succeeded", "failed", "cancelled", "needs-reconciliation", "interrupted", "waiting"
 ]
 """How a run ended. ``needs-reconciliation``: some step ended Indeterminate or
 with an intent outstanding; an operator must ask the downstream systems.
 ``interrupted``: it was stopped (a signal) and stays unfinished until
-recovery resumes it."""
+recovery resumes it. ``waiting``: its driver let go of it while it waits
+(for a signal, or a wake time far off), holding nothing; it stays
+unfinished, and whoever drives it next takes the wait up."""
 
 RunStanding: TypeAlias = Literal[
-    "running", "interrupted", "succeeded", "failed", "cancelled", "needs-reconciliation"
-]
+    "running", "waiting", "interrupted", "succeeded", "failed", "cancelled",
+    "needs-reconciliation",
+]  # fmt: skip
 """Where a run stands in a log, as `attempt-kernel runs` says it: ``running``
-while a writer holds the log, ``interrupted`` when it is unfinished (or
-reconciled) and recovery resumes it, else how it ended."""
+while a writer holds the log, ``waiting`` when it is unfinished and waits
+(a sleep, or a signal) with no live attempt, ``interrupted`` when it is
+unfinished (or reconciled) and recovery resumes it, else how it ended."""
 
 # --------------------------------------------------------------------------
 # The derived rules (rule 2 of the module docstring)
@@ -404,6 +411,37 @@ class StepView:
 
 @final
 @dataclass(slots=True)
+class WaitView:
+    """One wait of a code run (`RunContext.sleep`, `RunContext.wait_for_signal`)."""
+
+    position: int
+    signal: str | None
+    """The signal name it waits for (None: a sleep)."""
+    wake_us: int | None
+    """When it ends by itself (a sleep's wake time, a timeout); None: never."""
+    started_us: int | None = None
+    """When its wait_started record was written (records read from a log)."""
+    ended: bool = False
+    taken: int | None = None
+    """The number of the signal it took (None: none, yet or ever)."""
+
+
+@final
+@dataclass(slots=True)
+class SignalView:
+    """One signal sent to a run (`SignalSent`), numbered 1, 2, 3, ... in the run."""
+
+    number: int
+    name: str
+    payload: JSON
+    id: str
+    sent_us: int | None = None
+    taken_at: int | None = None
+    """The position of the wait that took it (None: not taken yet)."""
+
+
+@final
+@dataclass(slots=True)
 class RunView:
     """Where one run stands."""
 
@@ -442,6 +480,13 @@ class RunView:
     back to the code in this order). Dropped with its steps."""
     open_ends: set[int] = field(default_factory=set[int])
     """Indexes in `events` of step ends that left an effect outstanding."""
+    at: list[StepCalled | WaitStarted] = field(default_factory=list[StepCalled | WaitStarted])
+    """A code run's calls by position (``at[p - 1]``): its steps' and its waits'."""
+    waits: dict[int, WaitView] = field(default_factory=dict[int, WaitView])
+    """A code run's waits, by position."""
+    signals: list[SignalView] = field(default_factory=list[SignalView])
+    """Signals sent to the run, in the order recorded (``signals[n - 1]`` is number n).
+    Kept after the run finishes, so that `attempt-kernel show` lists those never taken."""
     result: JSON = None
     """What a code workflow's function returned (kept for runs the ledger keeps)."""
     error: str | None = None
@@ -454,10 +499,27 @@ class RunView:
         """Idempotency keys still outstanding in any of its steps."""
         return tuple(key for step in self.steps.values() for key in step.outstanding())
 
+    def open_waits(self) -> list[WaitView]:
+        """Its waits that have not ended, by position."""
+        return [wait for wait in self.waits.values() if not wait.ended]
+
+    def untaken(self, name: str) -> SignalView | None:
+        """The first signal named ``name`` that no wait has taken yet."""
+        for signal in self.signals:
+            if signal.taken_at is None and signal.name == name:
+                return signal
+        return None
+
+    def is_waiting(self) -> bool:
+        """Unfinished, with a wait open and no attempt live: it waits, holding nothing."""
+        if self.finished or not any(not wait.ended for wait in self.waits.values()):
+            return False
+        return all(is_terminal(step.attempt.state) for step in self.steps.values())
+
     def standing(self) -> RunStanding:
         """Where the run stands for an operator (``running`` is the CLI's to say)."""
         if not self.finished:
-            return "interrupted"
+            return "waiting" if self.is_waiting() else "interrupted"
         status = self.status
         assert status is not None  # set by run_finished
         if status == "needs-reconciliation" and not self.outstanding():
@@ -544,9 +606,11 @@ def _position(view: RunView, step: str) -> int:
     if not sep or not number.isdigit():
         return 0
     position = int(number)
-    calls = view.calls
-    if 0 < position <= len(calls) and calls[position - 1].step == step:
-        return position
+    at = view.at
+    if 0 < position <= len(at):
+        call = at[position - 1]
+        if isinstance(call, StepCalled) and call.step == step:
+            return position
     return 0
 
 
@@ -773,6 +837,12 @@ class Ledger:
                 self._domain_state(run, view, change)
             case StepCalled():
                 self._called(run, view, change)
+            case WaitStarted():
+                self._wait_started(run, view, change)
+            case WaitEnded():
+                self._wait_ended(run, view, change)
+            case SignalSent():
+                self._signal(run, view, change)
             case RunStarted():
                 if view is not None:
                     self._violate(f"run {run!r} started twice (or after its records)")
@@ -805,7 +875,7 @@ class Ledger:
                 " which did not start as a code workflow's run"
             )
             return
-        expect = len(view.calls) + 1
+        expect = len(view.at) + 1
         if change.position != expect:
             self._violate(
                 f"step {change.name!r} of run {run!r} called at position {change.position}"
@@ -819,7 +889,101 @@ class Ledger:
             )
             return
         view.calls.append(change)
+        view.at.append(change)
         view.events.append(change.position)
+
+    def _wait_started(self, run: str, view: RunView | None, change: WaitStarted) -> None:
+        """A code run's wait takes the next position, as a step call does."""
+        what = "a sleep" if change.signal is None else f"a wait for signal {change.signal!r}"
+        if view is None or not view.code:
+            self._violate(
+                f"{what} started at position {change.position} in run {run!r}, which did not"
+                " start as a code workflow's run"
+            )
+            return
+        expect = len(view.at) + 1
+        if change.position != expect:
+            self._violate(
+                f"{what} of run {run!r} started at position {change.position} where {expect}"
+                " was expected (positions go 1, 2, 3, ..., one record each)"
+            )
+            return
+        if view.cancel_requested:
+            self._violate(f"{what} of run {run!r} started after the run's cancel was requested")
+        if change.signal is None and change.wake_us is None:
+            self._violate(f"a sleep of run {run!r} at position {change.position} has no wake time")
+        view.at.append(change)
+        view.waits[change.position] = WaitView(
+            position=change.position, signal=change.signal, wake_us=change.wake_us,
+            started_us=self._time,
+        )  # fmt: skip
+        view.events.append(change.position)
+
+    def _wait_ended(self, run: str, view: RunView | None, change: WaitEnded) -> None:
+        """A wait ends once: by its wake time, or by taking a signal of its name not taken before."""
+        wait = None if view is None else view.waits.get(change.position)
+        if view is None or wait is None:
+            self._violate(f"wait at position {change.position} of run {run!r} ended, but it never started")
+            return
+        if wait.ended:
+            self._violate(f"wait at position {change.position} of run {run!r} ended twice")
+            return
+        number = change.signal
+        if number is None:
+            if wait.wake_us is None:
+                self._violate(
+                    f"wait at position {change.position} of run {run!r} ended by time, but it"
+                    f" waits for signal {wait.signal!r} with no timeout"
+                )
+        else:
+            signals = view.signals
+            signal = signals[number - 1] if number <= len(signals) else None
+            if signal is None:
+                self._violate(
+                    f"wait at position {change.position} of run {run!r} took signal {number},"
+                    f" but the run has {len(signals)} signal(s)"
+                )
+            elif wait.signal != signal.name:
+                self._violate(
+                    f"wait at position {change.position} of run {run!r} took signal {number}"
+                    f" ({signal.name!r}), but it waits for"
+                    f" {'a wake time' if wait.signal is None else repr(wait.signal)}"
+                )
+            elif signal.taken_at is not None:
+                self._violate(
+                    f"wait at position {change.position} of run {run!r} took signal {number},"
+                    f" which the wait at position {signal.taken_at} took already"
+                )
+            else:
+                earlier = view.untaken(signal.name)
+                if earlier is not None and earlier.number < number:
+                    self._violate(
+                        f"wait at position {change.position} of run {run!r} took signal"
+                        f" {number} before signal {earlier.number} of the same name (signals"
+                        " are taken in the order they were sent)"
+                    )
+                signal.taken_at = change.position
+        wait.ended, wait.taken = True, number
+        view.events.append(-change.position)
+
+    def _signal(self, run: str, view: RunView | None, change: SignalSent) -> None:
+        if view is None:
+            self._violate(f"signal {change.name!r} sent to run {run!r}, which never started")
+            return
+        if change.payload is None:
+            self._violate(f"signal {change.name!r} of run {run!r} carries null (a payload is never null)")
+        for signal in view.signals:
+            if signal.id == change.id:
+                self._violate(
+                    f"signal {change.name!r} of run {run!r} recorded twice (id {change.id!r})"
+                )
+                return
+        view.signals.append(
+            SignalView(
+                number=len(view.signals) + 1, name=change.name, payload=change.payload,
+                id=change.id, sent_us=self._time,
+            )  # fmt: skip
+        )
 
     def _created(self, run: str, view: RunView | None, change: AttemptCreated) -> None:
         if view is None:
@@ -1177,3 +1341,4 @@ class Ledger:
         if view.status != "needs-reconciliation" and run not in self._keep:
             view.steps = {}  # memory follows live runs; these keep what reconcile needs
             view.calls, view.events, view.open_ends = [], [], set()
+            view.at, view.waits = [], {}

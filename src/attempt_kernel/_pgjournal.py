@@ -65,8 +65,11 @@ from ._records import (
     RunResumed,
     RunStarted,
     RunStopRequested,
+    SignalSent,
     StepCalled,
     StepResult,
+    WaitEnded,
+    WaitStarted,
 )
 
 PG_SCHEMA_VERSION: Final = 4
@@ -320,6 +323,8 @@ def commits_synchronously(change: Change) -> bool:
     match change:
         case IntentChanged():
             return is_outstanding(change.to_state)
+        case SignalSent():
+            return True  # an operator's record: durable when its sender is told so
         case (
             RunStarted()
             | RunCancelRequested()
@@ -333,6 +338,8 @@ def commits_synchronously(change: Change) -> bool:
             | StepCalled()
             | StepResult()
             | RunFinished()
+            | WaitStarted()
+            | WaitEnded()
         ):
             return False
         case _:

@@ -110,6 +110,53 @@ class StepCalled:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitStarted:
+    """A code workflow's function began to wait at ``position`` (positions are
+    shared with its steps).
+
+    `RunContext.sleep` writes ``signal`` None and ``wake_us``, when the run
+    wakes up (microseconds since the Unix epoch). `RunContext.wait_for_signal`
+    writes the ``signal`` name it waits for, and ``wake_us`` when its timeout
+    passes (None: no timeout). A resumed run waits only for what is left.
+    """
+
+    position: int
+    signal: str | None = None
+    wake_us: int | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitEnded:
+    """The wait at ``position`` ended: by taking the run's signal number ``signal``
+    (1, 2, 3, ... in the order the run's signals were recorded; the function
+    gets its payload), or, ``signal`` None, because its wake time came (a
+    sleep's end, or a timeout: the function gets None)."""
+
+    position: int
+    signal: int | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalSent:
+    """Someone sent the run a signal named ``name`` carrying ``payload``.
+
+    Signals are a mailbox: each is taken by one `WaitEnded`, in the order
+    they were sent, by a wait for that name. ``payload`` is never null (a
+    signal sent without one carries ``{}``), so a timeout's None is never
+    mistaken for a signal. ``id`` is unique to the signal: one taken in
+    twice (a crash between recording it and clearing where it waited to be
+    taken in) is recorded once.
+    """
+
+    name: str
+    payload: JSON
+    id: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptCreated:
     """Attempt number ``attempt`` of ``step`` was created (in `Pending`)."""
 
@@ -237,6 +284,9 @@ Change: TypeAlias = Union[
     RunStopRequested,
     RunResumed,
     StepCalled,
+    WaitStarted,
+    WaitEnded,
+    SignalSent,
     AttemptCreated,
     AttemptTransitioned,
     IntentPlanned,

@@ -141,7 +141,7 @@ A3 = TypeVar("A3", bound=JSON)
 
 
 class RunContext(Protocol):
-    """Handed to a code workflow's function: the run's identity, its input, and steps.
+    """Handed to a code workflow's function: the run's identity, its input, steps and waits.
 
     ``step(name, fn, *args, **options)`` runs ``fn(ctx, *args)`` as a step
     of the run, with every rule a DAG step has (attempts through the kernel's
@@ -254,6 +254,32 @@ class RunContext(Protocol):
         domain_states: Sequence[str] = (),
     ) -> Awaitable[R]:
         """Run ``fn(ctx, *args)`` as the run's next step; see the class doc."""
+        ...
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        """Sleep ``seconds`` (finite, at least 0), durably: the run's next position.
+
+        The wake time is recorded (``wait_started``) before the sleep begins;
+        after a crash or a stop, the resumed run sleeps only what is left,
+        and not at all once the wake time has passed. While it sleeps the
+        run holds no attempt and no slot. A negative, infinite or NaN
+        ``seconds`` raises `WorkflowError` at the call.
+        """
+        ...
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Awaitable[JSON]:
+        """Wait for the next signal named ``name`` sent to the run; return its payload.
+
+        Signals are a mailbox: one sent before the run waits is kept, and
+        each is taken by one wait, in the order sent (``attempt-kernel
+        signal``, `send_signal`). A payload is never None (a signal sent
+        without one carries ``{}``), so None means ``timeout`` seconds passed
+        first (None: wait for ever). The wait takes the run's next position;
+        its start and its end (which signal it took) are records, so a
+        resumed run gets the same answer. While it waits the run holds no
+        attempt and no slot. A bad ``name`` (empty, control characters) or
+        ``timeout`` (negative, infinite, NaN) raises `WorkflowError` at the call.
+        """
         ...
 
 

@@ -1,0 +1,186 @@
+"""What an operator's action records, decided from the ledger alone: signal, cancel, reconcile.
+
+No I/O: each function reads a `Ledger` of the log and returns the change
+to append, or raises `OperationRefused` saying why nothing may be written.
+The command line and the Python functions that deliver these changes (to
+a file log, directly or through its inbox while another process writes
+it; to a PostgreSQL journal) build them here, and so does the process
+that takes a delivered change in (`refusal`: it may have become moot, say
+a run that finished meanwhile, or a change taken in twice).
+
+Intent moves go through `intent_transition`, as every intent move does.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Final, Union
+
+from typing_extensions import TypeAlias, assert_never, final
+
+from ._errors import AttemptKernelError
+from ._intent import DISPATCHED, Confirm, IntentCause, Reject, intent_transition, is_outstanding
+from ._ledger import Ledger, RunView
+from ._records import JSON, IntentReconciled, RunCancelRequested, SignalSent
+
+MAX_SIGNAL_NAME: Final = 200
+"""The longest signal name (characters)."""
+
+Delivery: TypeAlias = Union[SignalSent, RunCancelRequested, IntentReconciled]
+"""A change an operator delivers to a run from outside."""
+
+
+@final
+class OperationRefused(AttemptKernelError):
+    """An operator's action was refused; nothing was written. The message says why."""
+
+
+def check_signal_name(name: object, where: str) -> str:
+    """``name`` if it can name a signal (non-empty, printable, at most `MAX_SIGNAL_NAME`
+    characters), else `OperationRefused` naming ``where``."""
+    if type(name) is not str or not name:
+        raise OperationRefused(f"{where}: a signal name must be a non-empty string, got {name!r}")
+    if len(name) > MAX_SIGNAL_NAME:
+        raise OperationRefused(
+            f"{where}: a signal name has at most {MAX_SIGNAL_NAME} characters, got {len(name)}"
+        )
+    for index, char in enumerate(name):
+        if not char.isprintable():
+            raise OperationRefused(
+                f"{where}: signal name {name!r} holds a control character at index {index}"
+                f" ({char!r}); use printable characters"
+            )
+    return name
+
+
+def _open_run(ledger: Ledger, run: str, doing: str) -> RunView:
+    view = ledger.runs.get(run)
+    if view is None or view.workflow is None:
+        raise OperationRefused(f"{doing}: no run {run!r} in the log")
+    if view.finished:
+        raise OperationRefused(
+            f"{doing}: run {run!r} has finished ({view.standing()}); nothing was written"
+        )
+    return view
+
+
+def signal_change(
+    ledger: Ledger, run: str, name: str, payload: JSON = None, *, id: str | None = None
+) -> SignalSent:
+    """The record of signal ``name`` sent to ``run`` with ``payload`` (None: ``{}``).
+
+    Refused for a run the log does not hold or that has finished, a bad
+    name, and a payload JSON cannot carry. ``id`` defaults to a random one.
+    """
+    doing = f"signal {name!r} to run {run!r}"
+    check_signal_name(name, doing)
+    value: JSON = {} if payload is None else payload
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise OperationRefused(f"{doing}: the payload is not a JSON value ({error})") from None
+    view = _open_run(ledger, run, doing)
+    if not view.code:
+        raise OperationRefused(
+            f"{doing}: run {run!r} is a DAG workflow's run; only a workflow written as code"
+            " waits for signals"
+        )
+    return SignalSent(name=name, payload=value, id=secrets.token_hex(8) if id is None else id)
+
+
+def cancel_change(ledger: Ledger, run: str, reason: str = "") -> RunCancelRequested:
+    """The record of an operator's decision to cancel ``run`` (refused when it is
+    unknown, finished, or its cancel is recorded already)."""
+    doing = f"cancel of run {run!r}"
+    view = _open_run(ledger, run, doing)
+    if view.cancel_requested:
+        raise OperationRefused(f"{doing}: its cancel is recorded already; nothing was written")
+    return RunCancelRequested(reason=reason or "cancelled by an operator")
+
+
+def reconcile_change(
+    ledger: Ledger,
+    key: str,
+    *,
+    confirmed: bool,
+    result: JSON = None,
+    note: str = "",
+    by: str = "operator",
+) -> tuple[str, IntentReconciled]:
+    """The run and the record that reconciles the outstanding intent with ``key``.
+
+    ``confirmed``: the effect happened (with ``result``, if known); else it
+    did not. Refused when no intent has that key or it is not outstanding.
+    """
+    if result is not None and not confirmed:
+        raise OperationRefused("a rejected effect has no result (give a result with a confirm only)")
+    found = None
+    for view in ledger.runs.values():
+        for step in view.steps.values():
+            for name in (*step.attempt.intents, *step.superseded):
+                if step.keys.get(name) == key:
+                    found = (view, step, name)
+    if found is None:
+        raise OperationRefused(f"no intent with key {key!r} is outstanding in the log")
+    view, step, name = found
+    if key not in step.outstanding():
+        state = step.attempt.intents[name]
+        raise OperationRefused(
+            f"intent {key!r} ({name!r} of step {step.name!r}) is not outstanding: it is"
+            f" {type(state).__name__}"
+        )
+    cause: IntentCause = Confirm() if confirmed else Reject()
+    change = IntentReconciled(
+        step=step.name,
+        attempt=step.attempt.number,
+        name=name,
+        key=key,
+        from_state=DISPATCHED,
+        cause=cause,
+        to_state=intent_transition(DISPATCHED, cause),
+        result=result,
+        by=by,
+        note=note,
+    )
+    return view.run, change
+
+
+def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
+    """Why ``change``, delivered for ``run``, may not be appended now (None: it may).
+
+    What the process that takes delivered changes in asks before it
+    appends one: a run may have finished since it was sent, a change may
+    be taken in a second time (a crash between recording it and clearing
+    the inbox it came from), an intent may have been reconciled already.
+    """
+    view = ledger.runs.get(run)
+    if view is None or view.workflow is None:
+        return f"no run {run!r} in the log"
+    match change:
+        case SignalSent():
+            if view.finished:
+                return f"run {run!r} has finished"
+            if any(signal.id == change.id for signal in view.signals):
+                return f"signal {change.id!r} is recorded already"
+            return None
+        case RunCancelRequested():
+            if view.finished:
+                return f"run {run!r} has finished"
+            if view.cancel_requested:
+                return f"the cancel of run {run!r} is recorded already"
+            return None
+        case IntentReconciled():
+            step = view.steps.get(change.step)
+            if step is None or step.keys.get(change.name) != change.key:
+                return f"no intent {change.key!r} in run {run!r}"
+            if change.key not in step.outstanding():
+                return f"intent {change.key!r} is not outstanding"
+            if view.finished and view.status != "needs-reconciliation":
+                return f"run {run!r} has finished"
+            current = step.attempt.intents.get(change.name)
+            if current is not None and not is_outstanding(current) and change.name not in step.superseded:
+                return f"intent {change.key!r} is not outstanding"
+            return None
+        case _:
+            assert_never(change)
