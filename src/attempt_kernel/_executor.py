@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime
 import os
 import secrets
 import signal
@@ -361,6 +362,10 @@ class Executor:
     the run until its wake time or a signal). Without it, the run waits in
     this process.
 
+    ``on_wait``, if given, is called with the run and its `WaitStarted`
+    record each time a code workflow's run begins to wait (the command
+    line prints what the run waits for and the command that ends the wait).
+
     ``on_taken_up``, if given, is told what resuming a code workflow's run
     did before the run went on (its function checked against the log):
     the reconcilers asked and the orphaned attempts ended, as a `Recovery`
@@ -378,6 +383,7 @@ class Executor:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         let_go_after: float | None = None,
+        on_wait: Callable[[str, WaitStarted], None] | None = None,
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
@@ -400,6 +406,7 @@ class Executor:
         self._stop_reason = ""
         self._workflows: dict[str, Workflow] = {}
         self._let_go_after: Final = let_go_after
+        self._on_wait: Final = on_wait
         self._controls: Final[dict[str, RunControl]] = {}
         """The runs this executor drives now, each with its control."""
         self._code_runs: Final[dict[str, CodeRun]] = {}
@@ -1096,6 +1103,12 @@ class Executor:
 
         def write(change: StepCalled | WaitStarted | WaitEnded) -> None:
             self._write(run, change)
+            if type(change) is StepCalled:
+                return
+            if self._progress is not None:
+                self._progress(_wait_line(run, change))
+            if self._on_wait is not None and isinstance(change, WaitStarted):
+                self._on_wait(run, change)
 
         async def drive(step: Step) -> StepOutcome:
             return await self._drive(run, step, input, {}, admission)
@@ -1259,6 +1272,24 @@ class Executor:
         )
 
 
+def _utc(time_us: int) -> str:
+    return datetime.datetime.fromtimestamp(time_us / 1e6, datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ"
+    )[:-4] + "Z"
+
+
+def _wait_line(run: str, change: WaitStarted | WaitEnded) -> str:
+    """The progress line of a wait's start or end."""
+    at = f"{run} @{change.position}"
+    if isinstance(change, WaitEnded):
+        taken = "its wake time came" if change.signal is None else f"took signal {change.signal}"
+        return f"{at}: wait ended ({taken})"
+    until = "" if change.wake_us is None else f" until {_utc(change.wake_us)}"
+    if change.signal is None:
+        return f"{at}: sleeping{until}"
+    return f"{at}: waiting for signal {change.signal!r}{until}"
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
@@ -1296,20 +1327,21 @@ def run_jobs(
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
     grace: float = 5.0,
+    on_wait: Callable[[str, WaitStarted], None] | None = None,
 ) -> list[RunReport]:
     """Drive ``jobs`` concurrently on a new event loop; return their reports in order.
 
     With ``stop_on_signals``, SIGINT and SIGTERM stop the runs gracefully
     (`Executor.stop` with ``grace`` seconds) and `RunsStopped` is raised once
     they are closed off; a second SIGINT exits the process at once (exit
-    130), which recovery handles like a crash. A resumed code workflow whose
+    130), which recovery handles like a crash. ``on_wait``: as `Executor` says. A resumed code workflow whose
     code no longer matches its log does not stop the others: once they are
     done, the first `WorkflowDiverged` is raised (nothing was written for
     that run; `resume_log` reports every divergence instead).
     """
     done = drive_jobs(
         log, jobs, admission_limit=admission_limit, progress=progress,
-        stop_on_signals=stop_on_signals, grace=grace,
+        stop_on_signals=stop_on_signals, grace=grace, on_wait=on_wait,
     )  # fmt: skip
     reports: list[RunReport] = []
     for item in done:
@@ -1328,9 +1360,10 @@ def drive_jobs(
     stop_on_signals: bool = False,
     grace: float = 5.0,
     on_taken_up: Callable[[Recovery], None] | None = None,
+    on_wait: Callable[[str, WaitStarted], None] | None = None,
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
-    reports (``on_taken_up``: as `Executor` says)."""
+    reports (``on_taken_up``, ``on_wait``: as `Executor` says)."""
     caught: list[int] = []
 
     async def drive(executor: Executor, job: Job) -> RunReport | WorkflowDiverged:
@@ -1355,8 +1388,9 @@ def drive_jobs(
         # included) while restoring the SIGINT handler; a 10,000-step report
         # would cost a noticeable repr.
         executor = Executor(
-            log, admission_limit=admission_limit, progress=progress, on_taken_up=on_taken_up
-        )
+            log, admission_limit=admission_limit, progress=progress, on_taken_up=on_taken_up,
+            on_wait=on_wait,
+        )  # fmt: skip
         loop = asyncio.get_running_loop()
 
         def on_signal(number: int) -> None:

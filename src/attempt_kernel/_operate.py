@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Final, Union
 
 from typing_extensions import TypeAlias, assert_never, final
@@ -34,6 +36,29 @@ Delivery: TypeAlias = Union[SignalSent, RunCancelRequested, IntentReconciled]
 @final
 class OperationRefused(AttemptKernelError):
     """An operator's action was refused; nothing was written. The message says why."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Delivered:
+    """What an operator's action wrote, and where: it is durable once this exists.
+
+    ``recorded`` is True when ``change`` is in the run log (or journal) now;
+    False when another process was writing the log (a file) or driving the
+    run (a PostgreSQL worker), and ``change`` waits, durably, in the inbox
+    that process takes changes in from (within about a second; a crash of
+    either side loses nothing and applies nothing twice).
+    """
+
+    run: str
+    change: Delivery
+    recorded: bool
+
+
+Build: TypeAlias = Callable[[Ledger], tuple[str, Delivery]]
+"""Builds an operator's change from a ledger of the log as it is: the run and the
+change (`signal_change`, `cancel_change`, `reconcile_change`), or raises
+`OperationRefused`. A transport calls it with the freshest ledger it has."""
 
 
 def check_signal_name(name: object, where: str) -> str:

@@ -19,6 +19,7 @@ from ._coderun import WorkflowDiverged
 from ._executor import Job, RunControl, drive_jobs
 from ._outcome import RunReport
 from ._findings import RECONCILER_DEADLINE
+from ._records import WaitStarted
 from ._recovery import Recovery, recover, recover_log
 from ._store import Journal
 from ._workflow import Workflow
@@ -54,6 +55,7 @@ def resume_log(
     on_recovered: Callable[[Recovery], None] | None = None,
     skip_runs: Collection[str] = frozenset(),
     on_taken_up: Callable[[Recovery], None] | None = None,
+    on_wait: Callable[[str, WaitStarted], None] | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -65,7 +67,8 @@ def resume_log(
     each resumed run. ``on_taken_up`` is called for each code workflow's run
     once its function was checked against the log, with the reconcilers it
     asked and the orphans it ended then (recovery leaves those of a code run
-    to that moment). ``on_recovered`` is called once recovery is done and
+    to that moment). ``on_wait`` is called each time a code run begins to
+    wait (as `Executor` says). ``on_recovered`` is called once recovery is done and
     before any run is resumed (the CLI prints what recovery did there).
     With ``stop_on_signals``, SIGINT and SIGTERM stop the resumed runs
     gracefully (`RunsStopped`), as `run_jobs` says. ``skip_runs`` are left
@@ -79,13 +82,13 @@ def resume_log(
         )
         with writer:
             done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
-                           stop_on_signals, grace, on_recovered, on_taken_up)  # fmt: skip
+                           stop_on_signals, grace, on_recovered, on_taken_up, on_wait)  # fmt: skip
     else:
         recovery = recover(
             log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
-                       stop_on_signals, grace, on_recovered, on_taken_up)  # fmt: skip
+                       stop_on_signals, grace, on_recovered, on_taken_up, on_wait)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -104,6 +107,7 @@ def _resume(
     grace: float,
     on_recovered: Callable[[Recovery], None] | None,
     on_taken_up: Callable[[Recovery], None] | None,
+    on_wait: Callable[[str, WaitStarted], None] | None,
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -127,4 +131,5 @@ def _resume(
         stop_on_signals=stop_on_signals,
         grace=grace,
         on_taken_up=on_taken_up,
+        on_wait=on_wait,
     )
