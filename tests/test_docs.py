@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from attempt_kernel import JSON, Executor, RunLogWriter, SignalSent, Workflow
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -94,10 +97,48 @@ def test_run_log_doc_example_lines_are_real_records() -> None:
         assert line in example
 
 
+def block_with(doc: str, marker: str) -> str:
+    """The one python block of ``doc`` that holds ``marker``."""
+    blocks: list[str] = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)
+    [block] = [b for b in blocks if marker in b]
+    return block
+
+
+def test_executor_doc_waiting_example_waits_for_its_signal(tmp_path: Path) -> None:
+    """docs/executor.md's waiting example: approved by a signal, or None at its timeout."""
+    doc = (README.parent / "docs" / "executor.md").read_text()
+    namespace: dict[str, object] = {"__name__": "docs_waiting"}
+    exec(compile(block_with(doc, "async def payer("), "docs/executor.md", "exec"), namespace)
+    payer = namespace["payer"]
+    assert isinstance(payer, Workflow)
+    clock = [1_000_000.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+        await asyncio.sleep(0)
+
+    async def main(run: str, send: bool) -> JSON:
+        with RunLogWriter(tmp_path / f"{run}.jsonl") as log:
+            executor = Executor(log, clock=lambda: clock[0], sleep=sleep)
+            task = asyncio.ensure_future(executor.run(payer, run))
+            if send:
+                await asyncio.sleep(0)  # the run starts (a signal sent before its wait is kept)
+                sent = SignalSent(name="approve", payload={"by": "ana"}, id="s1")
+                assert executor.deliver(run, sent) is None
+            return (await task).result
+
+    assert asyncio.run(main("p-1", True)) == {"approved": {"by": "ana"}}
+    assert slept == [2.0]
+    assert asyncio.run(main("p-2", False)) == "nobody answered"
+    assert slept == [2.0, 86400.0]
+
+
 def test_executor_doc_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """docs/executor.md's example runs and prints what its comments say."""
     doc = (README.parent / "docs" / "executor.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[1]
+    block = block_with(doc, "EffectRejected")
     exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "succeeded"
@@ -124,7 +165,7 @@ def test_the_fake_context_example_tests_a_step_without_the_executor(
 ) -> None:
     """docs/executor.md's unit-test example runs and prints what its comments say."""
     doc = (README.parent / "docs" / "executor.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[2]
+    block = block_with(doc, "from attempt_kernel import JSON, Perform, StepContext")
     exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out.splitlines()
     assert out == [
@@ -136,7 +177,7 @@ def test_the_fake_context_example_tests_a_step_without_the_executor(
 def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     """docs/executor.md's code workflow runs and prints the positions its comment shows."""
     doc = (README.parent / "docs" / "executor.md").read_text()
-    block = re.findall(r"```python\n(.*?)```", doc, re.DOTALL)[0]
+    block = block_with(doc, "async def think(")
     exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
     out = capsys.readouterr().out.splitlines()
     assert out == [
@@ -146,7 +187,7 @@ def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has two python blocks, executor.md three (run above),
+    """No example escapes running: README has two python blocks, executor.md four (run above),
     agents.md one (run by test_agents.py)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
@@ -155,5 +196,5 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     assert {name: n for name, n in counts.items() if n} == {
         "README.md": 2,
         "agents.md": 1,
-        "executor.md": 3,
+        "executor.md": 4,
     }

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import tempfile
+import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -17,9 +19,18 @@ import pytest
 
 from attempt_kernel import (
     JSON,
+    Change,
+    CorruptLine,
     Executor,
     FileLog,
+    OperationRefused,
+    Record,
     RunCancelRequested,
+    RunFinished,
+    RunStarted,
+    WaitEnded,
+    WaitStarted,
+    read_log,
     RunContext,
     RunLogWriter,
     RunReport,
@@ -31,30 +42,65 @@ from attempt_kernel import (
     replay,
     workflow,
 )
+from attempt_kernel._codec import encode_record
 from attempt_kernel._ledger import Ledger
+from attempt_kernel._operate import cancel_change, refusal, signal_change
+from logs import write_log
 
 START = 1_000_000.0
 """The fake clock's start, in seconds since the epoch."""
 
 
 class FakeTime:
-    """A clock that moves only when someone sleeps on it."""
+    """A virtual clock: it moves only when every sleeper waits, to the earliest wake.
+
+    Sleeps end in the order of their wake times, as real ones would, without
+    waiting: once the event loop has run a few turns with nothing else to
+    do, the clock jumps to the earliest pending wake and that sleep ends.
+    """
 
     def __init__(self, now: float = START, *, hold: bool = False) -> None:
         self.now = now
         self.slept: list[float] = []
         self.hold = hold
         """Sleeps never end (as a real hour-long one would not, within a test)."""
+        self._pending: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._count = 0
+        self._kicked = False
 
     def clock(self) -> float:
         return self.now
 
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
-        if self.hold:
-            await asyncio.Event().wait()
-        self.now += seconds
-        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._count += 1
+        entry = (self.now + seconds, self._count, future)
+        self._pending.append(entry)
+        if not self.hold and not self._kicked:
+            self._kicked = True
+            loop.call_soon(self._advance, 20)
+        try:
+            await future
+        finally:
+            if entry in self._pending:
+                self._pending.remove(entry)
+
+    def _advance(self, turns: int) -> None:
+        loop = asyncio.get_running_loop()
+        if turns > 0:
+            loop.call_soon(self._advance, turns - 1)
+            return
+        live = [entry for entry in self._pending if not entry[2].done()]
+        if not live:
+            self._kicked = False
+            return
+        wake, _, future = min(live)
+        self.now = max(self.now, wake)
+        self._pending.remove((wake, _, future))
+        future.set_result(None)
+        loop.call_soon(self._advance, 20)
 
 
 def records(path: Path) -> list[dict[str, object]]:
@@ -405,3 +451,318 @@ def test_code_that_waits_where_the_log_holds_a_step_diverges(tmp_path: Path) -> 
     assert "a wait for signal 'approve'" in str(caught.value)
     assert "a sleep (run.sleep)" in str(caught.value)
     assert path.read_bytes() == before  # nothing written
+
+
+# --------------------------------------------------------------------------
+# Forged logs: the replayer's rules for waits and signals
+# --------------------------------------------------------------------------
+
+CODE_START = RunStarted(workflow="approver", code=True, nonce="n0")
+
+
+def violations(path: Path, changes: list[Change]) -> list[str]:
+    """The reasons replay gives for a log of ``changes`` (written with valid checksums)."""
+    write_log(path, [CODE_START, *changes], run="a-1")
+    return [v.reason for v in replay(FileLog(path)).violations]
+
+
+def test_a_wait_ended_that_takes_another_names_signal_is_a_violation(tmp_path: Path) -> None:
+    reasons = violations(
+        tmp_path / "log.jsonl",
+        [
+            WaitStarted(position=1, signal="approve"),
+            SignalSent(name="deny", payload={}, id="x"),
+            WaitEnded(position=1, signal=1),
+        ],
+    )
+    assert reasons == [
+        "wait at position 1 of run 'a-1' took signal 1 ('deny'), but it waits for 'approve'"
+    ]
+
+
+def test_a_signal_taken_twice_is_a_violation(tmp_path: Path) -> None:
+    reasons = violations(
+        tmp_path / "log.jsonl",
+        [
+            SignalSent(name="go", payload=1, id="x"),
+            WaitStarted(position=1, signal="go"),
+            WaitEnded(position=1, signal=1),
+            WaitStarted(position=2, signal="go"),
+            WaitEnded(position=2, signal=1),
+        ],
+    )
+    assert reasons == [
+        "wait at position 2 of run 'a-1' took signal 1, which the wait at position 1 took already"
+    ]
+
+
+def test_signals_of_one_name_taken_out_of_order_is_a_violation(tmp_path: Path) -> None:
+    reasons = violations(
+        tmp_path / "log.jsonl",
+        [
+            SignalSent(name="go", payload=1, id="x"),
+            SignalSent(name="go", payload=2, id="y"),
+            WaitStarted(position=1, signal="go"),
+            WaitEnded(position=1, signal=2),
+        ],
+    )
+    assert reasons == [
+        "wait at position 1 of run 'a-1' took signal 2 before signal 1 of the same name"
+        " (signals are taken in the order they were sent)"
+    ]
+
+
+def test_forged_wait_records_each_give_one_violation(tmp_path: Path) -> None:
+    cases: list[tuple[list[Change], str]] = [
+        ([WaitEnded(position=1)], "wait at position 1 of run 'a-1' ended, but it never started"),
+        (
+            [WaitStarted(position=1, signal="go"), WaitEnded(position=1)],
+            "wait at position 1 of run 'a-1' ended by time, but it waits for signal 'go' with"
+            " no timeout",
+        ),
+        (
+            [WaitStarted(position=2, wake_us=5)],
+            "a sleep of run 'a-1' started at position 2 where 1 was expected (positions go 1,"
+            " 2, 3, ..., one record each)",
+        ),
+        (
+            [WaitStarted(position=1, signal="go"), WaitEnded(position=1, signal=3)],
+            "wait at position 1 of run 'a-1' took signal 3, but the run has 0 signal(s)",
+        ),
+        (
+            [SignalSent(name="go", payload=1, id="x"), SignalSent(name="go", payload=2, id="x")],
+            "signal 'go' of run 'a-1' recorded twice (id 'x')",
+        ),
+        (
+            [RunCancelRequested(reason="no"), WaitStarted(position=1, wake_us=5)],
+            "a sleep of run 'a-1' started after the run's cancel was requested",
+        ),
+        (
+            [WaitStarted(position=1, wake_us=5), WaitEnded(position=1), WaitEnded(position=1)],
+            "wait at position 1 of run 'a-1' ended twice",
+        ),
+    ]
+    for index, (changes, reason) in enumerate(cases):
+        assert violations(tmp_path / f"log{index}.jsonl", changes) == [reason], changes
+
+
+def test_a_wait_in_a_dag_run_and_a_signal_after_the_end_are_violations(tmp_path: Path) -> None:
+    path = write_log(
+        tmp_path / "log.jsonl",
+        [RunStarted(workflow="dag"), WaitStarted(position=1, wake_us=5), RunFinished()],
+        run="d-1",
+    )
+    with RunLogWriter(path) as log:
+        log.append("d-1", SignalSent(name="go", payload={}, id="late"))
+    assert [v.reason for v in replay(FileLog(path)).violations] == [
+        "a sleep started at position 1 in run 'd-1', which did not start as a code workflow's run",
+        "record for run 'd-1' after the run finished",
+    ]
+
+
+def test_a_signal_sent_line_with_a_null_payload_is_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    write_log(path, [CODE_START], run="a-1")
+    # a valid checksum over a line that says null: the decoder still refuses it
+    line = encode_record(2, 5, "a-1", SignalSent(name="go", payload={}, id="x")).decode()
+    body = line.replace('"payload":{}', '"payload":null')
+    head = body[: body.index(',"crc"')]
+    crc = format(zlib.crc32((head + "}").encode()), "08x")  # docs/run-log.md's rule
+    with path.open("a") as out:
+        out.write(f'{head},"crc":"{crc}"}}\n')
+    [corrupt] = [item for item in read_log(path) if isinstance(item, CorruptLine)]
+    assert corrupt.line == 2
+    assert "field 'payload' of a signal_sent must be a JSON value other than null" in corrupt.reason
+
+
+def test_the_docs_wait_example_decodes_to_these_records() -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "run-log.md").read_text()
+    section = doc[doc.index("## Waits and signals") :]
+    block = section[section.index("```\n") + 4 : section.index("\n```", section.index("```\n") + 4)]
+    folder = Path(tempfile.mkdtemp())
+    (folder / "doc.jsonl").write_text(block + "\n")
+    changes = [
+        (item.seq, item.change) for item in read_log(folder / "doc.jsonl") if isinstance(item, Record)
+    ]
+    assert changes == [
+        (7, WaitStarted(position=2, wake_us=1796116966000000)),
+        (8, WaitEnded(position=2)),
+        (9, WaitStarted(position=3, signal="approve", wake_us=1796120566000000)),
+        (10, SignalSent(name="approve", payload={"by": "ana"}, id="5f0c9a1e7d3b2a44")),
+        (11, WaitEnded(position=3, signal=1)),
+    ]
+
+
+# --------------------------------------------------------------------------
+# Operators' changes, judged from the ledger alone
+# --------------------------------------------------------------------------
+
+
+def ledger_of(path: Path) -> Ledger:
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    return ledger
+
+
+def test_signal_and_cancel_are_refused_for_unknown_finished_and_dag_runs(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.jsonl", [RunStarted(workflow="dag")], run="d-1")
+    with RunLogWriter(path) as log:
+        log.append("c-1", RunStarted(workflow="done", code=True))
+        log.append("c-1", RunFinished())
+    ledger = ledger_of(path)
+    with pytest.raises(OperationRefused, match=r"no run 'x-9' in the log"):
+        signal_change(ledger, "x-9", "go")
+    with pytest.raises(OperationRefused, match=r"run 'c-1' has finished \(succeeded\)"):
+        signal_change(ledger, "c-1", "go")
+    with pytest.raises(OperationRefused, match=r"a DAG workflow's run"):
+        signal_change(ledger, "d-1", "go")
+    with pytest.raises(OperationRefused, match=r"run 'c-1' has finished"):
+        cancel_change(ledger, "c-1")
+    assert cancel_change(ledger, "d-1", "why") == RunCancelRequested(reason="why")
+    with pytest.raises(OperationRefused, match=r"control character at index 1"):
+        signal_change(ledger, "d-1", "a\x1bb")
+    with pytest.raises(OperationRefused, match=r"not a JSON value"):
+        signal_change(ledger, "d-1", "go", {"n": math.nan})
+
+
+def test_a_signal_without_a_payload_carries_an_empty_object(tmp_path: Path) -> None:
+    path = write_log(tmp_path / "log.jsonl", [CODE_START], run="a-1")
+    change = signal_change(ledger_of(path), "a-1", "approve")
+    assert change.payload == {} and change.name == "approve" and len(change.id) == 16
+
+
+def test_refusal_drops_what_was_taken_in_already(tmp_path: Path) -> None:
+    path = write_log(
+        tmp_path / "log.jsonl",
+        [CODE_START, SignalSent(name="go", payload=1, id="x"), RunCancelRequested(reason="r")],
+        run="a-1",
+    )
+    ledger = ledger_of(path)
+    assert refusal(ledger, "a-1", SignalSent(name="go", payload=1, id="x")) == (
+        "signal 'x' is recorded already"
+    )
+    assert refusal(ledger, "a-1", SignalSent(name="go", payload=1, id="y")) is None
+    assert refusal(ledger, "a-1", RunCancelRequested(reason="again")) == (
+        "the cancel of run 'a-1' is recorded already"
+    )
+    assert refusal(ledger, "zz", RunCancelRequested()) == "no run 'zz' in the log"
+
+
+# --------------------------------------------------------------------------
+# Concurrent waits, and a crash at every record
+# --------------------------------------------------------------------------
+
+
+@workflow("fan")
+async def fan(run: RunContext) -> JSON:
+    async def branch(label: str, seconds: float) -> JSON:
+        await run.sleep(seconds)
+        return await run.step("after", noted, label)
+
+    gathered: list[JSON] = list(
+        await asyncio.gather(branch("slow", 20), branch("fast", 5), run.wait_for_signal("go", 60))
+    )
+    return gathered
+
+
+def test_concurrent_waits_replay_in_their_recorded_order(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    report = drive(path, fan, "f-1", FakeTime())
+    # positions are taken at the calls: the wait's call is made while gather's
+    # arguments are built, before either branch runs, so the wait is @1, the
+    # slow sleep @2 and the fast one @3; the fast branch then calls its step first
+    assert report.result == ["slow", "fast", None]
+    assert [(r["position"], r["wake_us"]) for r in of_type(path, "wait_started")] == [
+        (1, 1_000_060_000_000), (2, 1_000_020_000_000), (3, 1_000_005_000_000),
+    ]  # fmt: skip
+    assert [r["step"] for r in of_type(path, "step_called")] == ["after@4", "after@5"]
+    assert [r["position"] for r in of_type(path, "wait_ended")] == [3, 2, 1]
+    lines = path.read_bytes().splitlines(keepends=True)
+    clean = path.read_bytes()
+    for cut in range(1, len(lines)):
+        crashed = tmp_path / f"cut{cut}.jsonl"
+        crashed.write_bytes(b"".join(lines[:cut]))
+        last = json.loads(lines[cut - 1])["type"]
+        if last == "run_finished":
+            continue
+        resumed = drive(crashed, fan, "f-1", FakeTime(START + 100), resume=True)
+        assert resumed.result == ["slow", "fast", None], cut
+        assert replay(FileLog(crashed)).valid, cut
+        # the same positions for the same steps, whatever the crash point
+        steps = [r["step"] for r in of_type(crashed, "step_called")]
+        assert steps == ["after@4", "after@5"], (cut, steps)
+    assert path.read_bytes() == clean
+
+
+class Card:
+    """A payment service that counts every charge it is asked for, by key."""
+
+    def __init__(self) -> None:
+        self.charges: dict[str, int] = {}
+
+
+def charging(card: Card) -> Workflow:
+    async def charge(ctx: StepContext, amount: int) -> JSON:
+        async def perform(key: str) -> JSON:
+            card.charges[key] = card.charges.get(key, 0) + 1
+            return {"charged": amount}
+
+        return await ctx.effect("charge", perform)
+
+    @workflow("charger")
+    async def charger(run: RunContext) -> JSON:
+        amount = await run.step("quote", noted, "40")
+        answer = await run.wait_for_signal("approve", timeout=600)
+        if answer is None:
+            return "expired"
+        if answer != {"ok": True}:
+            return "denied"
+        await run.sleep(3)  # a rate limit
+        return await run.step("charge", charge, int(str(amount)))
+
+    return charger
+
+
+def test_a_crash_at_every_record_charges_the_card_at_most_once(tmp_path: Path) -> None:
+    card = Card()
+    flow = charging(card)
+    path = tmp_path / "log.jsonl"
+
+    async def approve(executor: Executor) -> None:
+        await until_waiting(path)
+        executor.deliver("c-1", signal("approve", {"ok": True}, "s1"))
+
+    report = drive(path, flow, "c-1", FakeTime(), meanwhile=approve)
+    assert report.result == {"charged": 40}
+    assert list(card.charges.values()) == [1]
+    lines = path.read_bytes().splitlines(keepends=True)
+    for cut in range(1, len(lines)):
+        if json.loads(lines[cut - 1])["type"] == "run_finished":
+            continue
+        crashed = tmp_path / f"cut{cut}.jsonl"
+        crashed.write_bytes(b"".join(lines[:cut]))
+        again = Card()
+        kinds_before = [json.loads(line)["type"] for line in lines[:cut]]
+
+        async def approve_if_needed(executor: Executor) -> None:
+            if "signal_sent" not in kinds_before:
+                await until_waiting(crashed)
+                executor.deliver("c-1", signal("approve", {"ok": True}, "s1"))
+
+        resumed = drive(
+            crashed, charging(again), "c-1", FakeTime(START + 5), resume=True,
+            meanwhile=approve_if_needed,
+        )  # fmt: skip
+        assert replay(FileLog(crashed)).valid, cut
+        intents = [json.loads(line).get("to") for line in lines[:cut] if b'"intent"' in line]
+        if "Confirmed" in intents:
+            # the charge is known to have happened: its result is reused
+            assert again.charges == {}, cut
+            assert resumed.result == {"charged": 40}, cut
+        elif "Dispatched" in intents:
+            # the crash left the charge outstanding: never sent again
+            assert again.charges == {}, cut
+            assert resumed.status == "needs-reconciliation", cut
+        else:
+            assert list(again.charges.values()) == [1], cut
+            assert resumed.result == {"charged": 40}, cut
