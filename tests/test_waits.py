@@ -40,6 +40,7 @@ from attempt_kernel import (
     WorkflowDiverged,
     WorkflowError,
     replay,
+    resume_log,
     workflow,
 )
 from attempt_kernel._codec import encode_record
@@ -766,3 +767,42 @@ def test_a_crash_at_every_record_charges_the_card_at_most_once(tmp_path: Path) -
         else:
             assert list(again.charges.values()) == [1], cut
             assert resumed.result == {"charged": 40}, cut
+
+
+# --------------------------------------------------------------------------
+# Recovery and stops of waiting runs
+# --------------------------------------------------------------------------
+
+
+def test_recovery_closes_a_waiting_run_whose_cancel_was_decided(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    drive(path, approver, "a-1", FakeTime(hold=True), let_go_after=1.0)  # waits, let go
+    with RunLogWriter(path) as log:
+        log.append("a-1", RunCancelRequested(reason="the customer left"))
+    resumed = resume_log(path, [approver])
+    assert resumed.reports == ()  # nothing to run again: recovery closed it
+    assert kinds(path)[-2:] == ["run_cancel_requested", "run_finished"]
+    assert ledger_of(path).runs["a-1"].standing() == "cancelled"
+    assert replay(FileLog(path)).valid
+
+
+def test_a_stop_during_a_sleep_leaves_it_to_resume_with_the_remainder(tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    time = FakeTime(hold=True)
+
+    async def main() -> RunReport:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(log, clock=time.clock, sleep=time.sleep)
+            task = asyncio.ensure_future(executor.run(napper, "n-1"))
+            await until_waiting(path)
+            executor.stop("SIGTERM")
+            return await task
+
+    report = asyncio.run(main())
+    assert report.status == "interrupted"
+    assert kinds(path)[-2:] == ["wait_started", "run_stop_requested"]
+    assert ledger_of(path).runs["n-1"].standing() == "waiting"
+    later = FakeTime(START + 25)
+    report = drive(path, napper, "n-1", later, resume=True)
+    assert report.result == ["a", "b"] and later.slept == [5.0]
+    assert replay(FileLog(path)).valid

@@ -165,7 +165,7 @@ def recover(
     todo = [
         view
         for view in ledger.runs.values()
-        if view.standing() == "interrupted"
+        if view.standing() in ("interrupted", "waiting")
         and (only_runs is None or view.run in only_runs)
         and view.run not in skip_runs
     ]
