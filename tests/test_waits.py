@@ -806,3 +806,41 @@ def test_a_stop_during_a_sleep_leaves_it_to_resume_with_the_remainder(tmp_path: 
     report = drive(path, napper, "n-1", later, resume=True)
     assert report.result == ["a", "b"] and later.slept == [5.0]
     assert replay(FileLog(path)).valid
+
+
+def test_a_sleep_past_the_year_9999_is_recorded_and_its_progress_line_still_prints(
+    tmp_path: Path,
+) -> None:
+    @workflow("long-nap")
+    async def long_nap(run: RunContext) -> JSON:
+        await run.sleep(1e300)
+        return "woke"
+
+    lines: list[str] = []
+
+    async def main() -> RunReport:
+        with RunLogWriter(tmp_path / "log.jsonl", create=True) as log:
+            time = FakeTime(hold=True)
+            executor = Executor(log, clock=time.clock, sleep=time.sleep, progress=lines.append)
+            task = asyncio.ensure_future(executor.run(long_nap, "l-1"))
+            await until_waiting(tmp_path / "log.jsonl")
+            executor.stop("test")
+            return await task
+
+    assert asyncio.run(main()).status == "interrupted"
+    [started] = of_type(tmp_path / "log.jsonl", "wait_started")
+    assert started["wake_us"] == 1_000_000_000_000 + round(1e300 * 1_000_000)
+    assert [line for line in lines if "sleeping" in line] == [
+        f"l-1 @1: sleeping until time_us {1_000_000_000_000 + round(1e300 * 1_000_000)}"
+    ]
+
+
+def test_progress_lines_say_what_a_run_waits_for() -> None:
+    from attempt_kernel._executor import wait_line
+
+    assert wait_line("a-1", WaitStarted(position=2, signal="approve", wake_us=1_796_120_566_000_000)) == (
+        "a-1 @2: waiting for signal 'approve' until 2026-12-01T10:22:46.000Z"  # date -u -d @1796120566
+    )
+    assert wait_line("a-1", WaitStarted(position=3, signal="go")) == "a-1 @3: waiting for signal 'go'"
+    assert wait_line("a-1", WaitEnded(position=3, signal=4)) == "a-1 @3: wait ended (took signal 4)"
+    assert wait_line("a-1", WaitEnded(position=2)) == "a-1 @2: wait ended (its wake time came)"

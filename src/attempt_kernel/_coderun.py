@@ -517,7 +517,8 @@ class CodeRun:
                         return
                     number = None if taken is None else taken.number
                     self._write(WaitEnded(position=position, signal=number))
-                    future.set_result(None if taken is None else taken.payload)
+                    # as the log gives it back, so a resumed run sees the same value
+                    future.set_result(None if taken is None else as_logged(taken.payload))
                     return
                 news = self._news
                 timer = None if wake is None else asyncio.ensure_future(self._sleep((wake - now) / 1e6))

@@ -1106,7 +1106,7 @@ class Executor:
             if type(change) is StepCalled:
                 return
             if self._progress is not None:
-                self._progress(_wait_line(run, change))
+                self._progress(wait_line(run, change))
             if self._on_wait is not None and isinstance(change, WaitStarted):
                 self._on_wait(run, change)
 
@@ -1273,12 +1273,15 @@ class Executor:
 
 
 def _utc(time_us: int) -> str:
-    return datetime.datetime.fromtimestamp(time_us / 1e6, datetime.timezone.utc).strftime(
-        "%Y-%m-%dT%H:%M:%S.%fZ"
-    )[:-4] + "Z"
+    """A record's time as ISO 8601 UTC to the millisecond (``time_us`` itself past year 9999)."""
+    try:
+        moment = datetime.datetime.fromtimestamp(time_us / 1e6, datetime.timezone.utc)
+    except (OverflowError, ValueError, OSError):
+        return f"time_us {time_us}"
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def _wait_line(run: str, change: WaitStarted | WaitEnded) -> str:
+def wait_line(run: str, change: WaitStarted | WaitEnded) -> str:
     """The progress line of a wait's start or end."""
     at = f"{run} @{change.position}"
     if isinstance(change, WaitEnded):
