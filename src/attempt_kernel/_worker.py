@@ -34,6 +34,13 @@ Theory of operation:
   the slots of the runs it took, after recovery ended their orphans. A
   worker refuses to start when a step names a pool the journal lacks
   (`PoolMissing`).
+- A run that only waits is let go by its executor (`LET_GO_AFTER`) and
+  released with its wake time in ``runs.wake_at`` (see `_RELEASE_WAITING`):
+  it holds no lease and no slot until a claim finds it due, or an
+  operator's change (`_pgdeliver`) clears the wake time. While a worker
+  drives runs it takes in the operators' changes the ``inbox`` holds for
+  them (`INBOX_POLL`), through each run's executor; on a claim, those
+  already waiting are recorded before the run's recovery.
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
