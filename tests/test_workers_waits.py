@@ -10,6 +10,7 @@ to happen, and no test judges how long anything took.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,9 +26,9 @@ import pytest
 from pgtools import sql_in
 from psycopg import sql
 
-from attempt_kernel import Record, RunFinished, SignalSent, replay
+from attempt_kernel import Record, RunFinished, RunStarted, SignalSent, replay
 from attempt_kernel._ledger import Ledger
-from attempt_kernel._operate import cancel_change, reconcile_change, signal_change
+from attempt_kernel._operate import OperationRefused, cancel_change, reconcile_change, signal_change
 from attempt_kernel._pgdeliver import deliver_pg
 from attempt_kernel._pgjournal import PgJournal
 from attempt_kernel._records import JSON, RunResumed, WaitStarted
@@ -360,3 +361,45 @@ def test_a_release_that_waits_for_a_delivery_lock_sees_its_inbox_row(pg_url: str
     releaser.join(timeout=30)
     assert done.is_set()
     assert sql_in(pg_url, schema, "SELECT owner, wake_at FROM {s}.runs") == [(None, None)]
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+
+
+def test_runs_and_show_say_waiting_for_a_released_run(db: str, tmp_path: Path) -> None:
+    """Released, nobody holds it: the journal says it waits, and the commands say so too."""
+    set_pool(db, "llm", 4)
+    submit_run(db, "approver", "s-1")
+    code, out = finish(worker(db, "attempt_kernel", tmp_path, UNTIL_IDLE="1"))
+    assert code == 0, out
+    listed = cli(tmp_path, "runs", db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["run"], r["status"]) for r in json.loads(listed.stdout)["runs"]] == [("s-1", "waiting")]
+    shown = cli(tmp_path, "show", db, "s-1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "waiting"
+
+
+@pytest.mark.parametrize(
+    ("finished", "run", "refused"),
+    [
+        (True, "f-1", r"signal 'approve' to run 'f-1': run 'f-1' has finished \(succeeded\); nothing was written"),
+        (False, "nobody", r"signal 'approve' to run 'nobody': no run 'nobody' in the log"),
+    ],
+)
+def test_a_delivery_to_a_finished_or_unknown_run_is_refused_writing_nothing(
+    pg_url: str, schema: str, finished: bool, run: str, refused: str
+) -> None:
+    with PgJournal(pg_url, schema=schema) as journal:
+        journal.append("f-1", RunStarted(workflow="approver", input=None, code=True))
+        if finished:
+            journal.append("f-1", RunFinished(result="done"))
+    before = records(pg_url, schema)
+    with pytest.raises(OperationRefused, match=refused):
+        signal_to(pg_url, schema, run, "late")
+    assert records(pg_url, schema) == before
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
