@@ -664,6 +664,15 @@ class PgJournal:
         """
         self._next[run] = 1
 
+    def forget(self, run: str) -> None:
+        """Forget ``run``'s next number, so that its next append asks the database.
+
+        For a writer that lets a run go (a worker releasing a waiting run):
+        others may write it meanwhile, and a long-lived journal should not
+        keep one number per run it ever released.
+        """
+        self._next.pop(run, None)
+
     # ------------------------------------------------------------ appending
 
     def _now(self) -> int:

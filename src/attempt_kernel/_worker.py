@@ -344,6 +344,9 @@ class _WorkerJournal:
     def read_run(self, run: str) -> Iterator[LogItem]:
         return self._journal.read_run(run)
 
+    def forget(self, run: str) -> None:
+        self._journal.forget(run)
+
     def append(self, run: str, change: Change) -> int:
         if commits_synchronously(change) and not may_dispatch(self._live()):
             heart = self._heart
@@ -822,6 +825,7 @@ class Worker:
                 _statement(_RELEASE_WAITING, schema),
                 {"now": now, "run": run, "wake": wake, "owner": lease.owner, "fence": lease.fence},
             )
+        journal.forget(run)  # operators may write it now; whoever claims it reads it first
         if now:
             return "claimable now"
         if wake is None:
