@@ -26,6 +26,14 @@ numbers (``head.per_run_after`` is the last of them); they are checked
 as they were written, and a run that spans the upgrade continues from its
 last number.
 
+Runs that wait (schema version 5): a worker releases a run that only
+waits, setting its row's ``wake_at`` to the earliest wake time of its
+waits ('infinity' when only a signal wakes it; NULL means claimable now),
+and an operator's change to a run that a live worker holds goes to the
+``inbox`` table (one checksummed record line per row) for that worker to
+take in. Delivering (`_pgdeliver`) and taking in (`_worker`) live
+elsewhere; here are only the tables.
+
 Durability (spec §10): a ``Dispatched`` intent change commits with
 ``synchronous_commit = on`` before `PgJournal.append` returns (the
 write-ahead rule); every other append commits asynchronously, which
@@ -72,7 +80,7 @@ from ._records import (
     WaitStarted,
 )
 
-PG_SCHEMA_VERSION: Final = 4
+PG_SCHEMA_VERSION: Final = 5
 """The newest version of the journal's tables this library knows; it refuses a newer one."""
 
 DEFAULT_SCHEMA: Final = "attempt_kernel"
@@ -258,6 +266,29 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE UNIQUE INDEX records_order ON {s}.records (pos)",
             "ALTER TABLE {s}.head ADD COLUMN per_run_after bigint NOT NULL DEFAULT 0",
             "UPDATE {s}.head SET per_run_after = last_seq",
+        ),
+    ),
+    (
+        5,
+        (
+            # Runs that wait (module doc): an operator's change to a run a live
+            # worker holds waits here, as the line the journal would hold,
+            # until that worker takes it in (and deletes the row).
+            "CREATE TABLE {s}.inbox ("
+            " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+            " run text NOT NULL,"
+            " line bytea NOT NULL,"
+            " sent_at timestamptz NOT NULL DEFAULT now())",
+            "CREATE INDEX inbox_run ON {s}.inbox (run, id)",
+            # NULL: claimable now; a released waiting run: its earliest wake
+            # time, or 'infinity' when only a signal wakes it.
+            "ALTER TABLE {s}.runs ADD COLUMN wake_at timestamptz",
+            # The claim scans runs in the order they became claimable (queued
+            # or signalled: submitted_at; a sleep: its wake time) and stops at
+            # now(): runs waiting for a later time are never read.
+            "DROP INDEX {s}.runs_open",
+            "CREATE INDEX runs_ready ON {s}.runs ((coalesce(wake_at, submitted_at)), run)"
+            " WHERE NOT done",
         ),
     ),
 )
@@ -530,6 +561,16 @@ class PgJournal:
         yield from self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
         self._next[run] = numbering.last.get(run, 0) + 1
 
+    def read_run_in(self, conn: psycopg.Connection[TupleRow], run: str) -> Iterator[LogItem]:
+        """`read_run` on the caller's ``conn`` (inside its transaction, after its locks).
+
+        For a caller that must read a run in the same transaction as it
+        writes it (`_pgdeliver` locks the run's row first); this journal's
+        own numbering of the run is left as it was.
+        """
+        numbering = _Numbering(self._per_run_after, journal=False)
+        return self._rows(conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
+
     def read(self) -> Iterator[LogItem]:
         """Yield every record of the journal in ``pos`` order (a `Record` or `CorruptLine`).
 
@@ -622,6 +663,15 @@ class PgJournal:
         ``(run, seq)`` key, never write a second seq 1.
         """
         self._next[run] = 1
+
+    def forget(self, run: str) -> None:
+        """Forget ``run``'s next number, so that its next append asks the database.
+
+        For a writer that lets a run go (a worker releasing a waiting run):
+        others may write it meanwhile, and a long-lived journal should not
+        keep one number per run it ever released.
+        """
+        self._next.pop(run, None)
 
     # ------------------------------------------------------------ appending
 

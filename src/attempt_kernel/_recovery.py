@@ -149,7 +149,9 @@ def recover(
     cancel was decided, and returns the rest to resume: unfinished runs, and
     runs that ended needing reconciliation and were reconciled since.
     ``source`` names the journal in error messages. ``only_runs``, if given,
-    limits recovery to those runs (a worker taking one run over, spec §10);
+    limits recovery to those runs (a worker taking one run over, spec §10),
+    and takes up those of them that wait too (a worker claiming a released
+    waiting run: handed back, or closed when its cancel was decided);
     ``skip_runs`` leaves those alone (runs a live worker drives); the whole
     journal must still obey the kernel.
     """
@@ -162,10 +164,16 @@ def recover(
             " recovery resumes only a log that obeys the kernel"
             " (see `attempt-kernel replay`)"
         )
+    # A waiting run is taken up only when named in ``only_runs`` (a worker
+    # that claimed it again): it is handed back, or closed if its cancel was
+    # decided meanwhile. Elsewhere it waits, and nothing resumes it.
     todo = [
         view
         for view in ledger.runs.values()
-        if view.standing() in ("interrupted", "waiting")
+        if (
+            view.standing() == "interrupted"
+            or (view.standing() == "waiting" and only_runs is not None)
+        )
         and (only_runs is None or view.run in only_runs)
         and view.run not in skip_runs
     ]

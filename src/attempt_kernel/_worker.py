@@ -34,6 +34,13 @@ Theory of operation:
   the slots of the runs it took, after recovery ended their orphans. A
   worker refuses to start when a step names a pool the journal lacks
   (`PoolMissing`).
+- A run that only waits is let go by its executor (`LET_GO_AFTER`) and
+  released with its wake time in ``runs.wake_at`` (see `_RELEASE_WAITING`):
+  it holds no lease and no slot until a claim finds it due, or an
+  operator's change (`_pgdeliver`) clears the wake time. While a worker
+  drives runs it takes in the operators' changes the ``inbox`` holds for
+  them (`INBOX_POLL`), through each run's executor; on a claim, those
+  already waiting are recorded before the run's recovery.
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
@@ -43,6 +50,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import datetime
 import functools
 import json
 import os
@@ -73,6 +81,9 @@ from ._pgjournal import (
     commits_synchronously,
     connect,
 )
+from ._ledger import Ledger
+from ._operate import refusal
+from ._pgdeliver import inbox_change
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
 from ._records import JSON, Change, LogItem, RunFinished, RunStarted
 from ._recovery import Recovery, recover
@@ -123,16 +134,19 @@ _FIND_DEAD: Final[LiteralString] = (
     " RETURNING id"
 )
 # The fenced claim: owner and fence must still be the ones read (spec §10).
+# Only a run claimable now: queued, signalled, or its wake time come (the
+# runs_ready index is in this order and ends the scan at now()).
 _CLAIM: Final[LiteralString] = (
-    "UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1"
+    "UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1, wake_at = NULL"
     " FROM (SELECT run, owner, fence FROM {s}.runs"
-    "  WHERE NOT done AND workflow = ANY(%(names)s)"
+    "  WHERE NOT done AND coalesce(wake_at, submitted_at) <= now() AND workflow = ANY(%(names)s)"
     "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))"
-    "  ORDER BY submitted_at, run LIMIT 1 FOR UPDATE SKIP LOCKED) AS old"
+    "  ORDER BY coalesce(wake_at, submitted_at), run LIMIT 1 FOR UPDATE SKIP LOCKED) AS old"
     " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
     " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
     " RETURNING r.run, r.fence, r.workflow, r.input, old.owner,"
-    " EXISTS (SELECT 1 FROM {s}.records WHERE run = r.run) AS written"
+    " EXISTS (SELECT 1 FROM {s}.records WHERE run = r.run) AS written,"
+    " EXISTS (SELECT 1 FROM {s}.inbox WHERE run = r.run) AS mail"
 )
 # Closing or releasing a run commits synchronously: it makes the run's
 # records durable (see _WorkerJournal.flush).
@@ -145,9 +159,42 @@ _RELEASE: Final[LiteralString] = (
     "UPDATE {s}.runs SET owner = NULL WHERE run = %s AND owner = %s AND fence = %s"
     " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
 )
+# Releasing a run that waits: the row is locked first, in a statement of its
+# own, so that the release's look at the inbox (a new snapshot in READ
+# COMMITTED) sees whatever a `deliver_pg` that held the lock put there. In
+# one statement, a release that waited for that lock would still read the
+# inbox as it was before, and the run would sleep on an operator's change.
+_LOCK_HELD: Final[LiteralString] = (
+    "SELECT 1 FROM {s}.runs WHERE run = %s AND owner = %s AND fence = %s FOR UPDATE"
+)
+_RELEASE_WAITING: Final[LiteralString] = (
+    "UPDATE {s}.runs SET owner = NULL, wake_at = CASE"
+    " WHEN %(now)s OR EXISTS (SELECT 1 FROM {s}.inbox WHERE run = %(run)s) THEN NULL"
+    " ELSE coalesce(to_timestamp(%(wake)s::bigint / 1000000.0), 'infinity') END"
+    " WHERE run = %(run)s AND owner = %(owner)s AND fence = %(fence)s"
+    " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
+)
+# Work for a worker that stops when idle: a run claimable now, or one held
+# (by a live worker, or a dead one's to take over); a released run whose
+# wake time is still to come is not work to wait for.
 _OPEN_RUNS: Final[LiteralString] = (
     "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%s)"
+    " AND (owner IS NOT NULL OR coalesce(wake_at, submitted_at) <= now())"
 )
+# The inbox of the runs a worker drives (one query for all of them), and the
+# rows it took in.
+_INBOX_OF: Final[LiteralString] = (
+    "SELECT id, run, line FROM {s}.inbox WHERE run = ANY(%s) ORDER BY id"
+)
+_INBOX_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = ANY(%s)"
+
+LET_GO_AFTER: Final = 1.0
+"""Seconds a run's every branch must wait, with no wake time sooner, before its
+worker lets go of it (releases its row with its wake time): a shorter wait is
+waited in the worker, holding the run."""
+
+INBOX_POLL: Final = 0.5
+"""Seconds between a worker's looks at the inbox of the runs it drives."""
 
 
 @functools.lru_cache(maxsize=64)
@@ -293,6 +340,12 @@ class _WorkerJournal:
 
     def read(self) -> Iterator[LogItem]:
         return self._journal.read()
+
+    def read_run(self, run: str) -> Iterator[LogItem]:
+        return self._journal.read_run(run)
+
+    def forget(self, run: str) -> None:
+        self._journal.forget(run)
 
     def append(self, run: str, change: Change) -> int:
         if commits_synchronously(change) and not may_dispatch(self._live()):
@@ -440,6 +493,8 @@ class _Claim:
     """The owner it was taken from (a dead worker), or None for a queued run."""
     written: bool
     """Whether the journal held records of the run when it was claimed (else nothing to recover)."""
+    mail: bool
+    """Whether operators' changes for the run waited in the inbox when it was claimed."""
 
 
 @final
@@ -488,6 +543,8 @@ class Worker:
         self._grace: Final = grace
         self._leases: Final[dict[str, Lease]] = {}
         self._executors: Final[set[Executor]] = set()
+        self._driving: Final[dict[str, Executor]] = {}
+        """Each run whose executor drives it now (the inbox is taken in through it)."""
         self._pools: SlotAdmission | None = None
         self._stop_reason: str | None = None
         self._heart: _Heart | None = None
@@ -546,7 +603,7 @@ class Worker:
         ).fetchone()
         if row is None:
             return None
-        run, fence, workflow, text, previous, written = row
+        run, fence, workflow, text, previous, written, mail = row
         if (
             type(run) is not str
             or type(fence) is not int
@@ -554,12 +611,14 @@ class Worker:
             or type(text) is not str
             or not (previous is None or type(previous) is str)
             or type(written) is not bool
+            or type(mail) is not bool
         ):
             raise PgJournalError(f"the runs table answered {row!r} for a claim")
         value: JSON = json.loads(text)
         return _Claim(
-            run=run, fence=fence, workflow=workflow, input=value, previous=previous, written=written
-        )
+            run=run, fence=fence, workflow=workflow, input=value, previous=previous,
+            written=written, mail=mail,
+        )  # fmt: skip
 
     def _idle(self, conn: psycopg.Connection[tuple[object, ...]]) -> bool:
         row = conn.execute(
@@ -590,7 +649,7 @@ class Worker:
             # A run with no record has nothing to recover and holds no slot
             # (a slot is taken after its attempt's first record).
             if claim.written:
-                recovery = await asyncio.to_thread(self._recover, run)
+                recovery = await asyncio.to_thread(self._recover, run, claim.mail)
                 prior = next((r.steps for r in recovery.runs if r.run == run), None)
                 for orphan in recovery.orphans:
                     self._say(
@@ -610,8 +669,10 @@ class Worker:
                 admission_limit=self._admission_limit,
                 progress=self._progress,
                 pools=self._pools,
+                let_go_after=LET_GO_AFTER,
             )
             self._executors.add(executor)
+            self._driving[run] = executor
             if self._stop_reason is not None:
                 executor.stop(self._stop_reason, grace=self._grace)
             report = await executor.run(workflow, run, prior=prior, input=claim.input)
@@ -619,6 +680,11 @@ class Worker:
             if report.status == "interrupted":  # stopped: back to the queue, for another worker
                 conn.execute(_statement(_RELEASE, schema), (run, lease.owner, lease.fence))
                 self._say(f"{run}: stopped and released")
+                return False
+            if report.status == "waiting":  # let go: released until its wake time or a change
+                del self._driving[run]  # what comes for it now waits in the inbox
+                wake = self._release_waiting(journal, conn, run, lease)
+                self._say(f"{run}: waiting, released ({wake})")
                 return False
             if view.end:  # the run's end and the row's close: one statement (see `_OneRun`)
                 journal.append_and_complete(run, view.end, outcome=report.status)
@@ -644,20 +710,127 @@ class Worker:
         finally:
             if executor is not None:
                 self._executors.discard(executor)
+            self._driving.pop(run, None)
             self._leases.pop(run, None)
         self._say(f"{run}: {report.status}")
         return True
 
-    def _recover(self, run: str) -> Recovery:
+    def _recover(self, run: str, mail: bool) -> Recovery:
         """`recover` limited to ``run``, on a journal of its own (this runs in a thread:
-        reconcilers need an event loop, and a connection serves one thread)."""
+        reconcilers need an event loop, and a connection serves one thread).
+
+        With ``mail``, the operators' changes waiting in the inbox for the run
+        are taken in first (so that a cancel sent while the run was released
+        closes it here), and their rows deleted once they are recorded.
+        """
         with PgJournal(self._url, schema=self._schema, leases=self._leases) as journal:
+            if mail:
+                with connect(self._url) as inbox:
+                    self._take_in_at_claim(journal, inbox, run)
             return recover(
                 _OneRun(journal, journal, run),
                 self._workflows,
                 source=f"journal {self._schema!r}",
                 only_runs=frozenset({run}),
             )
+
+    def _take_in_at_claim(
+        self, journal: PgJournal, inbox: psycopg.Connection[tuple[object, ...]], run: str
+    ) -> None:
+        rows = inbox.execute(_statement(_INBOX_OF, self._schema), ([run],)).fetchall()
+        ledger = Ledger()
+        ledger.feed(journal.read_run(run))
+        taken: list[int] = []
+        for number, _, line in rows:
+            assert type(number) is int and type(line) is bytes
+            change = inbox_change(line)
+            why = change if isinstance(change, str) else refusal(ledger, run, change)
+            if why is None and not isinstance(change, str):
+                journal.append(run, change)
+                ledger.apply_change(run, change)
+                self._say(f"{run}: took in {type(change).__name__} from the inbox")
+            else:
+                self._say(f"{run}: dropped an inbox entry: {why}")
+            taken.append(number)
+        journal.flush()
+        if taken:
+            inbox.execute(_statement(_INBOX_TAKEN, self._schema), (taken,))
+
+    def _take_in(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        """Hand what waits in the inbox for the runs this worker drives to their executors.
+
+        One query for all of them; rows are deleted after their changes were
+        recorded (or refused), so a crash in between takes them in again, and
+        the executor's `refusal` drops what was recorded already. A row of a
+        run whose append fails stays for the run's next holder.
+        """
+        driving = self._driving
+        if not driving:
+            return
+        rows = conn.execute(_statement(_INBOX_OF, self._schema), (list(driving),)).fetchall()
+        taken: list[int] = []
+        for number, run, line in rows:
+            assert type(number) is int and type(run) is str and type(line) is bytes
+            executor = driving.get(run)
+            if executor is None:
+                continue
+            change = inbox_change(line)
+            if isinstance(change, str):
+                self._say(f"{run}: dropped an inbox entry: {change}")
+                taken.append(number)
+                continue
+            try:
+                why = executor.deliver(run, change)
+            except (PgJournalError, HeartbeatLate) as error:
+                self._say(f"{run}: an inbox entry waits for the run's next holder: {error}")
+                continue
+            if why is None:
+                self._say(f"{run}: took in {type(change).__name__} from the inbox")
+            else:
+                self._say(f"{run}: dropped an inbox entry: {why}")
+            taken.append(number)
+        if taken:
+            conn.execute(_statement(_INBOX_TAKEN, self._schema), (taken,))
+
+    def _release_waiting(
+        self,
+        journal: _WorkerJournal,
+        conn: psycopg.Connection[tuple[object, ...]],
+        run: str,
+        lease: Lease,
+    ) -> str:
+        """Release a run its executor let go of while it waits; say until when.
+
+        Its wake is read from the journal: now when a signal one of its
+        waits takes is recorded already or its cancel is decided (both can
+        be taken in while the executor lets go), else its earliest wake
+        time, else never ('infinity': only a signal wakes it). An operator's
+        change that came meanwhile is in the inbox: the run is claimable
+        now then (see `_LOCK_HELD`).
+        """
+        ledger = Ledger()
+        ledger.feed(journal.read_run(run))
+        view = ledger.runs.get(run)
+        waits = [] if view is None else view.open_waits()
+        now = view is None or view.cancel_requested or not waits or any(
+            w.signal is not None and view.untaken(w.signal) is not None for w in waits
+        )
+        wakes = [w.wake_us for w in waits if w.wake_us is not None]
+        wake = min(wakes) if wakes else None
+        schema = self._schema
+        with conn.transaction():
+            if conn.execute(_statement(_LOCK_HELD, schema), (run, lease.owner, lease.fence)).fetchone() is None:
+                raise LeaseLost(run, lease)
+            conn.execute(
+                _statement(_RELEASE_WAITING, schema),
+                {"now": now, "run": run, "wake": wake, "owner": lease.owner, "fence": lease.fence},
+            )
+        journal.forget(run)  # operators may write it now; whoever claims it reads it first
+        if now:
+            return "claimable now"
+        if wake is None:
+            return "until a signal"
+        return "until " + datetime.datetime.fromtimestamp(wake / 1e6, datetime.timezone.utc).isoformat()
 
     # ------------------------------------------------------------ the loop
 
@@ -704,8 +877,9 @@ class Worker:
             journal = _WorkerJournal(pg, self._verdict, heart, self._dead_after)
             for number in signals:
                 loop.add_signal_handler(number, self.stop, signal.Signals(number).name)
-            poll = self._heartbeat / 2
+            poll = min(self._heartbeat / 2, INBOX_POLL)
             swept = -poll
+            looked = -poll
             while self._stop_reason is None:
                 verdict = self._verdict()
                 if verdict is LeaseVerdict.EXPIRED:
@@ -721,6 +895,9 @@ class Worker:
                             break
                         task = asyncio.ensure_future(self._drive(journal, conn, claim))
                         tasks[task] = claim.run
+                if self._driving and time.monotonic() - looked >= INBOX_POLL:
+                    looked = time.monotonic()
+                    self._take_in(conn)
                 if not tasks and self._stop_when_idle and self._idle(conn):
                     break
                 if tasks:

@@ -1,0 +1,151 @@
+"""An operator's change delivered to a run in a PostgreSQL journal: signal, cancel, reconcile.
+
+Owns the transaction that delivers a change (`deliver_pg`) and the form of
+an ``inbox`` row (`inbox_change`); it decides nothing itself (`_operate`
+builds the change from a ledger and says why one is refused) and drives no
+run (a worker takes its inbox in, `_worker`).
+
+Theory of operation:
+
+- An operator holds no lease. `deliver_pg` locks the run's ``runs`` row
+  (``FOR UPDATE``), and only then reads the run's records and builds the
+  change, all in one transaction: a worker's fenced appends take the same
+  row ``FOR SHARE`` and its release takes it ``FOR UPDATE``, so the records
+  read are the run's last ones and the row says truly who holds the run.
+- A run a live worker holds (an owner not found dead, the row not done):
+  the change goes to the ``inbox`` as the line the journal would hold;
+  that worker takes it in within about a second, through its executor,
+  and deletes the row after (a crash between: the next holder's
+  `refusal` drops what was taken in already). ``recorded`` is False.
+- Any other run: the record is appended with the run's next number, read
+  after the lock, and ``wake_at`` is cleared so that a free worker claims
+  the run (a signal wakes it, a cancel closes it). A reconciliation that
+  leaves a run that ended needing reconciliation with nothing outstanding
+  reopens its row (``done = false``), so a worker resumes it. A run with no
+  row (started by ``attempt-kernel run URL``, not submitted) is written
+  directly. ``recorded`` is True.
+- The transaction commits synchronously: the change is durable when
+  `deliver_pg` returns, in the journal or in the inbox.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import psycopg
+from psycopg import sql
+from typing_extensions import LiteralString
+
+from ._codec import decode_line, encode_record
+from ._ledger import Ledger
+from ._operate import Build, Delivered, Delivery, OperationRefused
+from ._pgjournal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect
+from ._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent
+
+# {s} is the schema.
+_LOCK: Final[LiteralString] = (
+    "SELECT r.done, r.owner IS NOT NULL AND NOT r.done AND EXISTS"
+    " (SELECT 1 FROM {s}.workers w WHERE w.id = r.owner AND NOT w.dead)"
+    " FROM {s}.runs r WHERE r.run = %s FOR UPDATE OF r"
+)
+_NEXT_SEQ: Final[LiteralString] = "SELECT coalesce(max(seq), 0) + 1 FROM {s}.records WHERE run = %s"
+_DB_NOW_US: Final[LiteralString] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+_TO_INBOX: Final[LiteralString] = "INSERT INTO {s}.inbox (run, line) VALUES (%s, %s)"
+_APPEND: Final[LiteralString] = "INSERT INTO {s}.records (run, seq, line) VALUES (%s, %s, %s)"
+_WAKE: Final[LiteralString] = "UPDATE {s}.runs SET wake_at = NULL WHERE run = %s"
+_REOPEN: Final[LiteralString] = (
+    "UPDATE {s}.runs SET done = false, outcome = NULL, finished_at = NULL, owner = NULL,"
+    " wake_at = NULL WHERE run = %s"
+)
+
+
+def _q(text: LiteralString, schema: str) -> sql.Composed:
+    return sql.SQL(text).format(s=sql.Identifier(schema))
+
+
+def deliver_pg(
+    url: str, build: Build, *, run: str | None = None, schema: str = DEFAULT_SCHEMA
+) -> Delivered:
+    """Deliver the change ``build`` makes to the journal at ``url`` (see the module doc).
+
+    ``run``: the run the change is for, when the caller knows it (a signal,
+    a cancel): only its records are read. None (a reconciliation by key):
+    the whole journal is read to find the run, and the change is built
+    again from the run's records once its row is locked.
+
+    Returns `Delivered`, durable: ``recorded`` True when the record is in
+    the journal, False when it waits in the inbox of the live worker that
+    holds the run. Raises `OperationRefused` (nothing written) when the
+    change does not apply (an unknown or finished run, a duplicate, an
+    intent not outstanding, a journal that breaks the kernel's rules), and
+    `PgJournalError` when the database fails (nothing written).
+    """
+    with PgJournal(url, schema=schema) as journal:  # connects (naming the host) and migrates
+        target = run
+        if target is None:
+            whole = Ledger()
+            whole.feed(journal.read())
+            _refuse_violations(whole)
+            target, _ = build(whole)
+        try:
+            with connect(url) as conn, conn.transaction():
+                conn.execute("SELECT set_config('synchronous_commit', 'on', true)")
+                row = conn.execute(_q(_LOCK, schema), (target,)).fetchone()
+                ledger = Ledger()
+                ledger.feed(journal.read_run_in(conn, target))
+                _refuse_violations(ledger)
+                built, change = build(ledger)
+                if built != target:
+                    raise OperationRefused(
+                        f"the change was built for run {built!r}, not {target!r}; nothing was written"
+                    )
+                seq = _one_int(conn.execute(_q(_NEXT_SEQ, schema), (target,)).fetchone())
+                now = _one_int(conn.execute(_DB_NOW_US).fetchone())
+                line = encode_record(seq, now, target, change)
+                if row is not None and row[1] is True:
+                    conn.execute(_q(_TO_INBOX, schema), (target, line))
+                    return Delivered(run=target, change=change, recorded=False)
+                conn.execute(_q(_APPEND, schema), (target, seq, line))
+                if row is not None:
+                    was_done = row[0] is True
+                    ledger.apply_change(target, change)
+                    view = ledger.runs[target]
+                    # A reconciled run that ended needing reconciliation: a worker resumes it.
+                    reopen = was_done and view.finished and view.standing() == "interrupted"
+                    conn.execute(_q(_REOPEN if reopen else _WAKE, schema), (target,))
+                return Delivered(run=target, change=change, recorded=True)
+        except psycopg.Error as error:
+            reason = "; ".join(p.strip() for p in str(error).splitlines() if p.strip())
+            raise PgJournalError(
+                f"delivering a change to run {target!r} failed: {reason or type(error).__name__}"
+                f" (if the commit failed, whether it was written is unknown: `attempt-kernel show`"
+                " tells)"
+            ) from error
+
+
+def _refuse_violations(ledger: Ledger) -> None:
+    if ledger.violation_count:
+        first = ledger.violations[0]
+        raise OperationRefused(
+            f"the journal breaks the kernel's rules (line {first.line}: {first.reason});"
+            " nothing was written (see `attempt-kernel replay`)"
+        )
+
+
+def _one_int(row: tuple[object, ...] | None) -> int:
+    value = None if row is None else row[0]
+    if type(value) is not int:
+        raise PgJournalError(f"the database answered {value!r} where a number was expected")
+    return value
+
+
+def inbox_change(line: bytes) -> Delivery | str:
+    """The change an ``inbox`` row holds, or why the row holds none (to drop it)."""
+    item = decode_line(line, 1)
+    if isinstance(item, CorruptLine):
+        return f"an inbox row is unreadable: {item.reason}"
+    assert isinstance(item, Record)
+    change = item.change
+    if isinstance(change, (SignalSent, RunCancelRequested, IntentReconciled)):
+        return change
+    return f"an inbox row holds a {type(change).__name__}, which no operator delivers"

@@ -1,0 +1,405 @@
+"""Runs that wait, on PostgreSQL workers: released with their wake time, woken by operators.
+
+Against the session's real server, each test in a schema of its own (the
+command-line test in a database of its own). Workers are subprocesses
+(``workerflows.waits``, heartbeat 0.2 s, dead after 0.8 s), stopped with
+SIGTERM or killed with SIGKILL. Operators act through `deliver_pg`, with
+no lease. Timeouts are safety nets only: every wait polls for something
+to happen, and no test judges how long anything took.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+from pgtools import sql_in
+from psycopg import sql
+
+from attempt_kernel import Record, RunFinished, RunStarted, SignalSent, replay
+from attempt_kernel._ledger import Ledger
+from attempt_kernel._operate import OperationRefused, cancel_change, reconcile_change, signal_change
+from attempt_kernel._pgdeliver import deliver_pg
+from attempt_kernel._pgjournal import PgJournal
+from attempt_kernel._records import JSON, RunResumed, WaitStarted
+from attempt_kernel._worker import _LOCK_HELD, _RELEASE_WAITING, _statement, submit_run  # pyright: ignore[reportPrivateUsage]  # the release's statements are under test
+from attempt_kernel.postgres import set_pool
+
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]
+
+TESTS = Path(__file__).parent
+WAITS = "from workerflows.waits import main; main()"
+PAY = "from workerflows.start import main; main()"
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def worker(url: str, schema: str, tmp_path: Path, start: str = WAITS, **env: str) -> subprocess.Popen[str]:
+    environment = {**os.environ, "PYTHONPATH": str(TESTS), "GATE": str(tmp_path / "gate"), **env}
+    return subprocess.Popen(
+        [sys.executable, "-c", start, url, schema],
+        cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+        raise AssertionError(f"the worker hung:\n{out}") from None
+    return process.returncode, out
+
+
+def stop(process: subprocess.Popen[str]) -> str:
+    """SIGTERM (a graceful stop), then its output; it must exit 0."""
+    process.send_signal(signal.SIGTERM)
+    code, out = finish(process)
+    assert code == 0, out
+    return out
+
+
+def wait_for(what: str, predicate: Callable[[], bool], *workers: subprocess.Popen[str], timeout: float = 60) -> None:
+    """Poll ``predicate`` until it holds (the timeout is a safety net; the workers must live)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        for process in workers:
+            if process.poll() is not None:
+                raise AssertionError(f"a worker exited while waiting for {what}:\n{finish(process)[1]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"safety net: never saw {what}")
+        time.sleep(0.05)
+
+
+def count(url: str, schema: str, where: str) -> int:
+    query = sql.SQL("SELECT count(*) FROM {s}.runs WHERE " + where).format(s=sql.Identifier(schema))  # pyright: ignore[reportArgumentType]  # test-written predicates
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(query).fetchone()
+    assert row is not None and type(row[0]) is int
+    return row[0]
+
+
+def released_waiting(url: str, schema: str) -> int:
+    """Rows released to wait: no owner, not done, a wake time set."""
+    return count(url, schema, "owner IS NULL AND NOT done AND wake_at IS NOT NULL")
+
+
+def records(url: str, schema: str) -> list[Record]:
+    with PgJournal(url, schema=schema) as journal:
+        return [item for item in journal.read() if isinstance(item, Record)]
+
+
+def ledger_of(url: str, schema: str) -> Ledger:
+    ledger = Ledger()
+    with PgJournal(url, schema=schema) as journal:
+        ledger.feed(journal.read())
+    return ledger
+
+
+def replays_clean(url: str, schema: str) -> None:
+    with PgJournal(url, schema=schema) as journal:
+        result = replay(journal)
+    assert result.valid, result
+
+
+def signal_to(url: str, schema: str, run: str, payload: JSON) -> bool:
+    """`deliver_pg` of signal ``approve``; whether it was recorded at once."""
+    delivered = deliver_pg(
+        url, lambda ledger: (run, signal_change(ledger, run, "approve", payload)), run=run, schema=schema
+    )
+    assert delivered.run == run and isinstance(delivered.change, SignalSent)
+    return delivered.recorded
+
+
+def finished_once_each(url: str, schema: str, runs: list[str]) -> list[Record]:
+    found = records(url, schema)
+    ends = Counter(r.run for r in found if isinstance(r.change, RunFinished))
+    assert ends == Counter({run: 1 for run in runs})
+    return found
+
+
+def results(found: list[Record]) -> dict[str, JSON]:
+    """Each run's result, from its run_finished record."""
+    return {r.run: r.change.result for r in found if isinstance(r.change, RunFinished)}
+
+
+# --------------------------------------------------------------------------
+# Many waiting runs on three workers
+# --------------------------------------------------------------------------
+
+
+def test_sixty_waiting_runs_hold_no_lease_or_slot_and_each_finishes_once_after_its_signal(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    set_pool(pg_url, "llm", 4, schema=schema)
+    runs = [f"a-{n:02d}" for n in range(60)]
+    for run in runs:
+        submit_run(pg_url, "approver", run, schema=schema)
+    workers = [worker(pg_url, schema, tmp_path) for _ in range(3)]
+    wait_for("every run released to wait", lambda: released_waiting(pg_url, schema) == 60, *workers)
+    # The sampler: while they wait, no run holds a lease or a slot, and no
+    # worker claims one back (a signal is the only thing that wakes them).
+    for _ in range(20):
+        assert count(pg_url, schema, "owner IS NOT NULL") == 0
+        assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.slots WHERE run IS NOT NULL") == [(0,)]
+        assert count(pg_url, schema, "wake_at = 'infinity' AND NOT done") == 60
+        time.sleep(0.05)
+    ledger = ledger_of(pg_url, schema)
+    assert {ledger.runs[run].standing() for run in runs} == {"waiting"}
+    recorded = [signal_to(pg_url, schema, run, {"by": run}) for run in runs]
+    assert recorded == [True] * 60  # nobody held them: straight into the journal
+    wait_for("every run closed", lambda: count(pg_url, schema, "done") == 60, *workers)
+    outputs = [stop(process) for process in workers]
+    assert sql_in(pg_url, schema, "SELECT DISTINCT outcome FROM {s}.runs") == [("succeeded",)]
+    found = finished_once_each(pg_url, schema, runs)
+    replays_clean(pg_url, schema)
+    assert results(found) == {run: {"approved": {"by": run}} for run in runs}
+    sent = Counter(r.run for r in found if isinstance(r.change, SignalSent))
+    assert sent == Counter({run: 1 for run in runs})
+    # each run's end was said by exactly one worker
+    said = Counter(line.split(":")[0] for out in outputs for line in out.splitlines() if line.endswith(": succeeded"))
+    assert said == Counter({run: 1 for run in runs})
+
+
+def test_a_worker_killed_while_its_runs_wait_loses_nothing(pg_url: str, schema: str, tmp_path: Path) -> None:
+    """Killed while it may still hold some runs: what was sent to those waits in the inbox
+    (nobody has found the worker dead yet), and the next worker takes it in at the claim."""
+    set_pool(pg_url, "llm", 4, schema=schema)
+    runs = [f"k-{n}" for n in range(10)]
+    for run in runs:
+        submit_run(pg_url, "approver", run, schema=schema)
+    first = worker(pg_url, schema, tmp_path)
+
+    def all_waiting() -> bool:
+        started = {r.run for r in records(pg_url, schema) if isinstance(r.change, WaitStarted)}
+        return started == set(runs)
+
+    wait_for("every run waiting", all_waiting, first)
+    first.kill()
+    finish(first)
+    held = {
+        str(run)
+        for (run,) in sql_in(pg_url, schema, "SELECT run FROM {s}.runs WHERE owner IS NOT NULL AND NOT done")
+    }
+    for run in runs:
+        # a row the killed worker still names goes to its inbox: no worker found it dead
+        assert signal_to(pg_url, schema, run, "yes") is (run not in held)
+    inbox = {str(run) for (run,) in sql_in(pg_url, schema, "SELECT run FROM {s}.inbox")}
+    assert inbox == held
+    second = worker(pg_url, schema, tmp_path)
+    wait_for("every run closed", lambda: count(pg_url, schema, "done") == 10, second)
+    out = stop(second)
+    found = finished_once_each(pg_url, schema, runs)
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+    replays_clean(pg_url, schema)
+    assert results(found) == {run: {"approved": "yes"} for run in runs}
+    for run in held:
+        assert f"{run}: took in SignalSent from the inbox" in out
+
+
+# --------------------------------------------------------------------------
+# One run at a time
+# --------------------------------------------------------------------------
+
+
+def test_a_signal_to_a_run_a_live_worker_holds_goes_through_the_inbox_and_is_taken_in(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    submit_run(pg_url, "gated", "g-1", schema=schema)
+    process = worker(pg_url, schema, tmp_path)
+
+    def waiting() -> bool:
+        return any(isinstance(r.change, WaitStarted) for r in records(pg_url, schema))
+
+    wait_for("the run waiting while its step is at the gate", waiting, process)
+    delivered = deliver_pg(
+        pg_url, lambda ledger: ("g-1", signal_change(ledger, "g-1", "go", [1, 2])), run="g-1", schema=schema
+    )
+    assert delivered.recorded is False  # the worker holds the run: its step is live
+
+    def taken_in() -> bool:
+        return any(isinstance(r.change, SignalSent) for r in records(pg_url, schema))
+
+    wait_for("the signal taken in", taken_in, process)
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+    (tmp_path / "gate").touch()
+    wait_for("the run closed", lambda: count(pg_url, schema, "done") == 1, process)
+    out = stop(process)
+    assert "g-1: took in SignalSent from the inbox" in out
+    assert results(records(pg_url, schema)) == {"g-1": {"go": [1, 2], "gate": "open"}}
+    replays_clean(pg_url, schema)
+
+
+def test_a_cancel_of_a_released_waiting_run_closes_it_cancelled(pg_url: str, schema: str, tmp_path: Path) -> None:
+    set_pool(pg_url, "llm", 4, schema=schema)
+    submit_run(pg_url, "approver", "c-1", schema=schema)
+    process = worker(pg_url, schema, tmp_path)
+    wait_for("the run released", lambda: released_waiting(pg_url, schema) == 1, process)
+    delivered = deliver_pg(
+        pg_url, lambda ledger: ("c-1", cancel_change(ledger, "c-1", "customer left")), run="c-1", schema=schema
+    )
+    assert delivered.recorded is True
+    wait_for("the run closed", lambda: count(pg_url, schema, "done") == 1, process)
+    stop(process)
+    assert sql_in(pg_url, schema, "SELECT outcome FROM {s}.runs") == [("cancelled",)]
+    kinds = [type(r.change).__name__ for r in records(pg_url, schema)]
+    assert kinds[-2:] == ["RunCancelRequested", "RunFinished"]
+    assert "WaitEnded" not in kinds and kinds.count("StepCalled") == 1  # "charge" never asked
+    assert ledger_of(pg_url, schema).runs["c-1"].standing() == "cancelled"
+    replays_clean(pg_url, schema)
+
+
+def test_a_sleep_is_released_with_its_wake_time_and_claimed_again_only_when_due(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    submit_run(pg_url, "napper", "n-1", {"sleep": 2.5}, schema=schema)
+    process = worker(pg_url, schema, tmp_path)
+    wait_for("the run released", lambda: released_waiting(pg_url, schema) == 1, process)
+    [wake_us] = [r.change.wake_us for r in records(pg_url, schema) if isinstance(r.change, WaitStarted)]
+    assert wake_us is not None
+    [(row_wake,)] = sql_in(
+        pg_url, schema, "SELECT (extract(epoch FROM wake_at) * 1000000)::bigint FROM {s}.runs"
+    )
+    assert type(row_wake) is int and abs(row_wake - wake_us) <= 1  # the row holds the record's wake time
+    # Until its wake time, the row stays released (sampled on the database's clock).
+    while True:
+        [(due, owner, done)] = sql_in(pg_url, schema, "SELECT wake_at IS NULL OR wake_at <= now(), owner, done FROM {s}.runs")
+        if due or done:
+            break
+        assert owner is None
+        time.sleep(0.05)
+    wait_for("the run closed", lambda: count(pg_url, schema, "done") == 1, process)
+    stop(process)
+    found = records(pg_url, schema)
+    [resumed] = [r for r in found if isinstance(r.change, RunResumed)]
+    assert resumed.time_us >= wake_us  # taken up again only once due
+    assert results(found) == {"n-1": "rested"}
+    replays_clean(pg_url, schema)
+
+
+def test_a_worker_until_idle_does_not_wait_for_runs_waiting_on_a_signal(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    set_pool(pg_url, "llm", 4, schema=schema)
+    submit_run(pg_url, "approver", "i-1", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, UNTIL_IDLE="1"))
+    assert code == 0, out
+    assert out.splitlines()[-1] == "stopped 0"
+    assert "i-1: waiting, released (until a signal)" in out
+    assert released_waiting(pg_url, schema) == 1
+
+
+def test_a_reconciled_run_is_finished_by_a_worker_with_no_recover(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """A run that ended needing reconciliation: `deliver_pg` of the reconciliation reopens
+    its row, and a worker resumes and finishes it."""
+    submit_run(pg_url, "pay", "p-1", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, PAY, KILL_AFTER="9"))  # right after Dispatched
+    assert code == -signal.SIGKILL, out
+    code, out = finish(worker(pg_url, schema, tmp_path, PAY, RECONCILE="off"))
+    assert code == 0, out
+    assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "needs-reconciliation")]
+    [key] = ledger_of(pg_url, schema).runs["p-1"].outstanding()
+    delivered = deliver_pg(
+        pg_url, lambda ledger: reconcile_change(ledger, key, confirmed=True, note="asked the bank"), schema=schema
+    )
+    assert delivered.run == "p-1" and delivered.recorded is True
+    assert sql_in(pg_url, schema, "SELECT done, outcome, owner FROM {s}.runs") == [(False, None, None)]
+    code, out = finish(worker(pg_url, schema, tmp_path, PAY))
+    assert code == 0, out
+    assert out.splitlines()[-1] == "closed 1"
+    assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "succeeded")]
+    assert ledger_of(pg_url, schema).runs["p-1"].standing() == "succeeded"
+    replays_clean(pg_url, schema)
+
+
+def test_a_release_that_waits_for_a_delivery_lock_sees_its_inbox_row(pg_url: str, schema: str) -> None:
+    """A delivery that holds the run's row while it writes to the inbox: a worker's release
+    waiting for that lock leaves the run claimable now, never asleep on the change."""
+    PgJournal(pg_url, schema=schema).close()
+    sql_in(pg_url, schema, "INSERT INTO {s}.workers (id, host, pid) VALUES ('w', 'h', 1)")
+    sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, workflow, input, owner, fence) VALUES ('r', 'approver', 'null', 'w', 1)")
+    s = sql.Identifier(schema)
+    with psycopg.connect(pg_url) as operator:  # deliver_pg's transaction, held open
+        operator.execute(sql.SQL("SELECT 1 FROM {s}.runs WHERE run = 'r' FOR UPDATE").format(s=s))
+        operator.execute(sql.SQL("INSERT INTO {s}.inbox (run, line) VALUES ('r', 'x')").format(s=s))
+        done = threading.Event()
+
+        def release() -> None:
+            with psycopg.connect(pg_url, autocommit=True) as conn, conn.transaction():
+                conn.execute(_statement(_LOCK_HELD, schema), ("r", "w", 1))
+                conn.execute(
+                    _statement(_RELEASE_WAITING, schema),
+                    {"now": False, "run": "r", "wake": None, "owner": "w", "fence": 1},
+                )
+            done.set()
+
+        releaser = threading.Thread(target=release)
+        releaser.start()
+
+        def blocked() -> bool:
+            rows = sql_in(pg_url, schema, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+            return rows == [(1,)]
+
+        wait_for("the release waiting for the row lock", blocked)
+        assert not done.is_set()
+        operator.commit()
+    releaser.join(timeout=30)
+    assert done.is_set()
+    assert sql_in(pg_url, schema, "SELECT owner, wake_at FROM {s}.runs") == [(None, None)]
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+
+
+def test_runs_and_show_say_waiting_for_a_released_run(db: str, tmp_path: Path) -> None:
+    """Released, nobody holds it: the journal says it waits, and the commands say so too."""
+    set_pool(db, "llm", 4)
+    submit_run(db, "approver", "s-1")
+    code, out = finish(worker(db, "attempt_kernel", tmp_path, UNTIL_IDLE="1"))
+    assert code == 0, out
+    listed = cli(tmp_path, "runs", db, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["run"], r["status"]) for r in json.loads(listed.stdout)["runs"]] == [("s-1", "waiting")]
+    shown = cli(tmp_path, "show", db, "s-1", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["status"] == "waiting"
+
+
+@pytest.mark.parametrize(
+    ("finished", "run", "refused"),
+    [
+        (True, "f-1", r"signal 'approve' to run 'f-1': run 'f-1' has finished \(succeeded\); nothing was written"),
+        (False, "nobody", r"signal 'approve' to run 'nobody': no run 'nobody' in the log"),
+    ],
+)
+def test_a_delivery_to_a_finished_or_unknown_run_is_refused_writing_nothing(
+    pg_url: str, schema: str, finished: bool, run: str, refused: str
+) -> None:
+    with PgJournal(pg_url, schema=schema) as journal:
+        journal.append("f-1", RunStarted(workflow="approver", input=None, code=True))
+        if finished:
+            journal.append("f-1", RunFinished(result="done"))
+    before = records(pg_url, schema)
+    with pytest.raises(OperationRefused, match=refused):
+        signal_to(pg_url, schema, run, "late")
+    assert records(pg_url, schema) == before
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
