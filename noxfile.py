@@ -127,3 +127,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_coderun.py")
     session.run("python", "benchmarks/bench_workers.py")
     session.run("python", "benchmarks/bench_waits.py")
+    session.run("python", "benchmarks/bench_waits_file.py")
