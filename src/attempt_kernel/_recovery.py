@@ -50,6 +50,7 @@ from ._findings import (
     Reconciler,
     ask_all,
 )
+from ._inbox import LedgerDelivery, locked_inbox
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
 from ._ledger import Ledger, PriorStep, snapshot
 from ._logfile import RunLogWriter
@@ -296,12 +297,19 @@ def recover_log(
     """Recover the run log file at ``path``; return the open writer and what was done.
 
     Takes the writer's lock (a missing file is an error, never created), cuts
-    a torn tail (kept in a side file), then `recover`s it (leaving
+    a torn tail (kept in a side file), takes in the changes operators left in
+    the log's inbox (`_inbox`; a corrupt inbox is refused, `InboxCorrupt`),
+    then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it.
     """
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
     try:
+        # What operators sent while a writer that died held the log: taken in
+        # first, so that recovery decides with it (a cancel closes its run).
+        with locked_inbox(path, create=False) as inbox:
+            if inbox is not None and inbox.size() > 0:
+                inbox.take_in(LedgerDelivery(writer))
         done = recover(
             writer,
             workflows,
