@@ -180,7 +180,7 @@ def locked_inbox(
     """
     path = inbox_path(log)
     created = False
-    flags = os.O_RDWR
+    flags = os.O_RDWR | os.O_APPEND
     if create:
         try:
             fd = open_regular(path, flags | os.O_CREAT | os.O_EXCL, "for appending")
