@@ -917,6 +917,7 @@ def _worker_file(args: argparse.Namespace) -> int:
             return EXIT_OK
         handlers = {n: signal.signal(n, on_signal) for n in (signal.SIGINT, signal.SIGTERM)}
         try:
+            print(f"worker: idle; watching {shown(log)} and its inbox for changes", flush=True)
             while _marks(log) == seen and not caught:
                 time.sleep(IDLE_POLL)
         finally:
