@@ -386,6 +386,10 @@ def test_a_worker_serves_a_waiting_run_and_stops_on_sigterm_when_idle(tmp_path: 
     assert "waits in a.jsonl.inbox" in sent.stdout
     seen = read_until(worker, "worker: idle; watching a.jsonl and its inbox for changes\n")
     assert "run status: succeeded\n" in seen
+    assert (
+        "run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal a.jsonl"
+        " a-1 approve (add --payload JSON to send a value)\n"
+    ) in seen  # said again when the worker took the waiting run up
     worker.send_signal(signal.SIGTERM)
     out, err = worker.communicate(timeout=60)
     assert worker.returncode == 143, seen + out + err

@@ -19,6 +19,7 @@ import pytest
 from attempt_kernel import (
     Delivered,
     Executor,
+    IntentPlanned,
     FileLog,
     LogNeedsRecovery,
     LogOpenError,
@@ -34,7 +35,9 @@ from attempt_kernel import (
     send_signal,
 )
 from attempt_kernel._inbox import InboxCorrupt, locked_inbox
-from waitflows import APPROVER
+from attempt_kernel._ledger import Ledger
+from attempt_kernel._operate import reconcile_change
+from waitflows import APPROVER, BLOCKED
 
 RUN = "a-1"
 
@@ -246,3 +249,39 @@ def test_a_file_that_is_not_a_run_log_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LogNeedsRecovery, match="line 1 is corrupt"):
         send_signal(text, RUN, "approve")
     assert text.read_bytes() == b"hello\n"
+
+
+def test_a_reconciliation_of_an_intent_whose_attempt_is_live_is_not_taken_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its effect may be in flight in the process that holds the log: the attempt
+    records the outcome itself, so the operator's answer is dropped, saying why."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("WAIT_GATE", str(gate))
+    path = tmp_path / "b.jsonl"
+
+    async def go() -> tuple[str | None, str]:
+        with RunLogWriter(path) as writer:
+            executor = Executor(writer)
+            task = asyncio.ensure_future(executor.run(BLOCKED, "b-1"))
+            while not (gate / "waiting").exists():
+                await asyncio.sleep(0.01)
+            ledger = Ledger()
+            ledger.feed(writer.read())
+            run, change = reconcile_change(ledger, key_of(path), confirmed=False)
+            why = executor.deliver(run, change)
+            (gate / "open").touch()
+            report = await task
+            return why, report.status
+
+    why, status = asyncio.run(go())
+    key = key_of(path)
+    assert why == f"intent {key!r} belongs to attempt #1 of step 'pay@1', which is live in this process"
+    assert status == "succeeded"
+    assert "reconciled" not in [json.loads(line)["type"] for line in path.read_bytes().splitlines()]
+
+
+def key_of(path: Path) -> str:
+    [key] = [c.key for c in changes(path) if isinstance(c, IntentPlanned)]
+    return key

@@ -473,6 +473,21 @@ def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
     return say
 
 
+def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
+    """For each run recovery hands back that waits (a file log's), what it waits for
+    and the command that ends the wait, as `_announce_waits` says for a new wait."""
+    if _is_url(log) or not recovery.runs:
+        return
+    ledger = Ledger()
+    ledger.feed(FileLog(log).read())
+    say = _announce_waits(log)
+    for resumed in recovery.runs:
+        view = ledger.runs.get(resumed.run)
+        if view is not None and view.is_waiting():
+            for wait in view.open_waits():
+                say(view.run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
+
+
 def _replay_and_print(log: str) -> int:
     report = replay(_source(log))
     sys.stdout.write("\n" + _report.as_text(report, _redacted(log)))
@@ -607,6 +622,7 @@ def _recover(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
         sys.stdout.flush()
+        _announce_resumed_waits(log_path, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         sys.stdout.write(_report.taken_up_text(done))
@@ -743,9 +759,9 @@ def _signal(args: argparse.Namespace) -> int:
         f"signal: signal {shown(repr(name))} (id {change.id}) for run {shown(run)}"
         f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered)}"
     )
-    view = ledger.runs[run]
     if delivered.recorded and not _is_url(log):
-        print(f"  no process runs {shown(run)} now; {_resume_hint(log, view.workflow)} goes on with it")
+        workflow = ledger.runs[run].workflow
+        print(f"  no process runs {shown(run)} now; {_resume_hint(log, workflow)} goes on with it")
     return EXIT_OK
 
 
@@ -875,6 +891,7 @@ def _worker_file(args: argparse.Namespace) -> int:
         if not recovery.changed_nothing:
             sys.stdout.write(_report.recovery_text(recovery, log))
             sys.stdout.flush()
+        _announce_resumed_waits(log, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         sys.stdout.write(_report.taken_up_text(done))

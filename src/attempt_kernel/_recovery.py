@@ -139,7 +139,6 @@ def recover(
     reconciler_deadline: float = RECONCILER_DEADLINE,
     only_runs: Collection[str] | None = None,
     skip_runs: Collection[str] = frozenset(),
-    include_waiting: bool = False,
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, spec §4).
 
@@ -153,10 +152,7 @@ def recover(
     ``source`` names the journal in error messages. ``only_runs``, if given,
     limits recovery to those runs (a worker taking one run over, spec §10);
     ``skip_runs`` leaves those alone (runs a live worker drives); the whole
-    journal must still obey the kernel. With ``include_waiting``, runs that
-    only wait (standing ``waiting``) are resumed too, to wait in this process
-    (a file log has no other driver for them); without it they are left to
-    whoever claims a waiting run.
+    journal must still obey the kernel.
     """
     ledger = Ledger()
     ledger.feed(journal.read())
@@ -170,7 +166,7 @@ def recover(
     todo = [
         view
         for view in ledger.runs.values()
-        if (view.standing() == "interrupted" or (include_waiting and view.is_waiting()))
+        if view.standing() in ("interrupted", "waiting")
         and (only_runs is None or view.run in only_runs)
         and view.run not in skip_runs
     ]
@@ -303,8 +299,7 @@ def recover_log(
     Takes the writer's lock (a missing file is an error, never created), cuts
     a torn tail (kept in a side file), takes in the changes operators left in
     the log's inbox (`_inbox`; a corrupt inbox is refused, `InboxCorrupt`),
-    then `recover`s it (runs that only wait included: nothing else drives
-    a file log's waiting runs) (leaving
+    then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it.
     """
@@ -321,7 +316,6 @@ def recover_log(
             source=str(path),
             reconciler_deadline=reconciler_deadline,
             skip_runs=skip_runs,
-            include_waiting=True,
         )
     except BaseException:
         writer.close()

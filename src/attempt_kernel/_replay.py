@@ -77,7 +77,7 @@ def report(ledger: Ledger, torn: TornTail | None) -> ReplayReport:
         violation_count=ledger.violation_count,
         torn_tail=torn,
         unfinished=tuple(
-            view.run for view in ledger.runs.values() if view.standing() == "interrupted"
+            view.run for view in ledger.runs.values() if view.standing() in ("interrupted", "waiting")
         ),
     )
 
