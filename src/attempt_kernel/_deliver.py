@@ -143,7 +143,7 @@ def _deliver_pg_direct(url: str, build: Build) -> Delivered:
         run, change = build(ledger)
         if run in held_runs(url):
             raise OperationRefused(
-                f"run {run!r} is being driven by a live worker; try again once the worker has"
+                f"run {run} is being driven by a live worker; try again once the worker has"
                 " finished or released the run (`attempt-kernel runs` shows it as running"
                 " until then); nothing was written"
             )
