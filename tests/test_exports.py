@@ -49,7 +49,8 @@ EXPECTED_PUBLIC = {
     "workflow", "RunContext", "WorkflowFunction", "StepOptions", "StepCalled",
     "StepFailed", "WorkflowDiverged",
     # runs that wait, and operators' actions
-    "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused",
+    "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused", "Delivered",
+    "send_signal", "cancel_run", "reconcile_intent",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.

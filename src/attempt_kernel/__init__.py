@@ -101,7 +101,11 @@ from ._records import StepResult as StepResult
 from ._records import TornTail as TornTail
 from ._records import WaitEnded as WaitEnded
 from ._records import WaitStarted as WaitStarted
+from ._operate import Delivered as Delivered
 from ._operate import OperationRefused as OperationRefused
+from ._deliver import cancel_run as cancel_run
+from ._deliver import reconcile_intent as reconcile_intent
+from ._deliver import send_signal as send_signal
 from ._recovery import Asked as Asked
 from ._recovery import OrphanEnded as OrphanEnded
 from ._recovery import RecoveredRun as RecoveredRun
@@ -178,6 +182,10 @@ __all__ = [
     "MAX_RECORD_BYTES",
     "OpenAttempt",
     "OperationRefused",
+    "Delivered",
+    "send_signal",
+    "cancel_run",
+    "reconcile_intent",
     "OrphanEnded",
     "Pending",
     "Perform",

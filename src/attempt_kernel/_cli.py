@@ -18,8 +18,10 @@ import importlib
 import io
 import json
 import os
+import shlex
 import signal
 import sys
+import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Final
 
@@ -31,10 +33,12 @@ from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
-from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject
 from ._ledger import Ledger, RunView
 from ._logfile import FileLog, RunLogWriter
-from ._records import JSON, CorruptLine, IntentPlanned, IntentReconciled, Record, RunStarted, TornTail
+from ._deliver import deliver
+from ._inbox import inbox_path, inbox_size, settle_inbox
+from ._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
+from ._records import JSON, CorruptLine, IntentReconciled, Record, RunStarted, SignalSent, TornTail, WaitStarted
 from ._recovery import Recovery
 from ._replay import replay
 from ._report import shown
@@ -175,7 +179,9 @@ def _parser() -> argparse.ArgumentParser:
         "keeps its state; once no intent of the step is outstanding, `recover` resumes "
         "the run and the step gets a new attempt (confirmed results reused, rejected "
         "effects sent again). Exit 0, or 2 for an unknown key, a key that is not "
-        "outstanding, or other usage or I/O errors (nothing is written then).",
+        "outstanding, or other usage or I/O errors (nothing is written then). When another "
+        "process is writing the log file, the reconciliation waits in the log's inbox "
+        "(LOG.inbox) and that process takes it in within about a second.",
     )
     reconcile.add_argument("log", metavar="LOG", help="path of the run log")
     reconcile.add_argument("--key", required=True, metavar="KEY", help="the intent's idempotency key")
@@ -186,6 +192,32 @@ def _parser() -> argparse.ArgumentParser:
         "--result", metavar="JSON", help="with --confirmed: the effect's result, as JSON"
     )
     reconcile.add_argument("--note", default="", metavar="TEXT", help="why, for the record")
+    signal_cmd = commands.add_parser(
+        "signal",
+        help="send a signal to a run (it may wait for it with run.wait_for_signal)",
+        description="Record signal NAME, with --payload (any JSON value but null; default "
+        "{}), for run RUN. When another process is writing the log file, the signal waits "
+        "in the log's inbox (LOG.inbox) and that process takes it in within about a second. "
+        "Durable when this returns. Exit 0, or 2 for an unknown or finished run, a bad name "
+        "or payload, or other usage or I/O errors (nothing is written then).",
+    )
+    signal_cmd.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
+    signal_cmd.add_argument("run", metavar="RUN", help="the run's id")
+    signal_cmd.add_argument("name", metavar="NAME", help="the signal's name")
+    signal_cmd.add_argument("--payload", metavar="JSON", help="the signal's value, as JSON (default {})")
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel a run from outside",
+        description="Record the decision to cancel run RUN. The process running it (or "
+        "`recover`, when none does) ends it: live attempts end Cancelled, or Indeterminate "
+        "when an effect was dispatched; waits end; the run finishes cancelled. When another "
+        "process is writing the log file, the cancel waits in the log's inbox (LOG.inbox) "
+        "and that process takes it in within about a second. Exit 0, or 2 for an unknown "
+        "or finished run, or other usage or I/O errors (nothing is written then).",
+    )
+    cancel.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
+    cancel.add_argument("run", metavar="RUN", help="the run's id")
+    cancel.add_argument("--reason", default="", metavar="TEXT", help="why, for the record")
     export = commands.add_parser(
         "export",
         help="write a journal (a PostgreSQL URL, or a log file) as a JSON Lines run log",
@@ -209,15 +241,20 @@ def _parser() -> argparse.ArgumentParser:
     submit.add_argument("--input", metavar="JSON", help="the run's input, as JSON")
     worker = commands.add_parser(
         "worker",
-        help="serve the runs of a PostgreSQL journal, beside any number of other workers",
-        description="One worker process: a fresh id, a heartbeat judged by the database's "
+        help="serve the runs of a PostgreSQL journal (beside other workers), or of a log file",
+        description="With a log file: one process serves every unfinished run of its "
+        "workflows in the log, recovering it first, taking in what operators send (signal, "
+        "cancel, reconcile) and going on with runs reconciled or signalled from outside; "
+        "--until-idle exits once no unfinished run of these workflows is left that it could "
+        "go on with; --heartbeat and --dead-after do not apply. With a PostgreSQL URL: one "
+        "worker process: a fresh id, a heartbeat judged by the database's "
         "clock, a fenced lease on each run it drives. It claims queued runs and takes over "
         "the runs of workers whose heartbeat is older than --dead-after (reconcilers first, "
         "then their orphans end as recovery ends them). SIGINT/SIGTERM stop it gracefully "
         "and hand its runs back. Exit 0 when stopped or idle (--until-idle), 1 when it was "
         "declared dead (another worker took its runs over), 2 for usage or I/O errors.",
     )
-    worker.add_argument("url", metavar="URL", help="postgresql://...")
+    worker.add_argument("url", metavar="URL|LOG", help="postgresql://..., or a run log file")
     worker.add_argument(
         "--workflows", nargs="+", action="extend", required=True, metavar="MODULE:ATTR",
         help="the workflows this worker can run",
@@ -398,8 +435,57 @@ def _journal(log: str, *, create: bool) -> Generator[Journal, None, None]:
             if callable(close):
                 close()
     else:
-        with RunLogWriter(log, create=create) as writer:
-            yield writer
+        try:
+            with RunLogWriter(log, create=create) as writer:
+                yield writer
+        finally:
+            # What an operator sent while this process let the log go.
+            with contextlib.suppress(RunLogError, OSError):
+                settle_inbox(log)
+
+
+@contextlib.contextmanager
+def _settled(log: str) -> Generator[None, None, None]:
+    """`settle_inbox` once the writer opened inside is let go."""
+    try:
+        yield
+    finally:
+        with contextlib.suppress(RunLogError, OSError):
+            settle_inbox(log)
+
+
+def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
+    """What `run` and `recover` print when a run begins to wait: on what, and the
+    command that ends the wait."""
+    where = shlex.quote(_redacted(log))
+
+    def say(run: str, wait: WaitStarted) -> None:
+        on = _report.WaitOn(signal=wait.signal, wake_us=wait.wake_us)
+        line = _report.wait_text(run, on)
+        ending = f"attempt-kernel cancel {where} {shlex.quote(run)}"
+        if wait.signal is None:
+            line += f"; it goes on by itself then (to end the run instead: {shown(ending)})"
+        else:
+            command = f"attempt-kernel signal {where} {shlex.quote(run)} {shlex.quote(wait.signal)}"
+            line += f"; end the wait with: {shown(command)} (add --payload JSON to send a value)"
+        print(line, flush=True)
+
+    return say
+
+
+def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
+    """For each run recovery hands back that waits (a file log's), what it waits for
+    and the command that ends the wait, as `_announce_waits` says for a new wait."""
+    if _is_url(log) or not recovery.runs:
+        return
+    ledger = Ledger()
+    ledger.feed(FileLog(log).read())
+    say = _announce_waits(log)
+    for resumed in recovery.runs:
+        view = ledger.runs.get(resumed.run)
+        if view is not None and view.is_waiting():
+            for wait in view.open_waits():
+                say(view.run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
 
 
 def _replay_and_print(log: str) -> int:
@@ -423,7 +509,7 @@ def _demo(args: argparse.Namespace) -> int:
     log_path: str = args.log
     ops = _CrashAfter(args.crash_after) if args.crash_after is not None else None
     blueprint = WORKFLOWS[TRIP_PLANNER](args.seed)
-    with RunLogWriter(log_path, ops=ops) as log:
+    with RunLogWriter(log_path, ops=ops) as log, _settled(log_path):
         # Counted under the log's lock, so two demos never pick the same id.
         existing = sum(
             1 for item in log.read()
@@ -502,6 +588,7 @@ def _run(args: argparse.Namespace) -> int:
                 progress=_progress(),
                 stop_on_signals=True,
                 grace=GRACE,
+                on_wait=_announce_waits(log_path),
             )
         except RunsStopped as error:
             return _stopped("run", error, f"attempt-kernel recover {_redacted(log_path)} --workflows {target}")
@@ -535,6 +622,7 @@ def _recover(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
         sys.stdout.flush()
+        _announce_resumed_waits(log_path, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         sys.stdout.write(_report.taken_up_text(done))
@@ -553,6 +641,7 @@ def _recover(args: argparse.Namespace) -> int:
             grace=GRACE,
             on_recovered=print_recovery,
             on_taken_up=print_taken_up,
+            on_wait=_announce_waits(log_path),
         )
     except RunsStopped as error:
         return _stopped("recover", error, f"attempt-kernel recover {_redacted(log_path)}{extra}")
@@ -619,80 +708,103 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _where(log: str, delivered: Delivered) -> str:
+    """Where a delivered change is now, for the operator."""
+    if delivered.recorded:
+        return f"recorded in {shown(_redacted(log))}"
+    if _is_url(log):
+        return "recorded; the worker driving the run takes it up within about a second"
+    return (
+        f"waits in {shown(str(inbox_path(log)))}: the process writing {shown(log)} takes it in"
+        " within about a second"
+    )
+
+
+def _resume_hint(log: str, workflow: str | None) -> str:
+    if workflow == TRIP_PLANNER:
+        return f"`attempt-kernel recover {shown(_redacted(log))}`"
+    return (
+        f"`attempt-kernel recover {shown(_redacted(log))} --workflows MODULE:ATTR`"
+        f" (MODULE:ATTR: your workflow {shown(workflow or '-')})"
+    )
+
+
+def _deliver_cli(log: str, build: Build, run: str | None) -> tuple[Delivered, Ledger]:
+    """Deliver through the log's transport; also return the ledger the change was built from."""
+    seen: list[Ledger] = []
+
+    def building(ledger: Ledger) -> tuple[str, Delivery]:
+        seen.append(ledger)
+        return build(ledger)
+
+    delivered = deliver(log, building, run=run)
+    return delivered, seen[-1]
+
+
+def _signal(args: argparse.Namespace) -> int:
+    log: str = args.log
+    run: str = args.run
+    name: str = args.name
+    payload: JSON = None
+    if args.payload is not None:
+        payload = _json_argument(args.payload, "--payload")
+        if payload is None:
+            raise _Usage("--payload is null, and a signal's payload never is (omit it to send {})")
+    delivered, ledger = _deliver_cli(
+        log, lambda ledger: (run, signal_change(ledger, run, name, payload)), run
+    )
+    change = delivered.change
+    assert isinstance(change, SignalSent)
+    print(
+        f"signal: signal {shown(repr(name))} (id {change.id}) for run {shown(run)}"
+        f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered)}"
+    )
+    if delivered.recorded and not _is_url(log):
+        workflow = ledger.runs[run].workflow
+        print(f"  no process runs {shown(run)} now; {_resume_hint(log, workflow)} goes on with it")
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    log: str = args.log
+    run: str = args.run
+    delivered, ledger = _deliver_cli(log, lambda ledger: (run, cancel_change(ledger, run, args.reason)), run)
+    print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered)}")
+    if delivered.recorded and not _is_url(log):
+        print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
+    return EXIT_OK
+
+
 def _reconcile(args: argparse.Namespace) -> int:
     log_path: str = args.log
     key: str = args.key
-    if args.result is not None and not args.confirmed:
+    confirmed: bool = args.confirmed
+    if args.result is not None and not confirmed:
         raise _Usage("--result goes with --confirmed (a rejected effect has no result)")
     result = None if args.result is None else _json_argument(args.result, "--result")
-    with _journal(log_path, create=False) as log:
-        ledger = Ledger()
-        planned = False
-        items = list(log.read())
-        ledger.feed(items)
-        for item in items:
-            if isinstance(item, Record) and isinstance(item.change, IntentPlanned):
-                planned = planned or item.change.key == key
-        if ledger.violation_count:
-            first = ledger.violations[0]
-            raise _Usage(
-                f"{_redacted(log_path)} breaks the kernel's rules (line {first.line}: {first.reason});"
-                " nothing was written (see `attempt-kernel replay`)"
-            )
-        found = None
-        for view in ledger.runs.values():
-            for step in view.steps.values():
-                for name in (*step.attempt.intents, *step.superseded):
-                    if step.keys.get(name) == key:
-                        found = (view, step, name)
-        if found is None:
-            if planned:
-                raise _Usage(f"intent {key!r} is not outstanding: its outcome is already recorded")
-            raise _Usage(f"no intent with key {key!r} in {_redacted(log_path)}")
-        view, step, name = found
-        if _is_url(log_path) and view.run in (_held(log_path) or ()):
-            raise _Usage(
-                f"run {shown(view.run)} is being driven by a live worker; reconcile {shown(key)}"
-                " once the worker has finished or released the run (`attempt-kernel runs"
-                f" {_redacted(log_path)}` shows it as running until then); nothing was written"
-            )
-        if key not in step.outstanding():
-            state = step.attempt.intents[name]
-            raise _Usage(
-                f"intent {key!r} ({name!r} of step {step.name!r}) is not outstanding: it is"
-                f" {type(state).__name__}"
-            )
-        change = IntentReconciled(
-            step=step.name,
-            attempt=step.attempt.number,
-            name=name,
-            key=key,
-            from_state=DISPATCHED,
-            cause=Confirm() if args.confirmed else Reject(),
-            to_state=CONFIRMED if args.confirmed else REJECTED,
-            result=result,
-            by="operator",
-            note=args.note,
-        )
-        log.append(view.run, change)
-        ledger.apply_change(view.run, change)
-        log.flush()
-        left = view.outstanding()
-    verdict = "Confirmed (it happened)" if args.confirmed else "Rejected (it did not happen)"
-    print(
-        f"reconcile: intent {shown(name)} of run {shown(view.run)} / step {shown(step.name)}"
-        f" #{step.attempt.number} ({shown(key)}) is now {verdict}"
+    delivered, ledger = _deliver_cli(
+        log_path,
+        lambda ledger: reconcile_change(ledger, key, confirmed=confirmed, result=result, note=args.note),
+        None,
     )
+    change = delivered.change
+    assert isinstance(change, IntentReconciled)
+    view = ledger.runs[delivered.run]
+    verdict = "Confirmed (it happened)" if confirmed else "Rejected (it did not happen)"
+    where = f"intent {shown(change.name)} of run {shown(view.run)} / step {shown(change.step)}"
+    where += f" #{change.attempt} ({shown(key)})"
+    if not delivered.recorded and not _is_url(log_path):
+        print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered)}")
+        return EXIT_OK
+    print(f"reconcile: {where} is now {verdict}")
+    left = [k for k in view.outstanding() if k != key]
     if left:
         print(f"  still outstanding in run {shown(view.run)}: {', '.join(shown(k) for k in left)}")
     else:
-        resume = f"`attempt-kernel recover {shown(_redacted(log_path))}`"
-        if view.workflow != TRIP_PLANNER:
-            resume = (
-                f"`attempt-kernel recover {shown(_redacted(log_path))} --workflows MODULE:ATTR`"
-                f" (MODULE:ATTR: your workflow {shown(view.workflow or '-')})"
-            )
-        print(f"  nothing of run {shown(view.run)} is outstanding now; {resume} resumes it")
+        print(
+            f"  nothing of run {shown(view.run)} is outstanding now;"
+            f" {_resume_hint(log_path, view.workflow)} resumes it"
+        )
     return EXIT_OK
 
 
@@ -736,9 +848,108 @@ def _submit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+IDLE_POLL: Final = 0.5
+"""Seconds between two looks at an idle file worker's log and inbox."""
+
+
+def _marks(log: str) -> tuple[int, int, int]:
+    """What changes when someone writes to the log or its inbox: sizes and mtime."""
+    try:
+        stat = os.stat(log)
+    except OSError:
+        return (-1, -1, inbox_size(log))
+    return (stat.st_size, stat.st_mtime_ns, inbox_size(log))
+
+
+def _left(log: str, names: set[str], skip: set[str]) -> list[str]:
+    """Runs of these workflows that a worker could go on with (unfinished, or reconciled)."""
+    ledger = Ledger()
+    ledger.feed(FileLog(log).read())
+    return [
+        view.run
+        for view in ledger.runs.values()
+        if view.workflow in names and view.run not in skip
+        and view.standing() in ("interrupted", "waiting")
+    ]  # fmt: skip
+
+
+def _worker_file(args: argparse.Namespace) -> int:
+    """`worker LOG`: serve every unfinished run of a log file, in this process."""
+    log: str = args.url
+    targets: list[str] = args.workflows
+    workflows = [load_target(t) for t in targets]
+    names = {w.name for w in workflows}
+    if len(names) < len(workflows):
+        raise _Usage("two of the --workflows have the same name")
+    again = f"attempt-kernel worker {shlex.quote(log)} --workflows {' '.join(targets)}"
+    caught: list[int] = []
+
+    def on_signal(number: int, frame: object) -> None:
+        caught.append(number)
+
+    def print_recovery(recovery: Recovery) -> None:
+        if not recovery.changed_nothing:
+            sys.stdout.write(_report.recovery_text(recovery, log))
+            sys.stdout.flush()
+        _announce_resumed_waits(log, recovery)
+
+    def print_taken_up(done: Recovery) -> None:
+        sys.stdout.write(_report.taken_up_text(done))
+        sys.stdout.flush()
+
+    print(f"worker: serving the runs of {shown(log)} ({', '.join(shown(n) for n in sorted(names))})", flush=True)
+    diverged: set[str] = set()
+    while True:
+        before = _marks(log)
+        try:
+            resumed = resume_log(
+                log,
+                workflows,
+                admission_limit=args.concurrency,
+                progress=_progress(),
+                stop_on_signals=True,
+                grace=GRACE,
+                on_recovered=print_recovery,
+                on_taken_up=print_taken_up,
+                on_wait=_announce_waits(log),
+                skip_runs=frozenset(diverged),
+            )
+        except RunsStopped as error:
+            return _stopped("worker", error, again)
+        for report in resumed.reports:
+            sys.stdout.write(_report.run_text(report))
+        for wrong in resumed.diverged:
+            diverged.add(wrong.run)
+            print(f"attempt-kernel worker: error: {shown(str(wrong))}", file=sys.stderr)
+        sys.stdout.flush()
+        seen = _marks(log)
+        left = _left(log, names, diverged)
+        if args.until_idle:
+            if left and seen != before:
+                continue  # something came in while it ran (a reconciliation taken in)
+            if left:
+                print(f"worker: idle; left unfinished: {', '.join(shown(r) for r in left)}")
+            else:
+                print("worker: idle; no unfinished run of these workflows is left")
+            return EXIT_OK
+        handlers = {n: signal.signal(n, on_signal) for n in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            print(f"worker: idle; watching {shown(log)} and its inbox for changes", flush=True)
+            while _marks(log) == seen and not caught:
+                time.sleep(IDLE_POLL)
+        finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        if caught:
+            name = signal.Signals(caught[0]).name
+            print(f"worker: stopped by {name} while idle; no run was live", flush=True)
+            return 128 + caught[0]
+
+
 def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
-    _needs_url(url, "worker")
+    if not _is_url(url):
+        return _worker_file(args)
     workflows = [load_target(t) for t in args.workflows]
     from ._worker import WorkerDeclaredDead, run_worker
 
@@ -813,6 +1024,8 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "runs": _runs,
     "show": _show,
     "reconcile": _reconcile,
+    "signal": _signal,
+    "cancel": _cancel,
     "export": _export,
     "submit": _submit,
     "worker": _worker,

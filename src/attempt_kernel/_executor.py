@@ -52,7 +52,7 @@ from ._attempt import (
     is_terminal,
     transition,
 )
-from ._codec import UnencodableRecord, state_name
+from ._codec import RunLogError, UnencodableRecord, state_name
 from ._coderun import CodeRun, WorkflowDiverged, non_string_key
 from ._context import Perform
 from ._errors import AttemptKernelError
@@ -96,6 +96,8 @@ from ._records import (
     WaitEnded,
     WaitStarted,
 )
+from ._inbox import inbox_size, locked_inbox
+from ._logfile import RunLogWriter
 from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
@@ -633,6 +635,14 @@ class Executor:
         why = refusal(self._ledger, run, change)
         if why is not None:
             return why
+        if isinstance(change, IntentReconciled) and run in self._controls:
+            step = self._ledger.runs[run].steps[change.step]
+            if change.name in step.attempt.intents and not is_terminal(step.attempt.state):
+                # Its effect may be in flight here: the attempt records its outcome.
+                return (
+                    f"intent {change.key!r} belongs to attempt #{step.attempt.number} of step"
+                    f" {change.step!r}, which is live in this process"
+                )
         self._write(run, change)
         self._log.flush()
         match change:
@@ -1293,6 +1303,41 @@ def wait_line(run: str, change: WaitStarted | WaitEnded) -> str:
     return f"{at}: waiting for signal {change.signal!r}{until}"
 
 
+INBOX_POLL: Final = 0.2
+"""Seconds between two looks at a file log's inbox while its runs are driven."""
+
+
+def _take_inbox(
+    executor: Executor, log: RunLogWriter, progress: Callable[[str], None] | None, *, block: bool
+) -> None:
+    """Take in what operators left in the inbox of ``log`` (see `_inbox`), through
+    `Executor.deliver`; a corrupt inbox is reported and left as it is."""
+    try:
+        with locked_inbox(log.path, create=False, block=block) as inbox:
+            if inbox is not None and inbox.size() > 0:
+                inbox.take_in(executor.deliver, progress)
+    except (RunLogError, OSError) as error:  # a corrupt inbox, a directory in its place
+        if progress is not None:
+            progress(f"the inbox was not taken in: {error}")
+
+
+async def _pump(executor: Executor, log: RunLogWriter, progress: Callable[[str], None] | None) -> None:
+    """Take the inbox in at once, then whenever it grows (a ``stat`` every `INBOX_POLL`)."""
+    corrupt_at = -1  # the size at which it could not be taken in: said once, not every poll
+    while True:
+        size = inbox_size(log.path)
+        if size > 0 and size != corrupt_at:
+            try:
+                with locked_inbox(log.path, create=False, block=False) as inbox:
+                    if inbox is not None:  # None: a sender holds it; next time
+                        inbox.take_in(executor.deliver, progress)
+            except (RunLogError, OSError) as error:  # a corrupt inbox, a directory in its place
+                corrupt_at = size
+                if progress is not None:
+                    progress(f"the inbox was not taken in: {error}")
+        await asyncio.sleep(INBOX_POLL)
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
@@ -1405,10 +1450,21 @@ def drive_jobs(
         if stop_on_signals:
             for number in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(number, on_signal, number)
+        pump: asyncio.Task[None] | None = None
         try:
             tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
+            if isinstance(log, RunLogWriter):
+                # Made after the runs' tasks, so its first take-in finds them driven.
+                pump = asyncio.ensure_future(_pump(executor, log, progress))
             reports.extend([await task for task in tasks])
         finally:
+            if pump is not None:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
+                # Once more, waiting for the inbox's lock, just before the
+                # writer is let go (its owner then calls `settle_inbox`).
+                assert isinstance(log, RunLogWriter)
+                _take_inbox(executor, log, progress, block=True)
             if stop_on_signals:
                 for number in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(number)

@@ -78,7 +78,7 @@ def _not_a_log(path: Path, mode: int) -> LogOpenError:
     return LogOpenError(f"{path}: is {what}, not a run log (a run log is a regular file)")
 
 
-def _open_fd(path: Path, flags: int, doing: str) -> int:
+def open_regular(path: Path, flags: int, doing: str) -> int:
     """Open ``path`` without blocking and make sure it is a regular file.
 
     O_NONBLOCK keeps ``open`` from waiting for a FIFO's other end; the flag
@@ -106,7 +106,7 @@ def _open_fd(path: Path, flags: int, doing: str) -> int:
 
 
 def _open_for_reading(path: Path) -> BinaryIO:
-    fd = _open_fd(path, os.O_RDONLY, "for reading")
+    fd = open_regular(path, os.O_RDONLY, "for reading")
     return open(fd, "rb")  # noqa: SIM115  # closed by the reader's finally
 
 
@@ -240,12 +240,12 @@ def _side_file(path: Path, offset: int, data: bytes) -> Path:
         except FileExistsError:
             continue
         partial.unlink()
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return candidate
     raise LogWriteFailed(f"{path}: no free name for the torn tail's side file near {base}")
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -313,7 +313,7 @@ class RunLogWriter:
         self._broken: str | None = None
         self._pending = 0
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
-        fd = _open_fd(self.path, flags, "for appending")
+        fd = open_regular(self.path, flags, "for appending")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

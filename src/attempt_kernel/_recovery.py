@@ -50,6 +50,7 @@ from ._findings import (
     Reconciler,
     ask_all,
 )
+from ._inbox import LedgerDelivery, locked_inbox
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
 from ._ledger import Ledger, PriorStep, snapshot
 from ._logfile import RunLogWriter
@@ -138,6 +139,7 @@ def recover(
     reconciler_deadline: float = RECONCILER_DEADLINE,
     only_runs: Collection[str] | None = None,
     skip_runs: Collection[str] = frozenset(),
+    include_waiting: bool = False,
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, spec §4).
 
@@ -153,7 +155,11 @@ def recover(
     and takes up those of them that wait too (a worker claiming a released
     waiting run: handed back, or closed when its cancel was decided);
     ``skip_runs`` leaves those alone (runs a live worker drives); the whole
-    journal must still obey the kernel.
+    journal must still obey the kernel. A run that only waits (standing
+    ``waiting``) is handed back only with ``include_waiting`` (to wait in
+    this process: a file log has no other driver for it) or when
+    ``only_runs`` names it; otherwise it is left to whoever claims waiting
+    runs (PostgreSQL workers, which close it once its cancel is decided).
     """
     ledger = Ledger()
     ledger.feed(journal.read())
@@ -164,15 +170,16 @@ def recover(
             " recovery resumes only a log that obeys the kernel"
             " (see `attempt-kernel replay`)"
         )
-    # A waiting run is taken up only when named in ``only_runs`` (a worker
+    # A waiting run is taken up with ``include_waiting`` (a file log: nothing
+    # else drives its waiting runs) or when named in ``only_runs`` (a worker
     # that claimed it again): it is handed back, or closed if its cancel was
-    # decided meanwhile. Elsewhere it waits, and nothing resumes it.
+    # decided meanwhile. Elsewhere (``recover URL``) it is left to the workers.
     todo = [
         view
         for view in ledger.runs.values()
         if (
             view.standing() == "interrupted"
-            or (view.standing() == "waiting" and only_runs is not None)
+            or (view.standing() == "waiting" and (include_waiting or only_runs is not None))
         )
         and (only_runs is None or view.run in only_runs)
         and view.run not in skip_runs
@@ -304,18 +311,26 @@ def recover_log(
     """Recover the run log file at ``path``; return the open writer and what was done.
 
     Takes the writer's lock (a missing file is an error, never created), cuts
-    a torn tail (kept in a side file), then `recover`s it (leaving
+    a torn tail (kept in a side file), takes in the changes operators left in
+    the log's inbox (`_inbox`; a corrupt inbox is refused, `InboxCorrupt`),
+    then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it.
     """
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
     try:
+        # What operators sent while a writer that died held the log: taken in
+        # first, so that recovery decides with it (a cancel closes its run).
+        with locked_inbox(path, create=False) as inbox:
+            if inbox is not None and inbox.size() > 0:
+                inbox.take_in(LedgerDelivery(writer))
         done = recover(
             writer,
             workflows,
             source=str(path),
             reconciler_deadline=reconciler_deadline,
             skip_runs=skip_runs,
+            include_waiting=True,
         )
     except BaseException:
         writer.close()

@@ -21,7 +21,7 @@ from ._attempt import TransitionCause
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._outcome import RunReport
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
-from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory
+from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory, WaitHistory
 from ._ledger import OpenAttempt, RunStanding, RunView
 from ._records import JSON
 from ._recovery import Recovery
@@ -251,6 +251,31 @@ def _cause_text(cause: TransitionCause) -> str:
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WaitOn:
+    """What a waiting run waits on: a signal (``signal`` its name) or a timer."""
+
+    signal: str | None
+    """The signal's name (None: a sleep)."""
+    wake_us: int | None
+    """When the wait ends by itself (a sleep's wake time, a timeout; None: never)."""
+
+
+def wait_text(run: str, wait: WaitOn) -> str:
+    """``run a-1 waits for signal 'approve' (until ...)`` or ``run a-1 sleeps until ...``."""
+    if wait.signal is None:
+        return f"run {shown(run)} sleeps until {when(wait.wake_us)}"
+    until = "" if wait.wake_us is None else f" (until {when(wait.wake_us)})"
+    return f"run {shown(run)} waits for signal {shown(repr(wait.signal))}{until}"
+
+
+def _wait_json(wait: WaitOn) -> dict[str, object]:
+    if wait.signal is None:
+        return {"timer": when(wait.wake_us)}
+    return {"signal": wait.signal, "until": None if wait.wake_us is None else when(wait.wake_us)}
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunRow:
     """One line of `attempt-kernel runs`."""
 
@@ -261,6 +286,8 @@ class RunRow:
     started_us: int | None
     ended_us: int | None
     domain_state: str | None
+    waiting_on: tuple[WaitOn, ...] = ()
+    """What it waits on, when its status is ``waiting``."""
 
     @staticmethod
     def of(view: RunView, writer_live: bool) -> RunRow:
@@ -278,6 +305,9 @@ class RunRow:
             # a reconciled run waiting for recovery has not ended yet
             ended_us=view.ended_us if standing != "interrupted" else None,
             domain_state=view.domain_state,
+            waiting_on=tuple(WaitOn(signal=w.signal, wake_us=w.wake_us) for w in view.open_waits())
+            if standing == "waiting"
+            else (),
         )
 
 
@@ -300,6 +330,7 @@ def runs_text(rows: list[RunRow], source: str, violations: int) -> str:
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
+    out += [wait_text(r.run, wait) for r in rows for wait in r.waiting_on]
     if violations:
         out.append(
             f"warning: the log breaks the kernel's rules {violations} time(s);"
@@ -310,22 +341,21 @@ def runs_text(rows: list[RunRow], source: str, violations: int) -> str:
 
 def runs_json(rows: list[RunRow], source: str, violations: int) -> str:
     """The runs of a log, for machines: ``{"log", "violations", "runs": [...]}``."""
-    doc = {
-        "log": source,
-        "violations": violations,
-        "runs": [
-            {
-                "run": r.run,
-                "workflow": r.workflow,
-                "status": r.status,
-                "attempts": r.attempts,
-                "started": None if r.started_us is None else when(r.started_us),
-                "ended": None if r.ended_us is None else when(r.ended_us),
-                "domain_state": r.domain_state,
-            }
-            for r in rows
-        ],
-    }
+    runs: list[dict[str, object]] = []
+    for r in rows:
+        row: dict[str, object] = {
+            "run": r.run,
+            "workflow": r.workflow,
+            "status": r.status,
+            "attempts": r.attempts,
+            "started": None if r.started_us is None else when(r.started_us),
+            "ended": None if r.ended_us is None else when(r.ended_us),
+            "domain_state": r.domain_state,
+        }
+        if r.status == "waiting":
+            row["waiting_for"] = [_wait_json(wait) for wait in r.waiting_on]
+        runs.append(row)
+    doc = {"log": source, "violations": violations, "runs": runs}
     return json.dumps(doc, indent=2) + "\n"
 
 
@@ -385,11 +415,37 @@ def show_text(history: RunHistory, writer_live: bool) -> str:
     for event in history.events:
         reason = f" ({shown(event.reason)})" if event.reason else ""
         out.append(f"  {when(event.time_us)}  {event.what}{reason}")
+    if standing == "waiting":
+        out += [f"  {wait_text(history.run, wait)}" for wait in _open_waits(history)]
+    for wait in history.waits:
+        out.append(f"  {_wait_history_text(wait)}")
+    for sig in history.signals:
+        taken = "not taken" if sig.taken_at is None else f"taken by the wait @{sig.taken_at}"
+        out.append(
+            f"  {when(sig.sent_us)}  signal #{sig.number} {shown(repr(sig.name))} payload"
+            f" {shown(short(sig.payload))}: {taken}"
+        )
     for step in history.steps:
         out.append(f"  step {shown(step.name)}")
         for attempt in step.attempts:
             out += _attempt_lines(attempt)
     return "\n".join(out) + "\n"
+
+
+def _open_waits(history: RunHistory) -> list[WaitOn]:
+    return [WaitOn(signal=w.signal, wake_us=w.wake_us) for w in history.waits if w.ended_us is None]
+
+
+def _wait_history_text(wait: WaitHistory) -> str:
+    what = "sleep" if wait.signal is None else f"wait for signal {shown(repr(wait.signal))}"
+    until = "" if wait.wake_us is None else f" until {when(wait.wake_us)}"
+    if wait.ended_us is None:
+        end = "open"
+    elif wait.taken is not None:
+        end = f"ended {when(wait.ended_us)} (took signal #{wait.taken})"
+    else:
+        end = f"ended {when(wait.ended_us)} (its time came)"
+    return f"{when(wait.started_us)}  @{wait.position} {what}{until}: {end}"
 
 
 def _intent_json(intent: IntentHistory) -> dict[str, object]:
@@ -453,4 +509,28 @@ def show_json(history: RunHistory, writer_live: bool) -> str:
             for step in history.steps
         ],
     }
+    if history.standing == "waiting" and not writer_live:
+        doc["waiting_for"] = [_wait_json(wait) for wait in _open_waits(history)]
+    if history.waits or history.signals:
+        doc["waits"] = [
+            {
+                "position": w.position,
+                "signal": w.signal,
+                "until": None if w.wake_us is None else when(w.wake_us),
+                "started": when(w.started_us),
+                "ended": None if w.ended_us is None else when(w.ended_us),
+                "took_signal": w.taken,
+            }
+            for w in history.waits
+        ]
+        doc["signals"] = [
+            {
+                "number": s.number,
+                "name": s.name,
+                "payload": s.payload,
+                "sent": when(s.sent_us),
+                "taken_by_wait": s.taken_at,
+            }
+            for s in history.signals
+        ]
     return json.dumps(doc, indent=2) + "\n"

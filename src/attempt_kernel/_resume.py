@@ -19,6 +19,7 @@ from ._coderun import WorkflowDiverged
 from ._executor import Job, RunControl, drive_jobs
 from ._outcome import RunReport
 from ._findings import RECONCILER_DEADLINE
+from ._inbox import settle_inbox
 from ._records import WaitStarted
 from ._recovery import Recovery, recover, recover_log
 from ._store import Journal
@@ -80,9 +81,13 @@ def resume_log(
         writer, recovery = recover_log(
             log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
-        with writer:
-            done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
-                           stop_on_signals, grace, on_recovered, on_taken_up, on_wait)  # fmt: skip
+        try:
+            with writer:
+                done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
+                               stop_on_signals, grace, on_recovered, on_taken_up, on_wait)  # fmt: skip
+        finally:
+            # What a sender appended to the inbox while this process let the log go.
+            settle_inbox(log, progress)
     else:
         recovery = recover(
             log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs

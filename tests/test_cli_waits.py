@@ -1,0 +1,409 @@
+"""`signal`, `cancel`, `reconcile` and `worker LOG` on file logs, from the command line.
+
+The first part calls `main` in-process for what is refused before anything
+is written (bad payloads, unknown or finished runs, files that are no run
+log). The second runs `attempt-kernel run` / `worker` in subprocesses that
+hold the log while the test, as an operator, sends changes from outside;
+those wait only for something to happen (polling the log, generous
+timeouts), never for a bound on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    AttemptTransitioned,
+    Executor,
+    IntentPlanned,
+    IntentReconciled,
+    Record,
+    RunLogWriter,
+    RunResumed,
+    SignalSent,
+    WaitStarted,
+    read_log,
+)
+from attempt_kernel._cli import main
+from waitflows import APPROVER
+
+TESTS = Path(__file__).parent
+LOG = "a.jsonl"
+RUN = "a-1"
+
+
+def waiting_log(path: Path, run: str = RUN) -> Path:
+    """A log whose run of APPROVER waits for signal 'approve' (no process drives it)."""
+
+    async def go() -> None:
+        with RunLogWriter(path) as writer:
+            report = await Executor(writer, let_go_after=0).run(APPROVER, run)
+            assert report.status == "waiting"
+
+    asyncio.run(go())
+    return path
+
+
+def records(path: Path) -> list[Record]:
+    return [item for item in read_log(path) if isinstance(item, Record)]
+
+
+# --------------------------------------------------------------------------
+# Refused before anything is written (in-process)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ("{oops", "--payload is not JSON: Expecting property name enclosed in double quotes at line 1 column 2 (character 1)"),
+        ("null", "--payload is null, and a signal's payload never is (omit it to send {})"),
+        ("NaN", "--payload is not JSON: NaN is not a JSON number"),
+    ],
+    ids=["bad-json", "null", "nan"],
+)  # fmt: skip
+def test_a_bad_payload_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], payload: str, message: str
+) -> None:
+    log = waiting_log(tmp_path / LOG)
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve", "--payload", payload]) == 2
+    assert message in capsys.readouterr().err
+    assert log.read_bytes() == before
+    assert not (tmp_path / f"{LOG}.inbox").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "message"),
+    [
+        (["signal", "{log}", "a-9", "approve"], "no run 'a-9' in the log"),
+        (["cancel", "{log}", "a-9"], "cancel of run 'a-9': no run 'a-9' in the log"),
+        (["signal", "{log}", RUN, "ap\x1bprove"], "holds a control character at index 2"),
+    ],
+    ids=["signal-unknown", "cancel-unknown", "control-character"],
+)
+@pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
+def test_a_refused_change_exits_2_with_the_files_byte_identical(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], message: str, held: bool
+) -> None:
+    log = waiting_log(tmp_path / LOG)
+    before = log.read_bytes()
+    argv = [str(log) if part == "{log}" else part for part in command]
+    if held:
+        with RunLogWriter(log):
+            code = main(argv)
+    else:
+        code = main(argv)
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "\x1b" not in err  # control characters are shown escaped
+    assert log.read_bytes() == before
+    assert not (tmp_path / f"{LOG}.inbox").exists()
+
+
+def test_a_signal_to_a_finished_run_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = waiting_log(tmp_path / LOG)
+    assert main(["cancel", str(log), RUN]) == 0
+    assert main(["recover", str(log), "--workflows", "waitflows:APPROVER"]) == 0
+    capsys.readouterr()
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve"]) == 2
+    assert "run 'a-1' has finished (cancelled); nothing was written" in capsys.readouterr().err
+    assert log.read_bytes() == before
+
+
+@pytest.mark.parametrize("command", ["signal", "cancel"])
+def test_a_missing_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    argv = [command, str(tmp_path / LOG), RUN] + (["approve"] if command == "signal" else [])
+    assert main(argv) == 2
+    assert f"{tmp_path / LOG}: no such file" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["signal", "cancel"])
+def test_a_fifo_exits_2_without_blocking(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
+    os.mkfifo(tmp_path / LOG)
+    argv = [command, str(tmp_path / LOG), RUN] + (["approve"] if command == "signal" else [])
+    assert main(argv) == 2
+    assert "is a FIFO (named pipe), not a run log" in capsys.readouterr().err
+
+
+def test_a_file_that_is_not_a_run_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_bytes(b"shopping list\n")
+    assert main(["cancel", str(notes), RUN]) == 2
+    assert "line 1 is corrupt" in capsys.readouterr().err
+    assert notes.read_bytes() == b"shopping list\n"
+
+
+def test_signal_to_a_log_nobody_holds_says_it_is_recorded_and_how_to_go_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = waiting_log(tmp_path / LOG)
+    assert main(["signal", str(log), RUN, "approve", "--payload", '{"by":"ana"}']) == 0
+    out = capsys.readouterr().out
+    [sent] = [r.change for r in records(log) if isinstance(r.change, SignalSent)]
+    assert out == (
+        f"signal: signal 'approve' (id {sent.id}) for run a-1 with payload {{\"by\":\"ana\"}}:"
+        f" recorded in {log}\n"
+        f"  no process runs a-1 now; `attempt-kernel recover {log} --workflows MODULE:ATTR`"
+        " (MODULE:ATTR: your workflow approver) goes on with it\n"
+    )
+
+
+def test_runs_and_show_say_what_a_waiting_run_waits_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = waiting_log(tmp_path / LOG)
+    assert main(["runs", str(log)]) == 0
+    text = capsys.readouterr().out
+    assert "a-1  approver  waiting  1" in text
+    assert text.endswith("\nrun a-1 waits for signal 'approve'\n")
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["status"] == "waiting"
+    assert row["waiting_for"] == [{"signal": "approve", "until": None}]
+    assert main(["signal", str(log), RUN, "approve", "--payload", "7"]) == 0
+    capsys.readouterr()
+    assert main(["show", str(log), RUN, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["status"] == "waiting"
+    assert [s["name"] for s in shown["signals"]] == ["approve"]
+    assert [(s["payload"], s["taken_by_wait"]) for s in shown["signals"]] == [(7, None)]
+    assert [(w["position"], w["signal"], w["ended"]) for w in shown["waits"]] == [(2, "approve", None)]
+    assert main(["show", str(log), RUN]) == 0
+    text = capsys.readouterr().out
+    assert "  run a-1 waits for signal 'approve'\n" in text
+    assert "signal #1 'approve' payload 7: not taken\n" in text
+
+
+def test_runs_of_a_run_that_never_waited_are_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A DAG run's `runs --json` row has exactly the keys it always had."""
+    log = tmp_path / "demo.jsonl"
+    assert main(["demo", "--log", str(log)]) == 0
+    capsys.readouterr()
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert set(row) == {"run", "workflow", "status", "attempts", "started", "ended", "domain_state"}
+
+
+# --------------------------------------------------------------------------
+# While another process holds the log (subprocesses)
+# --------------------------------------------------------------------------
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
+    env.update(extra)
+    return env
+
+
+def cli(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, env=_env(**env), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def start(cwd: Path, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, env=_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_for(what: Callable[[], bool], child: subprocess.Popen[str] | None = None) -> None:
+    """Poll until ``what`` holds (generous: this waits for an event, it bounds nothing)."""
+    deadline = time.monotonic() + 60
+    while not what():
+        assert child is None or child.poll() is None, "the process ended before the moment came"
+        assert time.monotonic() < deadline, "the moment never came"
+        time.sleep(0.02)
+
+
+def read_until(child: subprocess.Popen[str], line: str) -> str:
+    """What ``child`` prints up to and including ``line`` (a generous deadline)."""
+    assert child.stdout is not None
+    deadline = time.monotonic() + 60
+    fd = child.stdout.fileno()  # read unbuffered: select sees only what no buffer holds
+    seen = ""
+    while line not in seen.splitlines(keepends=True):
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        assert time.monotonic() < deadline, f"never printed {line!r}; printed {seen!r}"
+        if ready:
+            got = os.read(fd, 1 << 16).decode()
+            assert got, f"ended before printing {line!r}; printed {seen!r}"
+            seen += got
+    return seen
+
+
+def has(path: Path, kind: type) -> Callable[[], bool]:
+    return lambda: path.exists() and any(isinstance(r.change, kind) for r in records(path))
+
+
+def attempt_states(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for r in records(path):
+        if isinstance(r.change, AttemptTransitioned):
+            out[r.change.step] = type(r.change.to_state).__name__
+    return out
+
+
+def book(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.slow
+def test_signal_reaches_a_run_that_another_process_is_running(tmp_path: Path) -> None:
+    """run waits in its process and prints the command that ends the wait; signal goes
+    through the inbox; the run takes it, charges once and succeeds; replay says valid."""
+    child = start(tmp_path, "run", "waitflows:APPROVER", "--log", LOG, "--run", RUN, WAIT_BOOK="book")
+    wait_for(has(tmp_path / LOG, WaitStarted), child)
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '{"by": "ana"}')
+    assert sent.returncode == 0, sent.stderr
+    assert sent.stdout.endswith(
+        ": waits in a.jsonl.inbox: the process writing a.jsonl takes it in within about a second\n"
+    )
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
+    assert (
+        "run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal a.jsonl"
+        " a-1 approve (add --payload JSON to send a value)\n"
+    ) in out
+    assert 'run result: {"answer":{"by":"ana"},"charged":{"charged":40}}' in out
+    assert len(book(tmp_path / "book")) == 1
+    assert (tmp_path / f"{LOG}.inbox").read_bytes() == b""
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_cancel_of_a_waiting_run_that_another_process_runs(tmp_path: Path) -> None:
+    """The run ends cancelled and its effect is never called."""
+    child = start(tmp_path, "run", "waitflows:APPROVER", "--log", LOG, "--run", RUN, WAIT_BOOK="book")
+    wait_for(has(tmp_path / LOG, WaitStarted), child)
+    done = cli(tmp_path, "cancel", LOG, RUN, "--reason", "not needed")
+    assert done.returncode == 0, done.stderr
+    assert "cancel: the cancel of run a-1: waits in a.jsonl.inbox" in done.stdout
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 1, err
+    assert "run status: cancelled" in out
+    assert book(tmp_path / "book") == []
+    runs = json.loads(cli(tmp_path, "runs", LOG, "--json").stdout)["runs"]
+    assert [(r["run"], r["status"]) for r in runs] == [(RUN, "cancelled")]
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_cancel_while_an_effect_is_dispatched_ends_the_attempt_indeterminate(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    child = start(tmp_path, "run", "waitflows:BLOCKED", "--log", LOG, "--run", "b-1", WAIT_GATE=str(gate))
+    wait_for(lambda: (gate / "waiting").exists(), child)
+    done = cli(tmp_path, "cancel", LOG, "b-1")
+    assert done.returncode == 0, done.stderr
+    out, err = child.communicate(timeout=60)
+    assert child.returncode == 1, out + err
+    assert attempt_states(tmp_path / LOG) == {"pay@1": "Indeterminate"}
+    shown = json.loads(cli(tmp_path, "show", LOG, "b-1", "--json").stdout)
+    # the effect may have happened: the run waits for someone to reconcile it
+    assert shown["status"] == "needs-reconciliation"
+    assert [e["what"] for e in shown["events"]][:2] == ["started", "cancel requested"]
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_reconcile_through_the_inbox_then_a_worker_finishes_the_run(tmp_path: Path) -> None:
+    """A run killed with its effect in flight ends Indeterminate in recovery; while
+    another run holds the log, reconcile waits in the inbox and is taken in; then
+    `worker LOG --until-idle` resumes the reconciled run and it succeeds."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    crashed = start(tmp_path, "run", "waitflows:BLOCKED", "--log", LOG, "--run", "b-1", WAIT_GATE=str(gate))
+    wait_for(lambda: (gate / "waiting").exists(), crashed)
+    crashed.kill()
+    crashed.communicate(timeout=60)
+    [key] = [r.change.key for r in records(tmp_path / LOG) if isinstance(r.change, IntentPlanned)]
+    recovered = cli(tmp_path, "recover", LOG, "--workflows", "waitflows:BLOCKED")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert attempt_states(tmp_path / LOG) == {"pay@1": "Indeterminate"}
+
+    holder = start(tmp_path, "run", "waitflows:APPROVER", "--log", LOG, "--run", RUN)
+    wait_for(has(tmp_path / LOG, WaitStarted), holder)
+    done = cli(tmp_path, "reconcile", LOG, "--key", key, "--rejected", "--note", "not in the ledger")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"reconcile: intent pay of run b-1 / step pay@1 #1 ({key}) will be Rejected (it did not"
+        " happen): waits in a.jsonl.inbox: the process writing a.jsonl takes it in within about"
+        " a second\n"
+    )
+    wait_for(has(tmp_path / LOG, IntentReconciled), holder)
+    assert cli(tmp_path, "signal", LOG, RUN, "approve").returncode == 0
+    holder.communicate(timeout=60)
+    assert holder.returncode == 0
+
+    (gate / "open").touch()
+    worker = cli(
+        tmp_path, "worker", LOG, "--workflows", "waitflows:BLOCKED", "waitflows:APPROVER",
+        "--until-idle", WAIT_GATE=str(gate), WAIT_BOOK="book",
+    )  # fmt: skip
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert "worker: idle; no unfinished run of these workflows is left\n" in worker.stdout
+    runs = json.loads(cli(tmp_path, "runs", LOG, "--json").stdout)["runs"]
+    assert [(r["run"], r["status"]) for r in runs] == [("b-1", "succeeded"), (RUN, "succeeded")]
+    assert book(tmp_path / "book") == [key]
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_worker_serves_a_waiting_run_and_stops_on_sigterm_when_idle(tmp_path: Path) -> None:
+    """run is stopped while waiting; worker LOG takes the run up, a signal reaches it
+    through the inbox, the run succeeds, and SIGTERM ends the idle worker (143)."""
+    runner = start(tmp_path, "run", "waitflows:APPROVER", "--log", LOG, "--run", RUN)
+    wait_for(has(tmp_path / LOG, WaitStarted), runner)
+    runner.send_signal(signal.SIGTERM)
+    runner.communicate(timeout=60)
+    assert runner.returncode == 143
+    runs = json.loads(cli(tmp_path, "runs", LOG, "--json").stdout)["runs"]
+    assert [(r["run"], r["status"]) for r in runs] == [(RUN, "waiting")]
+
+    worker = start(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    wait_for(has(tmp_path / LOG, RunResumed), worker)
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve")
+    assert sent.returncode == 0, sent.stderr
+    assert "waits in a.jsonl.inbox" in sent.stdout
+    seen = read_until(worker, "worker: idle; watching a.jsonl and its inbox for changes\n")
+    assert "run status: succeeded\n" in seen
+    assert (
+        "run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal a.jsonl"
+        " a-1 approve (add --payload JSON to send a value)\n"
+    ) in seen  # said again when the worker took the waiting run up
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=60)
+    assert worker.returncode == 143, seen + out + err
+    assert out == "worker: stopped by SIGTERM while idle; no run was live\n"
+    assert len(book(tmp_path / "book")) == 1
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_worker_until_idle_finishes_a_run_signalled_from_outside(tmp_path: Path) -> None:
+    waiting_log(tmp_path / LOG)
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stderr
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in worker.stdout
+    assert len(book(tmp_path / "book")) == 1

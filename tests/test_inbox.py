@@ -1,0 +1,287 @@
+"""The inbox beside a file log, and the Python functions that deliver through it.
+
+A waiting run is made in-process (`Executor` with ``let_go_after=0`` lets
+go of a run once it only waits); "another process holds the log" is this
+process holding a `RunLogWriter` (flock locks belong to the open file, so
+the sender's own open meets it as another process's would). Expected
+records are written out by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    Delivered,
+    Executor,
+    IntentPlanned,
+    FileLog,
+    LogNeedsRecovery,
+    LogOpenError,
+    OperationRefused,
+    Record,
+    RunCancelRequested,
+    RunLogWriter,
+    SignalSent,
+    cancel_run,
+    read_log,
+    replay,
+    resume_log,
+    send_signal,
+)
+from attempt_kernel._inbox import InboxCorrupt, locked_inbox
+from attempt_kernel._ledger import Ledger
+from attempt_kernel._operate import reconcile_change
+from waitflows import APPROVER, BLOCKED
+
+RUN = "a-1"
+
+
+def waiting_log(path: Path, run: str = RUN) -> Path:
+    """A log whose run of APPROVER waits for signal 'approve' (no process drives it)."""
+
+    async def go() -> None:
+        with RunLogWriter(path) as writer:
+            report = await Executor(writer, let_go_after=0).run(APPROVER, run)
+            assert report.status == "waiting"
+
+    asyncio.run(go())
+    return path
+
+
+def sent_id(done: Delivered) -> str:
+    assert isinstance(done.change, SignalSent)
+    return done.change.id
+
+
+def changes(path: Path) -> list[object]:
+    return [item.change for item in read_log(path) if isinstance(item, Record)]
+
+
+def signals(path: Path) -> list[SignalSent]:
+    return [c for c in changes(path) if isinstance(c, SignalSent)]
+
+
+def inbox_lines(path: Path) -> list[dict[str, object]]:
+    inbox = path.with_name(path.name + ".inbox")
+    return [json.loads(line) for line in inbox.read_bytes().splitlines()]
+
+
+def test_a_signal_to_a_log_nobody_holds_is_recorded_at_once(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    done = send_signal(log, RUN, "approve", {"by": "ana"})
+    assert done.recorded and done.run == RUN
+    [sent] = signals(log)
+    assert sent.name == "approve" and sent.payload == {"by": "ana"}
+    assert done.change == sent
+    assert not (tmp_path / "a.jsonl.inbox").exists()
+    assert replay(FileLog(log)).valid
+
+
+def test_a_signal_without_payload_carries_an_empty_object(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    send_signal(log, RUN, "approve")
+    [sent] = signals(log)
+    assert sent.payload == {}
+
+
+def test_a_signal_while_another_writer_holds_the_log_waits_in_the_inbox(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    before = log.read_bytes()
+    with RunLogWriter(log):
+        done = send_signal(log, RUN, "approve", [1, 2])
+    assert not done.recorded
+    assert log.read_bytes() == before
+    [entry] = inbox_lines(log)
+    assert entry["type"] == "signal_sent" and entry["run"] == RUN and entry["seq"] == 1
+    assert entry["name"] == "approve" and entry["payload"] == [1, 2]
+
+
+def test_the_next_writer_takes_the_inbox_in_and_empties_it(tmp_path: Path) -> None:
+    """Entries a holder never took in (it died) are recorded by the next writer, in order."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    with RunLogWriter(log):
+        first = send_signal(log, RUN, "approve", "one")
+        second = send_signal(log, RUN, "approve", "two")
+    resumed = resume_log(log, [APPROVER])
+    [report] = resumed.reports
+    assert report.status == "succeeded"
+    assert report.result == {"answer": "one", "charged": {"charged": 40}}
+    assert [s.id for s in signals(log)] == [sent_id(first), sent_id(second)]
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == b""
+    assert replay(FileLog(log)).valid
+
+
+def test_a_torn_inbox_tail_is_ignored_and_cut(tmp_path: Path) -> None:
+    """A sender killed mid-write: the complete entry before it is applied once, the
+    partial line never, and the inbox is empty after."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    with RunLogWriter(log):
+        sent = send_signal(log, RUN, "approve", "whole")
+    inbox = tmp_path / "a.jsonl.inbox"
+    with open(inbox, "ab") as out:
+        out.write(b'{"v":1,"seq":2,"time_us":5,"run":"a-1","type":"signal_sent","name":"appr')
+    [report] = resume_log(log, [APPROVER]).reports
+    assert report.result == {"answer": "whole", "charged": {"charged": 40}}
+    assert [s.id for s in signals(log)] == [sent_id(sent)]
+    assert inbox.read_bytes() == b""
+
+
+def test_a_sender_cuts_a_torn_tail_before_appending(tmp_path: Path) -> None:
+    """The next entry is never glued to a dead sender's partial line."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    inbox = tmp_path / "a.jsonl.inbox"
+    with RunLogWriter(log):
+        send_signal(log, RUN, "approve", 1)
+        with open(inbox, "ab") as out:
+            out.write(b'{"v":1,"seq":2,"ti')
+        send_signal(log, RUN, "approve", 2)
+    assert [(e["seq"], e["payload"]) for e in inbox_lines(log)] == [(1, 1), (2, 2)]
+
+
+def test_a_signal_recorded_before_a_crash_is_not_taken_in_twice(tmp_path: Path) -> None:
+    """A holder that died between recording a signal and emptying the inbox: the log has
+    signal X, the inbox still has X; the next writer records it once."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    signal = SignalSent(name="approve", payload={"n": 1}, id="sig-x")
+    with RunLogWriter(log) as writer:
+        writer.append(RUN, signal)
+    with locked_inbox(log, create=True) as inbox:
+        assert inbox is not None
+        inbox.append(RUN, signal, 7)
+    [report] = resume_log(log, [APPROVER]).reports
+    assert report.result == {"answer": {"n": 1}, "charged": {"charged": 40}}
+    assert signals(log) == [signal]
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == b""
+    assert replay(FileLog(log)).valid
+
+
+def test_a_corrupt_inbox_line_is_reported_with_its_number_and_nothing_applied(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    with RunLogWriter(log):
+        send_signal(log, RUN, "approve", 1)
+        send_signal(log, RUN, "approve", 2)
+    inbox = tmp_path / "a.jsonl.inbox"
+    first, second = inbox.read_bytes().splitlines(keepends=True)
+    inbox.write_bytes(first.replace(b'"payload":1', b'"payload":9') + second)
+    before = log.read_bytes()
+    with pytest.raises(InboxCorrupt, match=r"a\.jsonl\.inbox: line 1 is corrupt \(checksum mismatch"):
+        send_signal(log, RUN, "approve", 3)
+    assert log.read_bytes() == before
+    with pytest.raises(InboxCorrupt, match="line 1 is corrupt"):
+        resume_log(log, [APPROVER])
+    assert log.read_bytes() == before
+
+
+def test_an_inbox_record_that_is_no_operators_change_is_refused(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    [first] = log.read_bytes().splitlines(keepends=True)[:1]  # the run_started record
+    (tmp_path / "a.jsonl.inbox").write_bytes(first)
+    with pytest.raises(InboxCorrupt, match="line 1 holds a RunStarted record, not an operator's change"):
+        send_signal(log, RUN, "approve")
+
+
+def test_a_cancel_of_a_waiting_run_closes_it_without_its_effect(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    with RunLogWriter(log):
+        done = cancel_run(log, RUN, "not needed")
+    assert done == Delivered(run=RUN, change=RunCancelRequested(reason="not needed"), recorded=False)
+    resumed = resume_log(log, [APPROVER])
+    assert resumed.reports == ()
+    assert resumed.recovery.closed == (RUN,)
+    assert "intent_planned" not in log.read_text()
+    assert replay(FileLog(log)).valid
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
+def test_a_signal_to_an_unknown_run_writes_nothing(tmp_path: Path, held: bool) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    before = log.read_bytes()
+    writer = RunLogWriter(log) if held else None
+    try:
+        with pytest.raises(OperationRefused, match="no run 'a-9' in the log"):
+            send_signal(log, "a-9", "approve")
+    finally:
+        if writer is not None:
+            writer.close()
+    assert log.read_bytes() == before
+    assert not (tmp_path / "a.jsonl.inbox").exists()
+
+
+def test_a_cancel_of_a_finished_run_writes_nothing(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    send_signal(log, RUN, "approve")
+    resume_log(log, [APPROVER])
+    before = log.read_bytes()
+    with pytest.raises(OperationRefused, match=r"run 'a-1' has finished \(succeeded\)"):
+        cancel_run(log, RUN)
+    assert log.read_bytes() == before
+
+
+def test_a_missing_log_is_an_open_error(tmp_path: Path) -> None:
+    with pytest.raises(LogOpenError, match="no such file"):
+        send_signal(tmp_path / "nope.jsonl", RUN, "approve")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fifo_log_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "a.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(LogOpenError, match=r"is a FIFO \(named pipe\), not a run log"):
+        send_signal(fifo, RUN, "approve")
+
+
+def test_a_fifo_in_the_inboxs_place_is_refused(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    os.mkfifo(tmp_path / "a.jsonl.inbox")
+    with RunLogWriter(log), pytest.raises(LogOpenError, match=r"a\.jsonl\.inbox: is a FIFO"):
+        send_signal(log, RUN, "approve")
+
+
+def test_a_file_that_is_not_a_run_log_is_refused(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_bytes(b"hello\n")
+    with pytest.raises(LogNeedsRecovery, match="line 1 is corrupt"):
+        send_signal(text, RUN, "approve")
+    assert text.read_bytes() == b"hello\n"
+
+
+def test_a_reconciliation_of_an_intent_whose_attempt_is_live_is_not_taken_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its effect may be in flight in the process that holds the log: the attempt
+    records the outcome itself, so the operator's answer is dropped, saying why."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("WAIT_GATE", str(gate))
+    path = tmp_path / "b.jsonl"
+
+    async def go() -> tuple[str | None, str]:
+        with RunLogWriter(path) as writer:
+            executor = Executor(writer)
+            task = asyncio.ensure_future(executor.run(BLOCKED, "b-1"))
+            while not (gate / "waiting").exists():
+                await asyncio.sleep(0.01)
+            ledger = Ledger()
+            ledger.feed(writer.read())
+            run, change = reconcile_change(ledger, key_of(path), confirmed=False)
+            why = executor.deliver(run, change)
+            (gate / "open").touch()
+            report = await task
+            return why, report.status
+
+    why, status = asyncio.run(go())
+    key = key_of(path)
+    assert why == f"intent {key!r} belongs to attempt #1 of step 'pay@1', which is live in this process"
+    assert status == "succeeded"
+    assert "reconciled" not in [json.loads(line)["type"] for line in path.read_bytes().splitlines()]
+
+
+def key_of(path: Path) -> str:
+    [key] = [c.key for c in changes(path) if isinstance(c, IntentPlanned)]
+    return key
