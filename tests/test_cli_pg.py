@@ -165,12 +165,20 @@ def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, s
         ), recovered.stdout
         assert "that no live worker drives has finished; the journal was not changed\n" in recovered.stdout
         assert "every run in it has finished" not in recovered.stdout
-        refused = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected")
-        assert refused.returncode == 2
-        assert "run orders-1 is being driven by a live worker" in refused.stderr
-        assert conn.execute(count).fetchall() == before  # nothing written by either
+        # reconcile reaches the live worker's run through the inbox, not the journal
+        handed = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected")
+        assert handed.returncode == 0, handed.stdout + handed.stderr
+        assert "waits in the journal's inbox: the worker driving the run takes it in" in handed.stdout
+        assert conn.execute(count).fetchall() == before  # nothing written to the journal by either
+        inbox = conn.execute("SELECT run FROM attempt_kernel.inbox").fetchall()
+        assert inbox == [("orders-1",)]
         conn.execute("UPDATE attempt_kernel.workers SET dead = true WHERE id = 'w-live'")
+    # the worker died before taking it in: recover records it first, then recovers
     again = cli(shop, "recover", db, "--workflows", "flows:orders")
     assert again.returncode == 0, again.stdout + again.stderr
     assert "leaving run" not in again.stdout
-    assert "send-receipt  Indeterminate attempts 1" in again.stdout
+    assert "recover: orders-1: took in IntentReconciled from the inbox (recorded)\n" in again.stdout
+    # the email was rejected (not sent), so the recovered run sends it again
+    assert "send-receipt  Succeeded" in again.stdout, again.stdout
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]

@@ -484,7 +484,12 @@ def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
     for resumed in recovery.runs:
         view = ledger.runs.get(resumed.run)
         if view is not None and view.is_waiting():
+            now_us = int(time.time() * 1_000_000)
             for wait in view.open_waits():
+                if wait.signal is not None and view.untaken(wait.signal) is not None:
+                    continue  # its signal is here already: it goes on at once
+                if wait.wake_us is not None and wait.wake_us <= now_us:
+                    continue  # its time has come: it goes on at once
                 say(view.run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
 
 
@@ -630,6 +635,12 @@ def _recover(args: argparse.Namespace) -> int:
 
     for run in sorted(held or ()):
         print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
+    if _is_url(log_path):
+        # What operators sent while a worker that has died drove its run.
+        from ._pgdeliver import take_in_pg
+
+        for line in take_in_pg(log_path, skip=held or frozenset()):
+            print(f"recover: {shown(line)}")
     try:
         resumed = resume_log(
             _pg(log_path) if _is_url(log_path) else log_path,
@@ -713,7 +724,10 @@ def _where(log: str, delivered: Delivered) -> str:
     if delivered.recorded:
         return f"recorded in {shown(_redacted(log))}"
     if _is_url(log):
-        return "recorded; the worker driving the run takes it up within about a second"
+        return (
+            "waits in the journal's inbox: the worker driving the run takes it in within"
+            " about a second"
+        )
     return (
         f"waits in {shown(str(inbox_path(log)))}: the process writing {shown(log)} takes it in"
         " within about a second"
@@ -721,6 +735,12 @@ def _where(log: str, delivered: Delivered) -> str:
 
 
 def _resume_hint(log: str, workflow: str | None) -> str:
+    if _is_url(log):
+        return (
+            f"a worker of its workflow ({shown(workflow or '-')}) takes it up (`attempt-kernel"
+            f" worker {shown(_redacted(log))} --workflows MODULE:ATTR`), or `attempt-kernel recover"
+            f" {shown(_redacted(log))} --workflows MODULE:ATTR`"
+        )
     if workflow == TRIP_PLANNER:
         return f"`attempt-kernel recover {shown(_redacted(log))}`"
     return (
@@ -756,7 +776,7 @@ def _signal(args: argparse.Namespace) -> int:
     change = delivered.change
     assert isinstance(change, SignalSent)
     print(
-        f"signal: signal {shown(repr(name))} (id {change.id}) for run {shown(run)}"
+        f"signal: signal {shown(repr(name))} for run {shown(run)}"
         f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered)}"
     )
     if delivered.recorded and not _is_url(log):
@@ -793,7 +813,7 @@ def _reconcile(args: argparse.Namespace) -> int:
     verdict = "Confirmed (it happened)" if confirmed else "Rejected (it did not happen)"
     where = f"intent {shown(change.name)} of run {shown(view.run)} / step {shown(change.step)}"
     where += f" #{change.attempt} ({shown(key)})"
-    if not delivered.recorded and not _is_url(log_path):
+    if not delivered.recorded:
         print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered)}")
         return EXIT_OK
     print(f"reconcile: {where} is now {verdict}")

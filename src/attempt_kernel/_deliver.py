@@ -10,7 +10,6 @@ the log as it is; a refusal (`OperationRefused`) leaves no trace.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +24,6 @@ from ._operate import (
     OperationRefused,
     cancel_change,
     reconcile_change,
-    refusal,
     signal_change,
 )
 from ._records import JSON, IntentReconciled
@@ -101,17 +99,10 @@ def deliver(log: str | os.PathLike[str], build: Build, *, run: str | None = None
     transport (``run``: the run the change is for, when known before building)."""
     if _is_url(log):
         assert isinstance(log, str)
-        name = f"{__package__}._pgdeliver"
         try:
-            # Imported by name: the PostgreSQL side needs psycopg (an extra).
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name != name:
-                raise _needs_postgres(log, error) from None
-            return _deliver_pg_direct(log, build)
+            from ._pgdeliver import deliver_pg  # psycopg is an optional dependency
         except ImportError as error:
             raise _needs_postgres(log, error) from None
-        deliver_pg: Callable[..., Delivered] = module.deliver_pg
         return deliver_pg(log, build, run=run)
     return deliver_to_file(log, build)
 
@@ -121,40 +112,6 @@ def _needs_postgres(url: str, error: ImportError) -> OperationRefused:
         f"a PostgreSQL journal needs psycopg ({error}); install attempt-kernel[postgres];"
         " nothing was written"
     )
-
-
-def _deliver_pg_direct(url: str, build: Build) -> Delivered:
-    """A PostgreSQL journal without a transport that reaches a live worker: the
-    change is recorded at once, and refused for a run a live worker drives."""
-    try:
-        from ._pgjournal import PgJournal, held_runs
-    except ImportError as error:
-        raise _needs_postgres(url, error) from None
-    journal = PgJournal(url)
-    try:
-        ledger = Ledger()
-        ledger.feed(journal.read())
-        if ledger.violation_count:
-            first = ledger.violations[0]
-            raise OperationRefused(
-                f"the journal breaks the kernel's rules (record {first.line}: {first.reason});"
-                " nothing was written (see `attempt-kernel replay`)"
-            )
-        run, change = build(ledger)
-        if run in held_runs(url):
-            raise OperationRefused(
-                f"run {run} is being driven by a live worker; try again once the worker has"
-                " finished or released the run (`attempt-kernel runs` shows it as running"
-                " until then); nothing was written"
-            )
-        why = refusal(ledger, run, change)
-        if why is not None:
-            raise OperationRefused(f"{why}; nothing was written")
-        journal.append(run, change)
-        journal.flush()
-    finally:
-        journal.close()
-    return Delivered(run=run, change=change, recorded=True)
 
 
 def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON = None) -> Delivered:

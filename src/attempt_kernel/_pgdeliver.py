@@ -30,6 +30,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Final
 
 import psycopg
@@ -38,7 +39,7 @@ from typing_extensions import LiteralString
 
 from ._codec import decode_line, encode_record
 from ._ledger import Ledger
-from ._operate import Build, Delivered, Delivery, OperationRefused
+from ._operate import Build, Delivered, Delivery, OperationRefused, refusal
 from ._pgjournal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect
 from ._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent
 
@@ -149,3 +150,50 @@ def inbox_change(line: bytes) -> Delivery | str:
     if isinstance(change, (SignalSent, RunCancelRequested, IntentReconciled)):
         return change
     return f"an inbox row holds a {type(change).__name__}, which no operator delivers"
+
+
+_ALL_INBOX: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox ORDER BY id"
+_INBOX_ROW_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = %s"
+
+
+def take_in_pg(url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """Record what waits in the inbox for runs no live worker drives; say what was done.
+
+    For `attempt-kernel recover URL`: a change sent while a worker drove its
+    run waits in the inbox until that run's next holder takes it in; when
+    that worker died and an operator recovers by hand, the change is
+    recorded here first (through `deliver_pg`, one transaction each), so
+    that recovery decides with it. ``skip``: the runs live workers drive
+    (theirs to take in). A change that no longer applies (`refusal`) is
+    dropped, and every row handled is deleted. Lines, one per row handled.
+    """
+    with connect(url) as conn:
+        rows = conn.execute(_q(_ALL_INBOX, schema)).fetchall()
+    said: list[str] = []
+    for row_id, run, line in rows:
+        if type(run) is not str or type(line) is not bytes or type(row_id) is not int:
+            raise PgJournalError(f"the inbox table answered {(row_id, run, line)!r}")
+        if run in skip:
+            continue
+        change = inbox_change(line)
+        if isinstance(change, str):
+            said.append(f"{run}: dropped an inbox entry: {change}")
+        else:
+            stored = change
+
+            def build(ledger: Ledger) -> tuple[str, Delivery]:
+                why = refusal(ledger, run, stored)
+                if why is not None:
+                    raise OperationRefused(why)
+                return run, stored
+
+            try:
+                delivered = deliver_pg(url, build, run=run, schema=schema)
+            except OperationRefused as refused:
+                said.append(f"{run}: dropped an inbox entry: {refused}")
+            else:
+                where = "recorded" if delivered.recorded else "handed to the worker that now drives it"
+                said.append(f"{run}: took in {type(stored).__name__} from the inbox ({where})")
+        with connect(url) as conn:
+            conn.execute(_q(_INBOX_ROW_TAKEN, schema), (row_id,))
+    return said
