@@ -26,6 +26,7 @@ from sessions import attempt_kernel_on_path, missing_line, replay_session, text_
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 FLOWS = ROOT / "examples" / "tutorial" / "flows.py"
+PAYER = ROOT / "examples" / "approval" / "payer.py"
 
 # Written by hand from the tutorial's prose, one per `$` command, in order.
 EXIT_CODES = [
@@ -46,6 +47,19 @@ EXIT_CODES = [
     0,  # recover --workflows: the reconciler answers
     0,  # show
     0,  # cat bank.json
+    # waiting for a human (payer.py)
+    0,  # run, killed by the shell once it waits (the shell's last command is cat)
+    0,  # runs: waiting
+    0,  # cat outbox.json
+    0,  # signal: recorded
+    0,  # recover: the signal is taken, the card charged
+    0,  # cat bank.json
+    0,  # show
+    0,  # run while a second shell sends a denial through the inbox: succeeded
+    0,  # cat signal.out
+    0,  # run whose wait times out: succeeded (expired)
+    1,  # run cancelled from a second shell while it waits
+    0,  # cat cancel.out
 ]
 
 pytestmark = pytest.mark.slow
@@ -57,22 +71,24 @@ def test_the_tutorial_session_prints_what_the_doc_shows(tmp_path: Path) -> None:
     work = tmp_path / "shop"
     work.mkdir()
     shutil.copy(FLOWS, work / "flows.py")
+    shutil.copy(PAYER, work / "payer.py")
     replay_session(TUTORIAL, work, path, EXIT_CODES)
 
 
-def test_the_tutorial_quotes_lines_of_the_workflow_file() -> None:
-    """Each line of the tutorial's excerpts of flows.py is a line of the file, in order."""
-    source = FLOWS.read_text().splitlines()
+def test_the_tutorial_quotes_lines_of_the_workflow_files() -> None:
+    """Each of the tutorial's excerpts is lines of flows.py or of payer.py, in order."""
+    sources = [FLOWS.read_text().splitlines(), PAYER.read_text().splitlines()]
     blocks = text_blocks(TUTORIAL)
-    assert blocks
+    assert len(blocks) >= 2
     for block in blocks:
-        assert missing_line(block, source) is None, missing_line(block, source)
+        assert any(missing_line(block, source) is None for source in sources), block
 
 
-def test_the_workflow_file_passes_mypy_strict() -> None:
-    """examples/tutorial/flows.py has no error under the project's `mypy --strict`."""
+@pytest.mark.parametrize("example", [FLOWS, PAYER], ids=["flows", "payer"])
+def test_the_workflow_file_passes_mypy_strict(example: Path) -> None:
+    """examples/tutorial/flows.py and examples/approval/payer.py have no error under `mypy --strict`."""
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(FLOWS)],
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", str(example)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -81,9 +97,10 @@ def test_the_workflow_file_passes_mypy_strict() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_workflow_file_passes_pyright_strict(tmp_path: Path) -> None:
-    """examples/tutorial/flows.py has no error under pyright in strict mode, as user code."""
-    shutil.copy(FLOWS, tmp_path / "flows.py")
+@pytest.mark.parametrize("example", [FLOWS, PAYER], ids=["flows", "payer"])
+def test_the_workflow_file_passes_pyright_strict(tmp_path: Path, example: Path) -> None:
+    """The tutorial's workflow files have no error under pyright in strict mode, as user code."""
+    shutil.copy(example, tmp_path / "flows.py")
     config = {"typeCheckingMode": "strict", "include": ["flows.py"]}
     (tmp_path / "pyrightconfig.json").write_text(json.dumps(config))
     result = subprocess.run(

@@ -1,14 +1,14 @@
 """An agent that asks a person before it charges a card, and waits for the answer.
 
-The run quotes the order, asks for approval (a message in outbox.json, as a
+The run quotes the order, asks for approval (a message in messages.json, as a
 chat or an email would carry it), then waits for the signal ``approve``:
-``{"approved": true}`` charges the card (bank.json stands in for the payment
+``{"approved": true}`` charges the card (payments.json stands in for the payment
 provider, which deduplicates by idempotency key), anything else is a denial,
 and no answer within the order's ``timeout_s`` lets the order expire. While
 it waits, the run holds no attempt and no slot; a crash or a stop during the
 wait loses nothing, and the resumed run waits only for what is left.
 
-Run it with ``attempt-kernel run payer.py:payer --input '{"order": ...}'``
+Run it with ``attempt-kernel run payer:payer --input '{"order": ...}'``
 (docs/tutorial.md, "Waiting for a human").
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from attempt_kernel import JSON, RunContext, StepContext, workflow
 
-BANK = Path("bank.json")
-OUTBOX = Path("outbox.json")
+PAYMENTS = Path("payments.json")
+MESSAGES = Path("messages.json")
 
 
 def _load(path: Path) -> dict[str, JSON]:
@@ -38,10 +38,10 @@ async def ask_for_approval(ctx: StepContext, order: str, amount_cents: int) -> J
     """Send the approver a message (once per key, as a mail provider would)."""
 
     async def send(key: str) -> JSON:
-        outbox = _load(OUTBOX)
+        outbox = _load(MESSAGES)
         if key not in outbox:
             outbox[key] = f"approve the charge of {amount_cents} cents for order {order}?"
-            _save(OUTBOX, outbox)
+            _save(MESSAGES, outbox)
         return {"asked": order}
 
     return await ctx.effect("ask-approver", send)
@@ -51,10 +51,10 @@ async def charge(ctx: StepContext, order: str, amount_cents: int) -> JSON:
     """Charge the card under the step's idempotency key."""
 
     async def charge_card(key: str) -> JSON:
-        bank = _load(BANK)
+        bank = _load(PAYMENTS)
         if key not in bank:  # the provider deduplicates by key
             bank[key] = {"order": order, "amount_cents": amount_cents, "charge": f"ch-{len(bank) + 1}"}
-            _save(BANK, bank)
+            _save(PAYMENTS, bank)
         return bank[key]
 
     return await ctx.effect("charge-card", charge_card)
@@ -63,7 +63,8 @@ async def charge(ctx: StepContext, order: str, amount_cents: int) -> JSON:
 def _field(order: JSON, name: str) -> JSON:
     if not isinstance(order, dict) or name not in order:
         raise TypeError(f"the run's input must be a JSON object with {name!r}, not {order!r}")
-    return order[name]
+    value: JSON = order[name]
+    return value
 
 
 @workflow("payer", version="1")
