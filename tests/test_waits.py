@@ -844,3 +844,32 @@ def test_progress_lines_say_what_a_run_waits_for() -> None:
     assert wait_line("a-1", WaitStarted(position=3, signal="go")) == "a-1 @3: waiting for signal 'go'"
     assert wait_line("a-1", WaitEnded(position=3, signal=4)) == "a-1 @3: wait ended (took signal 4)"
     assert wait_line("a-1", WaitEnded(position=2)) == "a-1 @2: wait ended (its wake time came)"
+
+
+def test_a_wait_from_inside_a_step_or_after_the_run_is_refused(tmp_path: Path) -> None:
+    kept: list[RunContext] = []
+
+    async def sneaky(ctx: StepContext) -> JSON:
+        run = kept[0]
+        try:
+            await run.sleep(1)
+        except WorkflowError as error:
+            return str(error)
+        return "slept"
+
+    @workflow("misuse")
+    async def misuse(run: RunContext) -> JSON:
+        kept.append(run)
+        return await run.step("inner", sneaky)
+
+    report = drive(tmp_path / "log.jsonl", misuse, "m-1", FakeTime())
+    assert report.result == (
+        "run.sleep() of run 'm-1' was called from inside a step (a step's function gets a"
+        " StepContext, not the RunContext)"
+    )
+    with pytest.raises(WorkflowError) as caught:
+        kept[0].wait_for_signal("go")
+    assert str(caught.value) == (
+        "run.wait_for_signal('go') was called after run 'm-1' finished; a wait belongs to the"
+        " run whose function calls it, while it runs"
+    )

@@ -356,19 +356,7 @@ class CodeRun:
         reconcilers: Mapping[str, Reconciler] | None = None,
         domain_states: Sequence[str] = (),
     ) -> Awaitable[Any]:
-        if self._closed:
-            raise WorkflowError(
-                f"run.step({name!r}) was called after run {self._run!r} finished; a step"
-                " belongs to the run whose function calls it, while it runs"
-            )
-        current = _CURRENT.get()
-        if current is not self:
-            where = (
-                "from inside a step (a step's function gets a StepContext, not the RunContext)"
-                if current is None
-                else f"from the function of run {current.run!r}"
-            )
-            raise WorkflowError(f"run.step({name!r}) of run {self._run!r} was called {where}")
+        self._check_call(f"run.step({name!r})", "a step")
         # typed str; this guards callers that ignored the annotations
         if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
             raise WorkflowError(f"run.step needs a non-empty step name, got {name!r}")
@@ -438,10 +426,11 @@ class CodeRun:
         length = None if timeout is None else _duration(timeout, "run.wait_for_signal(timeout=)")
         return self._wait_call(name, length)
 
-    def _check_call(self, what: str) -> None:
+    def _check_call(self, what: str, kind: str = "a wait") -> None:
+        """Refuse a call made after the run finished, from a step, or from another run."""
         if self._closed:
             raise WorkflowError(
-                f"{what} was called after run {self._run!r} finished; it belongs to the run"
+                f"{what} was called after run {self._run!r} finished; {kind} belongs to the run"
                 " whose function calls it, while it runs"
             )
         current = _CURRENT.get()
