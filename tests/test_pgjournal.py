@@ -130,7 +130,9 @@ def test_read_can_be_called_again(store: Journal) -> None:
     assert list(store.read()) == list(store.read())
 
 
-@pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), b"bytes"], ids=repr)
+@pytest.mark.parametrize(
+    "value", [{1, 2}, object(), float("nan"), b"bytes"], ids=["set", "object", "nan", "bytes"]
+)
 def test_unencodable_value_raises_and_writes_nothing(store: Journal, value: object) -> None:
     """A value JSON cannot carry is refused; the next append still gets the next number."""
     store.append("r", AttemptCreated(step="s", attempt=1))

@@ -90,7 +90,9 @@ def test_every_change_round_trips(change: object, tmp_path: Path) -> None:
     assert items == [Record(line=1, seq=1, time_us=2, run="run-é", change=change)]  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("value", [{1, 2}, object(), float("nan"), b"bytes"], ids=repr)
+@pytest.mark.parametrize(
+    "value", [{1, 2}, object(), float("nan"), b"bytes"], ids=["set", "object", "nan", "bytes"]
+)
 def test_unencodable_value_is_refused_and_nothing_is_written(value: object, tmp_path: Path) -> None:
     """A result JSON cannot carry raises UnencodableRecord; the log stays as it was."""
     path = write_log(tmp_path / "log", simple_changes())
