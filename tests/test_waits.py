@@ -868,7 +868,7 @@ def test_a_wait_from_inside_a_step_or_after_the_run_is_refused(tmp_path: Path) -
         " StepContext, not the RunContext)"
     )
     with pytest.raises(WorkflowError) as caught:
-        kept[0].wait_for_signal("go")
+        _ = kept[0].wait_for_signal("go")  # raises at the call, before anything to await
     assert str(caught.value) == (
         "run.wait_for_signal('go') was called after run 'm-1' finished; a wait belongs to the"
         " run whose function calls it, while it runs"
