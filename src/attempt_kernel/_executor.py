@@ -139,7 +139,7 @@ class RunControl:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
-        self.reason = ""
+        self.reason: str = ""
         """Why it was cancelled, as the record says (set by `cancel`)."""
 
     def cancel(self, reason: str = "") -> None:
