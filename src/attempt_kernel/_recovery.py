@@ -151,7 +151,7 @@ def recover(
     cancel was decided, and returns the rest to resume: unfinished runs, and
     runs that ended needing reconciliation and were reconciled since.
     ``source`` names the journal in error messages. ``only_runs``, if given,
-    limits recovery to those runs (a worker taking one run over, spec §10),
+    limits recovery to those runs (a worker taking one run over),
     and takes up those of them that wait too (a worker claiming a released
     waiting run: handed back, or closed when its cancel was decided);
     ``skip_runs`` leaves those alone (runs a live worker drives); the whole
