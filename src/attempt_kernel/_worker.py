@@ -53,6 +53,7 @@ import asyncio
 import datetime
 import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -72,6 +73,7 @@ from ._errors import AttemptKernelError
 from ._coderun import WorkflowDiverged
 from ._executor import Executor, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
+from ._observe import RunObserver
 from ._pgjournal import (
     DEFAULT_SCHEMA,
     Lease,
@@ -89,6 +91,9 @@ from ._records import JSON, Change, LogItem, RunFinished, RunStarted
 from ._recovery import Recovery, recover
 from ._store import DispatchRefused
 from ._workflow import Workflow
+
+_LOGGER: Final = logging.getLogger("attempt_kernel.worker")
+"""A worker's own lines: claims, takeovers, lost leases, each run's end."""
 
 # --------------------------------------------------------------------------
 # Errors
@@ -507,7 +512,8 @@ class Worker:
     at which another worker takes its runs over, both in seconds.
     ``progress`` receives one line per state change and per claim, takeover
     and lost lease. ``stop_when_idle`` returns once no run of its workflows
-    is left undone in the journal (for tests and batch jobs).
+    is left undone in the journal (for tests and batch jobs). ``observers``
+    are handed to the executor of every run it drives (`RunObserver`).
     """
 
     def __init__(
@@ -523,6 +529,7 @@ class Worker:
         stop_when_idle: bool = False,
         progress: Callable[[str], None] | None = None,
         grace: float = 5.0,
+        observers: Sequence[RunObserver] = (),
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -541,6 +548,7 @@ class Worker:
         self._stop_when_idle: Final = stop_when_idle
         self._progress: Final = progress
         self._grace: Final = grace
+        self._observers: Final = tuple(observers)
         self._leases: Final[dict[str, Lease]] = {}
         self._executors: Final[set[Executor]] = set()
         self._driving: Final[dict[str, Executor]] = {}
@@ -577,7 +585,9 @@ class Worker:
 
     # ------------------------------------------------------------ helpers
 
-    def _say(self, line: str) -> None:
+    def _say(self, line: str, level: int = logging.INFO) -> None:
+        """A line of its own (a claim, a takeover, a run's end): logged, and to ``progress``."""
+        _LOGGER.log(level, "%s", line)
         if self._progress is not None:
             self._progress(line)
 
@@ -670,6 +680,7 @@ class Worker:
                 progress=self._progress,
                 pools=self._pools,
                 let_go_after=LET_GO_AFTER,
+                observers=self._observers,
             )
             self._executors.add(executor)
             self._driving[run] = executor
@@ -954,6 +965,7 @@ def run_worker(
     stop_when_idle: bool = False,
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
+    observers: Sequence[RunObserver] = (),
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -965,6 +977,7 @@ def run_worker(
         dead_after=dead_after,
         stop_when_idle=stop_when_idle,
         progress=progress,
+        observers=observers,
     )
     return worker.run(stop_on_signals=stop_on_signals)
 
