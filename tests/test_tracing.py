@@ -81,7 +81,9 @@ def summary(spans: tuple[ReadableSpan, ...]) -> list[Summary]:
     ]
 
 
-def traced(path: Path, flow: Workflow, *, cancel_after: int | None = None) -> tuple[InMemorySpanExporter, Seen]:
+def traced(
+    path: Path, flow: Workflow, *, cancel_after: int | None = None
+) -> tuple[InMemorySpanExporter, Seen]:
     """Run ``flow`` as run ``r-1`` with a Spans observer; cancel once ``cancel_after`` records are written."""
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -298,7 +300,8 @@ def test_a_stopped_run_ends_its_spans_with_its_last_live_attempt_as_interrupted(
         AttemptTransitioned(step="pay", attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=True),
                             to_state=Indeterminate()),
     ])  # fmt: skip
-    got = [(name, parent, start, end, attrs.get("attempt_kernel.run.status")) for name, parent, start, end, attrs, _ in summary(exporter.get_finished_spans())]
+    got = [(name, parent, start, end, attrs.get("attempt_kernel.run.status"))
+           for name, parent, start, end, attrs, _ in summary(exporter.get_finished_spans())]  # fmt: skip
     assert got == [
         ("effect charge", "attempt pay#1", T(4), T(6), None),
         ("attempt pay#1", "step pay", T(1), T(6), None),

@@ -221,7 +221,9 @@ class Spans:
 
     # ------------------------------------------------------------ building blocks
 
-    def _start(self, name: str, parent: Context | None, time_us: int, attributes: dict[str, str | int | bool]) -> tuple[Span, Context]:
+    def _start(
+        self, name: str, parent: Context | None, time_us: int, attributes: dict[str, str | int | bool]
+    ) -> tuple[Span, Context]:
         if parent is None:
             parent = self._root()  # a run is the root of its own trace (module doc)
         span = self._tracer.start_span(name, context=parent, attributes=attributes, start_time=_ns(time_us))
