@@ -512,3 +512,59 @@ def test_the_summaries_of_100_000_runs_are_the_fold_s(pg_url: str, big: str) -> 
         assert rows == folded(journal, frozenset())
     assert [r.run for r in rows[:2]] == ["r000000", "r000001"]
     assert (rows[0].status, rows[0].attempts, rows[0].started_us) == ("failed", 1, 1_800_000_000_000_001)
+
+
+# --------------------------------------------------------------------------
+# The statements that keep the summaries
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_a_leased_run_s_end_closes_its_row_and_its_summary_together(pg_url: str, schema: str) -> None:
+    """`append_and_complete` under the right lease: the row is done and the summary says succeeded."""
+    from attempt_kernel.postgres import Lease
+
+    with PgJournal(pg_url, schema=schema, lease=Lease(owner="me", fence=1), clock=fixed_clock()) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence, workflow) VALUES ('ok-1', 'me', 1, 'pay')")
+        journal.new_run("ok-1")
+        journal.append_all("ok-1", [RunStarted(workflow="pay"), *simple_changes()])
+        journal.append_and_complete("ok-1", [RunFinished()], outcome="succeeded")
+    assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "succeeded")]
+    assert sql_in(
+        pg_url, schema, "SELECT run, workflow, status, finished, attempts, started_us, ended_us FROM {s}.summaries"
+    ) == [("ok-1", "pay", "succeeded", True, 1, 1_000_000_000, 1_002_500_000)]
+
+
+@pytest.mark.postgres
+def test_the_summarized_closing_statement_sets_synchronous_commit(pg_url: str, schema: str) -> None:
+    """The close, the records and the summary: one statement, committed synchronously."""
+    from attempt_kernel._codec import encode_record
+    from attempt_kernel.postgres import Lease
+
+    with PgJournal(pg_url, schema=schema, leases={"r1": Lease(owner="w", fence=1)}) as journal:
+        sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 1)")
+        statement = journal._insert_closing(1, True)  # pyright: ignore[reportPrivateUsage]
+    summary = ("pay", "interrupted", False, 0, 7, None, None, "[]", 0)
+    with psycopg.connect(pg_url) as conn:  # a transaction, to look at the setting before commit
+        conn.execute("SET synchronous_commit = off")
+        conn.commit()
+        row = conn.execute(
+            statement, ("succeeded", "r1", "w", 1, 1, encode_record(1, 7, "r1", RunStarted(workflow="pay")), "r1", *summary)
+        ).fetchone()
+        setting = conn.execute("SHOW synchronous_commit").fetchone()
+        conn.commit()
+    assert (row, setting) == ((1,), ("on",))
+    assert sql_in(pg_url, schema, "SELECT run, status, started_us FROM {s}.summaries") == [("r1", "interrupted", 7)]
+
+
+def test_the_runs_help_names_the_filters_and_what_they_filter_on(capsys: pytest.CaptureFixture[str]) -> None:
+    """--help says the times are start times in UTC, and how --limit orders."""
+    with pytest.raises(SystemExit):
+        main(["runs", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for text in [
+        "--status STATUS", "--workflow NAME", "only runs started at TIME or later",
+        "only runs started before TIME", "at most N runs, the most recently started first",
+        "queued, running, waiting, interrupted, succeeded, failed, cancelled, needs-reconciliation",
+    ]:  # fmt: skip
+        assert text in out, text

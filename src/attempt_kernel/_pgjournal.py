@@ -1008,7 +1008,13 @@ class PgJournal:
                 # What the run holds so far: its next number, and the fold its summary comes from.
                 numbering = _Numbering(self._per_run_after, journal=False)
                 fold = Ledger()
-                fold.feed(self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False))
+                try:
+                    fold.feed(
+                        self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
+                    )
+                except PgJournalError as error:  # the connection failed, as an append's would
+                    self._broken = f"reading run {run!r} before appending to it failed: {error}"
+                    raise PgWriteFailed(f"{self._broken}; nothing was written") from error
                 first = numbering.last.get(run, 0) + 1
                 self._known(run, first, fold)
             # spec §10: client clocks skew; by default the database's clock stamps records.
