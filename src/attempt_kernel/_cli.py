@@ -23,7 +23,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from typing_extensions import assert_never, final
 
@@ -45,8 +45,12 @@ from ._recovery import Recovery
 from ._replay import replay
 from ._report import shown
 from ._resume import Supervisor, resume_log
+from ._runlist import ListedStatus, RunFilter, RunRow, parse_statuses, parse_time, select
 from ._store import Journal, LogSource
 from ._workflow import Workflow
+
+if TYPE_CHECKING:  # psycopg is an optional dependency: imported where a URL is opened
+    from ._pgjournal import PgJournal
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
@@ -157,13 +161,35 @@ def _parser() -> argparse.ArgumentParser:
     runs = commands.add_parser(
         "runs",
         help="list the runs in a log and where each stands",
-        description="One line per run: id, workflow, status (running, interrupted, "
-        "succeeded, failed, cancelled, needs-reconciliation), attempts, start and end "
-        "time (UTC), domain state. The log is only read. Exit 0, or 2 for usage or I/O "
-        "errors.",
+        description="One line per run: id, workflow, status (queued, running, waiting, "
+        "interrupted, succeeded, failed, cancelled, needs-reconciliation), attempts, start "
+        "and end time (UTC), domain state; a queued run (submitted to a PostgreSQL journal, "
+        "not claimed yet) shows its submit time as its start. The filters narrow the list; "
+        "without --limit every run that passes them is listed in the log's order, with "
+        "--limit N the N most recently started, newest first. On a PostgreSQL journal the "
+        "runs' summaries answer, not a read of the whole journal. The log is only read. "
+        "Exit 0, or 2 for usage or I/O errors (a bad filter reads nothing).",
     )
-    runs.add_argument("log", metavar="LOG", help="path of a run log")
+    runs.add_argument("log", metavar="LOG|URL", help="path of a run log, or postgresql://...")
     runs.add_argument("--json", action="store_true", help="print one JSON object")
+    runs.add_argument(
+        "--status", type=_statuses, action="append", metavar="STATUS",
+        help="only runs with this status; repeat it or give a comma list (failed,cancelled)",
+    )  # fmt: skip
+    runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
+    runs.add_argument(
+        "--since", type=_utc_time, metavar="TIME",
+        help="only runs started at TIME or later (ISO-8601 UTC as STARTED prints it:"
+        " 2026-12-01T14:07:55Z or 2026-12-01T14:07:55.123Z)",
+    )  # fmt: skip
+    runs.add_argument(
+        "--until", type=_utc_time, metavar="TIME",
+        help="only runs started before TIME (same form as --since)",
+    )  # fmt: skip
+    runs.add_argument(
+        "--limit", type=_positive_int, metavar="N",
+        help="at most N runs, the most recently started first",
+    )  # fmt: skip
     show = commands.add_parser(
         "show",
         help="show one run step by step",
@@ -331,6 +357,20 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _statuses(text: str) -> tuple[ListedStatus, ...]:
+    try:
+        return parse_statuses(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _utc_time(text: str) -> int:
+    try:
+        return parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -421,6 +461,10 @@ def _is_url(log: str) -> bool:
 
 def _pg(url: str) -> Journal:
     """The PostgreSQL journal a URL names (psycopg is an optional dependency)."""
+    return _pg_journal(url)
+
+
+def _pg_journal(url: str) -> PgJournal:
     try:
         from ._pgjournal import PgJournal
     except ImportError as error:
@@ -682,24 +726,63 @@ def _recover(args: argparse.Namespace) -> int:
     return 2 if resumed.diverged else code
 
 
+def _run_filter(args: argparse.Namespace) -> RunFilter:
+    """The filter the `runs` flags say (each checked by argparse already)."""
+    given: list[tuple[ListedStatus, ...]] | None = args.status
+    return RunFilter(
+        statuses=None if given is None else frozenset(s for group in given for s in group),
+        workflow=args.workflow,
+        since_us=args.since,
+        until_us=args.until,
+        limit=args.limit,
+    )
+
+
+def listed_runs(log: str, only: RunFilter) -> tuple[list[RunRow], int]:
+    """What `attempt-kernel runs LOG` prints for ``only``: its rows, and the log's violations.
+
+    A log file is folded, then filtered; a PostgreSQL journal answers from
+    its runs' summaries (`PgJournal.listed`), without a read of the journal.
+    """
+    if _is_url(log):
+        with _pg_journal(log) as journal:
+            return journal.listed(only)
+    ledger = Ledger()
+    ledger.feed(FileLog(log).read())
+    views: list[RunView] = list(ledger.runs.values())
+    held = held_runs(log)
+    rows = [RunRow.of(view, held is None or view.run in held) for view in views]
+    return select(rows, only), ledger.violation_count
+
+
 def _runs(args: argparse.Namespace) -> int:
     log_path: str = args.log
-    ledger = Ledger()
-    ledger.feed(_source(log_path).read())
-    views: list[RunView] = list(ledger.runs.values())
-    held = held_runs(log_path)
-    rows = [_report.RunRow.of(view, held is None or view.run in held) for view in views]
+    only = _run_filter(args)
+    rows, violations = listed_runs(log_path, only)
     if args.json:
-        sys.stdout.write(_report.runs_json(rows, log_path, ledger.violation_count))
+        sys.stdout.write(_report.runs_json(rows, log_path, violations))
     else:
-        sys.stdout.write(_report.runs_text(rows, log_path, ledger.violation_count))
+        filtered = only != RunFilter()
+        sys.stdout.write(_report.runs_text(rows, log_path, violations, filtered=filtered))
     return EXIT_OK
 
 
 def _show(args: argparse.Namespace) -> int:
     log_path: str = args.log
     run: str = args.run
-    history = run_history(_source(log_path).read(), run)
+    if _is_url(log_path):
+        # Only this run's records (an index range), never the whole journal.
+        with _pg_journal(log_path) as journal:
+            history = run_history(journal.read_run(run), run)
+            queued = journal.queued(run) if history is None else None
+        if queued is not None:
+            if args.json:
+                sys.stdout.write(_report.queued_json(queued.run, queued.workflow, queued.submitted_us))
+            else:
+                sys.stdout.write(_report.queued_text(queued.run, queued.workflow, queued.submitted_us))
+            return EXIT_OK
+    else:
+        history = run_history(FileLog(log_path).read(), run)
     if history is None:
         name = _redacted(log_path)
         raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
