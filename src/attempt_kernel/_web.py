@@ -46,8 +46,8 @@ from ._codec import intent_cause_name, intent_state_name, state_name, cause_name
 from ._errors import AttemptKernelError
 from ._history import IntentEvent, RunHistory, run_history
 from ._ledger import Ledger, RunStanding
-from ._deliver import cancel_run, reconcile_intent, send_signal
 from ._operate import Delivered, OperationRefused
+from ._operations import cancel_run, held_runs, reconcile_intent, resume_run, send_signal
 from ._records import JSON, LogItem
 from ._report import RunRow, short, shown, when
 from ._store import LogSource
@@ -733,31 +733,3 @@ def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], N
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.server_close()
-
-
-# Until the operations module has them: which runs a live process drives, and resume.
-
-
-def held_runs(log: str) -> frozenset[str] | None:
-    if log.startswith(("postgresql://", "postgres://")):
-        from ._pgjournal import held_runs as pg_held
-
-        return pg_held(log)
-    import fcntl
-    import os
-
-    try:
-        fd = os.open(log, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return frozenset()
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return None
-    finally:
-        os.close(fd)
-    return frozenset()
-
-
-def resume_run(log: str, run: str, workflows: Iterable[Workflow] = ()) -> str:
-    raise OperationRefused(f"resume of run {run!r}: not available yet")
