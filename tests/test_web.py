@@ -265,7 +265,7 @@ def test_a_run_page_shows_its_timeline_waits_and_signal_form(approvals: Path) ->
         status, page = Client(url).get("/runs/a-1")
     assert status == 200
     assert '<span class="badge s-waiting" id="run-status">waiting</span>' in page
-    assert re.search(r'<text class="rowname step"[^>]*><title>ask@1</title>ask@1</text>', page)
+    assert re.search(r'<title>ask@1</title><text class="rowname step"[^>]*>ask@1</text>', page)
     assert ">#1 Succeeded</text>" in page and ">waiting</text>" in page
     for word in ("Succeeded", "Failed", "Indeterminate", "Cancelled", "TimedOut", "Running", "Pending", "wait"):
         assert f'">{word}</text>' in page  # the legend

@@ -179,7 +179,7 @@ RUN: Final = """{% extends "base.html" %}
 {% for t in tl.ticks %}<line class="grid" x1="{{ t.x }}" x2="{{ t.x }}" y1="{{ tl.chart_top }}" y2="{{ tl.chart_bottom }}"/>
 <text class="tick" x="{{ t.x }}" y="14" text-anchor="middle">{{ t.text }}</text>
 {% endfor %}
-{% for row in tl.rows %}<text class="rowname {{ row.kind }}" x="6" y="{{ row.y + 19 }}"><title>{{ row.full }}</title>{{ row.name }}</text>
+{% for row in tl.rows %}<g><title>{{ row.full }}</title><text class="rowname {{ row.kind }}" x="6" y="{{ row.y + 19 }}">{{ row.name }}</text></g>
 {% endfor %}
 {% for b in tl.bars %}<g><title>{{ b.title }}</title>
 <rect class="{{ b.css }}{% if b.open %} open{% endif %}" x="{{ b.x }}" y="{{ b.y }}" width="{{ b.width }}" height="{{ b.height }}" rx="3"/>
