@@ -464,10 +464,8 @@ class WebView:
         try:
             text = self._perform(run, action, form, session)
             self._flash(session, Flash(kind="ok", text=text))
-        except OperationRefused as error:
-            self._flash(session, Flash(kind="refused", text=f"Refused: {shown(str(error))}"))
-        except AttemptKernelError as error:
-            self._flash(session, Flash(kind="refused", text=f"Failed: {shown(str(error))}; nothing was written"))
+        except AttemptKernelError as error:  # OperationRefused among them: nothing was written
+            self._flash(session, _flash_of(error))
         return Response(status=303, body=b"", location=_run_href(run))
 
     def _where(self, delivered: Delivered) -> str:
@@ -513,43 +511,55 @@ class WebView:
                 raise OperationRefused(f"no action {action!r}")
 
     def _resume(self, run: str, session: str) -> str:
-        """Resume in a thread of its own (it may drive the run for long); answer
-        with what it did if that comes within `RESUME_WAIT`, else say it goes on."""
+        """Resume in a thread of its own (on a file log it drives the run, maybe for
+        long); answer with what it did if that comes within `RESUME_WAIT`, else say
+        it goes on, and show what it did on this browser's next page."""
         with self._flash_lock:
             if run in self._resuming:
                 raise OperationRefused(f"run {run!r} is being resumed by this server already")
             self._resuming.add(run)
-        done = threading.Event()
-        said: list[Flash] = []
+        outcome = _Outcome()
 
         def go() -> None:
             try:
-                said.append(Flash(kind="ok", text=shown(resume_run(self.log, run, self._workflows))))
-            except OperationRefused as error:
-                said.append(Flash(kind="refused", text=f"Refused: {shown(str(error))}"))
-            except AttemptKernelError as error:
-                said.append(Flash(kind="refused", text=f"Resuming failed: {shown(str(error))}"))
-            finally:
-                with self._flash_lock:
-                    self._resuming.discard(run)
-                if not done.is_set():
-                    done.set()
-                else:  # the request has answered: show it on the browser's next page
-                    for flash in said:
-                        self._flash(session, flash)
+                said: str | AttemptKernelError = resume_run(self.log, run, self._workflows)
+            except AttemptKernelError as error:  # OperationRefused among them
+                said = error
+            with self._flash_lock:
+                self._resuming.discard(run)
+                outcome.said = said
+                late = outcome.answered
+            if late:
+                self._flash(session, _flash_of(said))
 
         thread = threading.Thread(target=go, name=f"resume {run}", daemon=True)
         thread.start()
         thread.join(RESUME_WAIT)
-        if said:
-            flash = said[0]
-            if flash.kind == "refused":
-                raise OperationRefused(flash.text.removeprefix("Refused: "))
-            return flash.text
-        done.set()
-        if said:  # it finished between the join and the set: its flash is not lost
-            return said[0].text
-        return f"Resuming run {shown(run)} in this server's process; reload to follow it."
+        with self._flash_lock:
+            outcome.answered = True
+            said = outcome.said
+        if said is None:
+            return f"Resuming run {shown(run)} in this server's process; reload to follow it."
+        if isinstance(said, str):
+            return shown(said)
+        raise said
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What a resume thread said, and whether its request answered before it did
+    (guarded by the view's flash lock)."""
+
+    said: str | AttemptKernelError | None = None
+    answered: bool = False
+
+
+def _flash_of(said: str | AttemptKernelError) -> Flash:
+    if isinstance(said, str):
+        return Flash(kind="ok", text=shown(said))
+    if isinstance(said, OperationRefused):
+        return Flash(kind="refused", text=f"Refused: {shown(str(said))}")
+    return Flash(kind="refused", text=f"Failed: {shown(str(said))}")
 
 
 def _awaited(history: RunHistory) -> str:
@@ -589,8 +599,10 @@ def _attempt_rows(history: RunHistory) -> list[dict[str, object]]:
                     "step": shown(step.name), "number": a.number,
                     "state": "Pending" if a.state is None else state_name(a.state),
                     "created": when(a.created_us),
+                    "css": "st-" + ("Pending" if a.state is None else state_name(a.state)).lower(),
+                    # the time of day only: the date is the creation's, a column to the left
                     "moves": [
-                        f"{when(m.time_us)} {state_name(m.from_state)} -> {state_name(m.to_state)}"
+                        f"{when(m.time_us)[11:]} {state_name(m.from_state)} → {state_name(m.to_state)}"
                         f" ({cause_name(m.cause)})"
                         for m in a.moves
                     ],
@@ -725,8 +737,8 @@ def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], N
         raise _Stop
 
     previous = signal.signal(signal.SIGTERM, on_term)
-    announce(address_of(server))
     try:
+        announce(address_of(server))  # inside: a signal may come as soon as it is said
         server.serve_forever(poll_interval=0.2)
     except (KeyboardInterrupt, _Stop):
         pass

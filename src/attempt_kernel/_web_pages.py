@@ -22,7 +22,7 @@ header a { color: #fff; text-decoration: none; font-weight: 600; }
 header .source { color: #c9d1d9; font-size: 13px; font-family: ui-monospace, monospace; }
 main { max-width: 1060px; margin: 18px auto; padding: 0 20px; }
 section { background: var(--paper); border: 1px solid var(--line); border-radius: 8px;
-  padding: 14px 18px; margin-bottom: 16px; }
+  padding: 14px 18px; margin-bottom: 16px; overflow-x: auto; }
 h1 { font-size: 22px; margin: 0 0 4px; word-break: break-all; }
 h2 { font-size: 16px; margin: 0 0 10px; }
 table { border-collapse: collapse; width: 100%; }
@@ -65,6 +65,10 @@ button.danger { background: #cf222e; border-color: #cf222e; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 14px; margin: 8px 0 0; }
 dl.facts dt { color: var(--muted); }
 dl.facts dd { margin: 0; }
+.dot { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 6px; }
+td.state { white-space: nowrap; }
+td.outcome { min-width: 220px; }
+table + table { margin-top: 14px; }
 .pager { margin-top: 10px; display: flex; gap: 14px; }
 svg.timeline { width: 100%; height: auto; font: 12px system-ui, sans-serif; }
 svg.timeline .rowname { fill: var(--ink); }
@@ -200,10 +204,10 @@ RUN: Final = """{% extends "base.html" %}
 <tbody>
 {% for a in attempts %}<tr>
 <td>{{ a.step }}</td><td>{{ a.number }}</td>
-<td><span class="badge st-text">{{ a.state }}</span></td>
+<td class="state"><span class="dot {{ a.css }}"></span>{{ a.state }}</td>
 <td class="time">{{ a.created }}</td>
 <td class="time">{% for m in a.moves %}{{ m }}<br>{% endfor %}</td>
-<td class="mono">{{ a.outcome }}</td>
+<td class="mono outcome">{{ a.outcome }}</td>
 </tr>
 {% else %}<tr><td colspan="6" class="muted">No attempts.</td></tr>
 {% endfor %}</tbody>
