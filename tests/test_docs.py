@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attempt_kernel import JSON, Executor, RunLogWriter, SignalSent, Workflow
+from attempt_kernel import JSON, Executor, RunLogWriter, RunObserver, SignalSent, Step, StepContext, Workflow, load_workflow
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -186,9 +186,42 @@ def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> N
     ]
 
 
+def test_executor_doc_observer_counts_final_states(tmp_path: Path) -> None:
+    """docs/executor.md's observer, given to an executor, counts one Succeeded attempt."""
+    doc = (README.parent / "docs" / "executor.md").read_text()
+    namespace: dict[str, object] = {"__name__": "docs_observer"}
+    exec(compile(block_with(doc, "class FinalStates:"), "docs/executor.md", "exec"), namespace)
+    watching = namespace["watching"]
+    assert isinstance(watching, RunObserver)
+
+    async def greet(ctx: StepContext) -> JSON:
+        return "hi"
+
+    async def main() -> None:
+        with RunLogWriter(tmp_path / "o.jsonl") as log:
+            await Executor(log, observers=[watching]).run(load_workflow("w", [Step(name="g", run=greet)]), "r")
+
+    asyncio.run(main())
+    assert getattr(watching, "counts") == {"Succeeded": 1}
+
+
+def test_tracing_doc_example_prints_its_span_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/tracing.md's example runs one step and prints the three spans its comment shows."""
+    doc = (README.parent / "docs" / "tracing.md").read_text()
+    block = block_with(doc, "Spans(provider.get_tracer")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/tracing.md", "exec"), {"__name__": "docs_tracing"})
+    out = capsys.readouterr().out
+    assert out == "['attempt greet#1', 'step greet', 'run hello']\n"
+    assert "# " + out in block
+    assert (tmp_path / "greet.jsonl").exists()
+
+
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has two python blocks, executor.md four (run above),
-    agents.md one (run by test_agents.py)."""
+    """No example escapes running: README has two python blocks, executor.md five (run above),
+    agents.md one (run by test_agents.py), tracing.md one (run above)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
         for path in [README, *sorted((README.parent / "docs").glob("*.md"))]
@@ -196,5 +229,6 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     assert {name: n for name, n in counts.items() if n} == {
         "README.md": 2,
         "agents.md": 1,
-        "executor.md": 4,
+        "executor.md": 5,
+        "tracing.md": 1,
     }

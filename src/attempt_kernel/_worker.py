@@ -53,6 +53,7 @@ import asyncio
 import datetime
 import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -72,6 +73,7 @@ from ._errors import AttemptKernelError
 from ._coderun import WorkflowDiverged
 from ._executor import Executor, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
+from ._observe import RunObserver
 from ._pgjournal import (
     DEFAULT_SCHEMA,
     Lease,
@@ -89,6 +91,9 @@ from ._records import JSON, Change, LogItem, RunFinished, RunStarted
 from ._recovery import Recovery, recover
 from ._store import DispatchRefused
 from ._workflow import Workflow
+
+_LOGGER: Final = logging.getLogger("attempt_kernel.worker")
+"""A worker's own lines: claims, takeovers, lost leases, each run's end."""
 
 # --------------------------------------------------------------------------
 # Errors
@@ -507,7 +512,8 @@ class Worker:
     at which another worker takes its runs over, both in seconds.
     ``progress`` receives one line per state change and per claim, takeover
     and lost lease. ``stop_when_idle`` returns once no run of its workflows
-    is left undone in the journal (for tests and batch jobs).
+    is left undone in the journal (for tests and batch jobs). ``observers``
+    are handed to the executor of every run it drives (`RunObserver`).
     """
 
     def __init__(
@@ -523,6 +529,7 @@ class Worker:
         stop_when_idle: bool = False,
         progress: Callable[[str], None] | None = None,
         grace: float = 5.0,
+        observers: Sequence[RunObserver] = (),
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -541,6 +548,7 @@ class Worker:
         self._stop_when_idle: Final = stop_when_idle
         self._progress: Final = progress
         self._grace: Final = grace
+        self._observers: Final = tuple(observers)
         self._leases: Final[dict[str, Lease]] = {}
         self._executors: Final[set[Executor]] = set()
         self._driving: Final[dict[str, Executor]] = {}
@@ -577,7 +585,9 @@ class Worker:
 
     # ------------------------------------------------------------ helpers
 
-    def _say(self, line: str) -> None:
+    def _say(self, line: str, level: int = logging.INFO) -> None:
+        """A line of its own (a claim, a takeover, a run's end): logged, and to ``progress``."""
+        _LOGGER.log(level, "%s", line)
         if self._progress is not None:
             self._progress(line)
 
@@ -594,7 +604,7 @@ class Worker:
             _statement(_FIND_DEAD, self._schema), (self.id, self._dead_after)
         ).fetchall()
         for (worker,) in dead:
-            self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)")
+            self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)", logging.WARNING)
 
     def _claim(self, conn: psycopg.Connection[tuple[object, ...]]) -> _Claim | None:
         """One fenced statement: a queued run, or one whose owner was found dead (`_find_dead`)."""
@@ -642,7 +652,7 @@ class Worker:
         if claim.previous is None:
             self._say(f"{run}: claimed at fence {claim.fence}")
         else:
-            self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}")
+            self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}", logging.WARNING)
         executor: Executor | None = None
         try:
             prior = None
@@ -654,7 +664,8 @@ class Worker:
                 for orphan in recovery.orphans:
                     self._say(
                         f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
-                        f" {type(orphan.to_state).__name__}"
+                        f" {type(orphan.to_state).__name__}",
+                        logging.WARNING,
                     )
                 # spec §10: only now that no attempt of an older fence is Running
                 # in the journal may the slots it held be taken again.
@@ -670,6 +681,7 @@ class Worker:
                 progress=self._progress,
                 pools=self._pools,
                 let_go_after=LET_GO_AFTER,
+                observers=self._observers,
             )
             self._executors.add(executor)
             self._driving[run] = executor
@@ -693,18 +705,18 @@ class Worker:
             ).rowcount != 1:
                 raise LeaseLost(run, lease)
         except LeaseLost as lost:
-            self._say(f"{run}: LeaseLost: {lost}")
+            self._say(f"{run}: LeaseLost: {lost}", logging.WARNING)
             return False
         except WorkflowDiverged as diverged:
             # Nothing was written for the run. Its row is closed as "diverged",
             # so that no worker with this code takes it again and again; the
             # journal still holds it unfinished, and `recover URL --workflows`
             # with the code it started with resumes it.
-            self._say(f"{run}: {diverged}")
+            self._say(f"{run}: {diverged}", logging.ERROR)
             if conn.execute(
                 _statement(_COMPLETE, self._schema), ("diverged", run, lease.owner, lease.fence)
             ).rowcount != 1:
-                self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}")
+                self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}", logging.WARNING)
                 return False
             return True
         finally:
@@ -954,6 +966,7 @@ def run_worker(
     stop_when_idle: bool = False,
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
+    observers: Sequence[RunObserver] = (),
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -965,6 +978,7 @@ def run_worker(
         dead_after=dead_after,
         stop_when_idle=stop_when_idle,
         progress=progress,
+        observers=observers,
     )
     return worker.run(stop_on_signals=stop_on_signals)
 
