@@ -552,5 +552,5 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
     finally:
         journal.close()
     assert status == 303
-    assert flash == "Signal 'approve' sent to run p-1: recorded in the log."
+    assert flash == "Signal 'approve' sent to run p-1: recorded in the journal."
     assert "<td>not taken yet</td>" in page

@@ -1081,7 +1081,9 @@ def _serve(args: argparse.Namespace) -> int:
     workflows = [load_target(t) for t in args.workflows]
     if not _is_url(log) and not os.path.isfile(log):
         raise _Usage(f"no run log file {log!r} (serve reads a log that exists)")
-    view = WebView(log, _source(log), shown_as=_redacted(log), workflows=workflows)
+    source = _source(log)
+    # /metrics: WebView(metrics=...) takes a callable returning (body, content type).
+    view = WebView(log, source, shown_as=_redacted(log), workflows=workflows)
     try:
         server = open_server(view, host, port)
     except OSError as error:
@@ -1100,7 +1102,12 @@ def _serve(args: argparse.Namespace) -> int:
     def announce(url: str) -> None:
         print(f"serve: {url} shows {shown(_redacted(log))}; Ctrl-C stops it", flush=True)
 
-    serve_until_stopped(server, announce)
+    try:
+        serve_until_stopped(server, announce)
+    finally:
+        close = getattr(source, "close", None)  # a PostgreSQL journal's connections
+        if callable(close):
+            close()
     print("serve: stopped", flush=True)
     return EXIT_OK
 

@@ -40,7 +40,7 @@ from typing import Final, Literal, get_args
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import jinja2
-from typing_extensions import TypeAlias, final
+from typing_extensions import TypeAlias, assert_never, final
 
 from ._codec import intent_cause_name, intent_state_name, state_name, cause_name
 from ._errors import AttemptKernelError
@@ -59,6 +59,10 @@ MetricsHook: TypeAlias = Callable[[], "tuple[bytes, str]"]
 """What ``/metrics`` serves: a callable returning the body and its content type."""
 
 FlashKind: TypeAlias = Literal["ok", "refused", "note"]
+
+Action: TypeAlias = Literal["signal", "cancel", "reconcile", "resume"]
+"""What a run page's forms post: the operator's actions."""
+ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
 
 DEFAULT_LIMIT: Final = 50
 MAX_LIMIT: Final = 500
@@ -154,6 +158,13 @@ def _parse_time(text: str, field: str) -> int | None:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return int(moment.timestamp() * 1_000_000)
+
+
+def _action(name: str) -> Action | None:
+    for action in ACTIONS:
+        if action == name:
+            return action
+    return None
 
 
 def _one(params: Mapping[str, list[str]], name: str) -> str:
@@ -309,8 +320,11 @@ class WebView:
                         return self._message(session, 404, "Not found", f"Nothing at {shown(split.path)}.")
             if request.method == "POST":
                 match parts:
-                    case ["runs", run, action] if action in ("signal", "cancel", "reconcile", "resume"):
-                        return self._post(run, action, request.body, known)
+                    case ["runs", run, name]:
+                        chosen = _action(name)
+                        if chosen is None:
+                            return self._message(session, 404, "Not found", f"No action {shown(name)!r}.")
+                        return self._post(run, chosen, request.body, known)
                     case _:
                         return self._message(session, 404, "Not found", f"No action at {shown(split.path)}.")
             return self._message(session, 405, "Method not allowed", f"{shown(request.method)} is not served.")
@@ -452,7 +466,7 @@ class WebView:
 
     # ------------------------------------------------------------ actions
 
-    def _post(self, run: str, action: str, body: bytes, session: str | None) -> Response:
+    def _post(self, run: str, action: Action, body: bytes, session: str | None) -> Response:
         form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
         if session is None or not self._token_ok(session, _one(form, "csrf")):
             return Response(
@@ -469,13 +483,14 @@ class WebView:
         return Response(status=303, body=b"", location=_run_href(run))
 
     def _where(self, delivered: Delivered) -> str:
+        journal = self.log.startswith(("postgresql://", "postgres://"))
         if delivered.recorded:
-            return "recorded in the log"
-        if self.log.startswith(("postgresql://", "postgres://")):
+            return "recorded in the journal" if journal else "recorded in the log"
+        if journal:
             return "it waits in the journal's inbox: the worker driving the run takes it in within about a second"
         return "it waits in the log's inbox: the process writing the log takes it in within about a second"
 
-    def _perform(self, run: str, action: str, form: Mapping[str, list[str]], session: str) -> str:
+    def _perform(self, run: str, action: Action, form: Mapping[str, list[str]], session: str) -> str:
         """Do ``action`` through the operations module; what happened, for the flash."""
         match action:
             case "signal":
@@ -508,7 +523,7 @@ class WebView:
             case "resume":
                 return self._resume(run, session)
             case _:
-                raise OperationRefused(f"no action {action!r}")
+                assert_never(action)
 
     def _resume(self, run: str, session: str) -> str:
         """Resume in a thread of its own (on a file log it drives the run, maybe for
