@@ -67,7 +67,9 @@ dl.facts dt { color: var(--muted); }
 dl.facts dd { margin: 0; }
 .dot { display: inline-block; width: 10px; height: 10px; border-radius: 2px; margin-right: 6px; }
 td.state { white-space: nowrap; }
-td.outcome { min-width: 220px; }
+td.outcome { min-width: 160px; max-width: 300px; }
+td.step { white-space: nowrap; }
+td.moves { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; }
 table + table { margin-top: 14px; }
 .pager { margin-top: 10px; display: flex; gap: 14px; }
 svg.timeline { width: 100%; height: auto; font: 12px system-ui, sans-serif; }
@@ -76,6 +78,8 @@ svg.timeline .rowname.wait { fill: #6e40c9; font-style: italic; }
 svg.timeline .grid { stroke: #eaeef2; }
 svg.timeline .tick { fill: var(--muted); font-size: 11px; }
 svg.timeline .barlabel { fill: var(--ink); font-size: 11px; }
+svg.timeline .barlabel.inside { fill: #fff; font-weight: 600; }
+svg.timeline g.bar-wait .barlabel.inside { fill: #3b2370; }
 svg.timeline .open { stroke-dasharray: 4 3; stroke: #24292f; stroke-width: 1; }
 .st-succeeded { fill: #2da44e; background: #2da44e; }
 .st-failed { fill: #cf222e; background: #cf222e; }
@@ -185,9 +189,9 @@ RUN: Final = """{% extends "base.html" %}
 {% endfor %}
 {% for row in tl.rows %}<g><title>{{ row.full }}</title><text class="rowname {{ row.kind }}" x="6" y="{{ row.y + 19 }}">{{ row.name }}</text></g>
 {% endfor %}
-{% for b in tl.bars %}<g><title>{{ b.title }}</title>
+{% for b in tl.bars %}<g class="bar-{{ b.css }}"><title>{{ b.title }}</title>
 <rect class="{{ b.css }}{% if b.open %} open{% endif %}" x="{{ b.x }}" y="{{ b.y }}" width="{{ b.width }}" height="{{ b.height }}" rx="3"/>
-{% if b.label %}<text class="barlabel" x="{{ b.x + b.width + 4 }}" y="{{ b.y + 14 }}">{{ b.label }}</text>{% endif %}</g>
+{% if b.label %}<text class="barlabel{% if b.inside %} inside{% endif %}" x="{{ b.label_x }}" y="{{ b.y + 14 }}">{{ b.label }}</text>{% endif %}</g>
 {% endfor %}
 <g class="legend" transform="translate({{ tl.label_width }}, {{ tl.legend_y }})">
 {% for s in tl.legend %}<rect class="{{ s.css }}" x="{{ s.x }}" y="6" width="16" height="12" rx="2"/><text x="{{ s.x + 20 }}" y="16">{{ s.text }}</text>
@@ -203,10 +207,10 @@ RUN: Final = """{% extends "base.html" %}
 <thead><tr><th>Step</th><th>#</th><th>State</th><th>Created</th><th>Moves</th><th>Result / error</th></tr></thead>
 <tbody>
 {% for a in attempts %}<tr>
-<td>{{ a.step }}</td><td>{{ a.number }}</td>
+<td class="step">{{ a.step }}</td><td>{{ a.number }}</td>
 <td class="state"><span class="dot {{ a.css }}"></span>{{ a.state }}</td>
 <td class="time">{{ a.created }}</td>
-<td class="time">{% for m in a.moves %}{{ m }}<br>{% endfor %}</td>
+<td class="moves">{% for m in a.moves %}<div>{{ m }}</div>{% endfor %}</td>
 <td class="mono outcome">{{ a.outcome }}</td>
 </tr>
 {% else %}<tr><td colspan="6" class="muted">No attempts.</td></tr>

@@ -11,7 +11,7 @@ clock: the caller says what "now" is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final, Union
 
 from typing_extensions import TypeAlias, assert_never, final
@@ -33,7 +33,7 @@ from ._report import shown, when
 
 LABEL_WIDTH: Final = 190
 """Pixels left of the chart for the row names."""
-CHART_WIDTH: Final = 660
+CHART_WIDTH: Final = 600
 ROW_HEIGHT: Final = 30
 TOP: Final = 28
 """Pixels above the first row, for the time axis."""
@@ -43,6 +43,8 @@ MIN_BAR: Final = 3
 NAME_LIMIT: Final = 26
 """Row names longer than this are cut (the full name is the row's tooltip)."""
 TICKS: Final = 5
+CHAR_WIDTH: Final = 6.2
+"""About how wide a character of a bar's label is drawn, in pixels."""
 
 _Item: TypeAlias = Union[StepHistory, WaitHistory]
 """What a row shows: a step (its attempts) or a wait."""
@@ -70,6 +72,12 @@ class Bar:
     """The tooltip: what the bar is, with its times."""
     open: bool = False
     """It has not ended: drawn up to "now"."""
+    inside: bool = False
+    """The label is drawn inside the bar (it is wide enough), else after it."""
+
+    @property
+    def label_x(self) -> float:
+        return round(self.x + 5 if self.inside else self.x + self.width + 4, 1)
 
 
 @final
@@ -196,8 +204,8 @@ def timeline(history: RunHistory, *, open_until_us: int) -> Timeline:
                 bars.append(_wait_bar(item, axis, y))
             case StepHistory():
                 rows.append(Row(name=_cut(item.name), full=shown(item.name), kind="step", y=y))
-                for attempt in item.attempts:
-                    bars += _attempt_bars(item.name, attempt, axis, y)
+                row_bars = [bar for attempt in item.attempts for bar in _attempt_bars(item.name, attempt, axis, y)]
+                bars += _labels_apart(row_bars)
             case _:
                 assert_never(item)
     bottom = TOP + len(starts) * ROW_HEIGHT
@@ -214,7 +222,7 @@ def timeline(history: RunHistory, *, open_until_us: int) -> Timeline:
         x += 22 + 7.5 * len(word) + 14
     legend.append(Swatch(x=x, css="wait", text="wait"))
     return Timeline(
-        width=LABEL_WIDTH + CHART_WIDTH + 120,
+        width=LABEL_WIDTH + CHART_WIDTH + 200,
         height=bottom + 12 + LEGEND_HEIGHT,
         label_width=LABEL_WIDTH,
         chart_top=TOP - 6,
@@ -284,6 +292,29 @@ def _attempt_bars(step: str, attempt: AttemptHistory, axis: _Axis, y: float) -> 
         begin = admitted
     out.append(axis.bar(begin, end, y, f"st-{name.lower()}", f"#{attempt.number} {name}", title, ended is None))
     return out
+
+
+def _labels_apart(bars: list[Bar]) -> list[Bar]:
+    """The row's bars, each label inside its bar where it fits; when a label after
+    its bar would run into the next one, the labels that do not fit are said once,
+    together, after the last of them (``#1 Failed · #2 Succeeded``)."""
+    bars = [replace(bar, inside=True) if _fits(bar) else bar for bar in bars]
+    labelled = [bar for bar in bars if bar.label and not bar.inside]
+    clash = any(
+        bar.x + bar.width + 4 + CHAR_WIDTH * len(bar.label) > after.x
+        for bar, after in zip(labelled, labelled[1:])
+    )
+    if not clash:
+        return bars
+    together = " · ".join(bar.label for bar in labelled)
+    last = labelled[-1]
+    return [
+        replace(bar, label=together if bar is last else "") if bar in labelled else bar for bar in bars
+    ]
+
+
+def _fits(bar: Bar) -> bool:
+    return bool(bar.label) and bar.width >= CHAR_WIDTH * len(bar.label) + 10
 
 
 def _is_open(item: _Item) -> bool:
