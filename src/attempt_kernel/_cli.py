@@ -30,6 +30,7 @@ from typing_extensions import assert_never, final
 
 from . import _report, _table
 from ._codec import RunLogError, encode_record
+from ._version import __version__
 from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
@@ -67,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="attempt-kernel",
         description="The kernel of a durable runtime for agent workflows.",
     )
+    parser.add_argument("--version", action="version", version=f"attempt-kernel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     table = commands.add_parser(
         "table",
