@@ -31,7 +31,16 @@ from pathlib import Path
 import pytest
 
 from attempt_kernel import (
+    Admit,
+    AttemptState,
     Executor,
+    Fail,
+    Failed,
+    Pending,
+    Running,
+    Succeed,
+    Succeeded,
+    TransitionCause,
     IntentReconciled,
     Record,
     RunLogWriter,
@@ -45,7 +54,7 @@ from attempt_kernel._operations import cancel_run, resume_run
 from attempt_kernel._store import LogSource
 from attempt_kernel._web import MetricsHook, WebView, address_of, open_server
 from attempt_kernel._web_timeline import duration, timeline
-from attempt_kernel._history import run_history
+from attempt_kernel._history import AttemptHistory, Moved, RunHistory, StepHistory, run_history
 from waitflows import APPROVER
 
 TESTS = Path(__file__).resolve().parent
@@ -279,6 +288,36 @@ def test_the_timeline_has_a_row_per_step_and_wait_and_a_bar_per_attempt(approval
     assert [(r.kind, r.name) for r in drawn.rows] == [("step", "ask@1"), ("wait", "@2 wait for 'approve'")]
     labelled = [(b.css, b.label, b.open) for b in drawn.bars if b.label]
     assert labelled == [("st-succeeded", "#1 Succeeded", False), ("wait", "waiting", True)]
+
+
+def _attempt(number: int, created_ms: int, ended_ms: int, failed: bool) -> AttemptHistory:
+    """An attempt admitted as soon as it was created, ended ``ended_ms`` after the epoch."""
+    end: tuple[TransitionCause, AttemptState] = (Fail(), Failed()) if failed else (Succeed(), Succeeded())
+    return AttemptHistory(
+        number=number, created_us=created_ms * 1000, state=end[1],
+        moves=(
+            Moved(time_us=created_ms * 1000, from_state=Pending(), cause=Admit(), to_state=Running()),
+            Moved(time_us=ended_ms * 1000, from_state=Running(), cause=end[0], to_state=end[1]),
+        ),
+        intents=(), returned=not failed, result=None, error="boom" if failed else None, domain_states=(),
+    )  # fmt: skip
+
+
+def test_labels_that_would_overprint_are_said_together_after_their_row() -> None:
+    """A retry 20 ms after a failure, on a one-second axis: one label for both; a wide bar holds its own."""
+    history = RunHistory(
+        run="r", workflow="w", input=None, standing="succeeded", domain_state=None, events=(),
+        steps=(
+            StepHistory(name="search", attempts=(_attempt(1, 0, 10, True), _attempt(2, 30, 40, False))),
+            StepHistory(name="long", attempts=(_attempt(1, 0, 1000, False),)),
+        ),
+    )  # fmt: skip
+    drawn = timeline(history, open_until_us=0)
+    assert [(b.label, b.inside) for b in drawn.bars] == [
+        ("", False),
+        ("#1 Failed · #2 Succeeded", False),
+        ("#1 Succeeded", True),
+    ]
 
 
 @pytest.mark.parametrize(
