@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 import jinja2
 from typing_extensions import TypeAlias, assert_never, final
 
-from ._codec import intent_cause_name, intent_state_name, state_name, cause_name
+from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._errors import AttemptKernelError
 from ._history import IntentEvent, RunHistory, run_history
 from ._ledger import Ledger, RunStanding
@@ -58,7 +58,7 @@ from ._workflow import Workflow
 MetricsHook: TypeAlias = Callable[[], "tuple[bytes, str]"]
 """What ``/metrics`` serves: a callable returning the body and its content type."""
 
-FlashKind: TypeAlias = Literal["ok", "refused", "note"]
+FlashKind: TypeAlias = Literal["ok", "refused"]
 
 Action: TypeAlias = Literal["signal", "cancel", "reconcile", "resume"]
 """What a run page's forms post: the operator's actions."""
@@ -127,6 +127,15 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+def _names_loopback(host_header: str) -> bool:
+    """Does a Host header (``127.0.0.1:8421``, ``[::1]:8421``, ``localhost``) name this machine?"""
+    try:
+        name = urlsplit(f"//{host_header}").hostname
+    except ValueError:  # "[" with no "]", say
+        return False
+    return name is not None and is_loopback(name)
 
 
 def _json_field(text: str, field: str) -> JSON:
@@ -297,8 +306,7 @@ class WebView:
         return response
 
     def _route(self, request: Request, session: str, known: str | None) -> Response:
-        host = request.headers.get("host", "")
-        if self._loopback_only and not is_loopback(urlsplit(f"//{host}").hostname or ""):
+        if self._loopback_only and not _names_loopback(request.headers.get("host", "")):
             return self._message(
                 session, 403, "Refused",
                 "This server answers to its loopback address only (127.0.0.1 or localhost).",

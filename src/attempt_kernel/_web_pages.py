@@ -47,7 +47,6 @@ a { color: var(--accent); }
 .flash { padding: 10px 14px; border-radius: 6px; margin-bottom: 14px; border: 1px solid; }
 .flash.ok { background: #dafbe1; border-color: #4ac26b; }
 .flash.refused { background: #ffebe9; border-color: #ff8182; }
-.flash.note { background: #ddf4ff; border-color: #54aeff; }
 form.filters { display: flex; flex-wrap: wrap; gap: 10px; align-items: end; }
 label { display: flex; flex-direction: column; font-size: 12px; color: var(--muted); gap: 3px; }
 input, select, textarea { font: inherit; font-size: 14px; padding: 5px 7px;
