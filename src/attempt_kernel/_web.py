@@ -356,18 +356,20 @@ class WebView:
         since_text, until_text = _one(params, "since"), _one(params, "until")
         limit_text, older = _one(params, "limit"), _one(params, "older")
         problems: list[str] = []
+        # A filter that does not parse is named on the page and left out, links included.
         if status and status not in STATUSES:
             problems.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
+            status = ""
         try:
             since = _parse_time(since_text, "since")
         except ValueError as error:
             problems.append(str(error))
-            since = None
+            since, since_text = None, ""
         try:
             until = _parse_time(until_text, "until")
         except ValueError as error:
             problems.append(str(error))
-            until = None
+            until, until_text = None, ""
         limit = DEFAULT_LIMIT
         if limit_text:
             if limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT:
