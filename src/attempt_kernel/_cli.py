@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import io
 import json
@@ -334,6 +335,26 @@ def _parser() -> argparse.ArgumentParser:
         description="One line per pool: its name, its size and how many slots are held now.",
     )
     pools.add_argument("url", metavar="URL", help="postgresql://...")
+    serve = commands.add_parser(
+        "serve",
+        help="a web view of the runs, with the operator's actions (needs attempt-kernel[web])",
+        description="Serve a web view of the log or journal: the run list (filter by status, "
+        "workflow, start time), each run as a timeline of its attempts and waits, its intents "
+        "with their keys and states, its signals, and forms to signal, cancel, reconcile and "
+        "resume, which go through the same operations as the commands of those names. Listens "
+        "on 127.0.0.1 unless --host says otherwise (a non-loopback host makes the actions "
+        "reachable from the network: a warning says so). Ctrl-C or SIGTERM stops it. Exit 0 "
+        "when stopped, 2 for usage or I/O errors (a port in use, no Jinja2: install "
+        "attempt-kernel[web]).",
+    )
+    serve.add_argument("log", metavar="LOG|URL", help="a run log file, or postgresql://...")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_non_negative_int, default=8421, metavar="N",
+                       help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
+    serve.add_argument(
+        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
+        help="workflows that resume may drive in this process (a file log)",
+    )  # fmt: skip
     return parser
 
 
@@ -1134,6 +1155,48 @@ def _pools(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve(args: argparse.Namespace) -> int:
+    log: str = args.log
+    host: str = args.host
+    port: int = args.port
+    try:
+        from ._web import WebView, is_loopback, open_server, serve_until_stopped
+    except ImportError as error:
+        raise _Usage(f"serve needs Jinja2 ({error}); install attempt-kernel[web]") from None
+    workflows = [load_target(t) for t in args.workflows]
+    if not _is_url(log) and not os.path.isfile(log):
+        raise _Usage(f"no run log file {log!r} (serve reads a log that exists)")
+    source = _source(log)
+    # /metrics: WebView(metrics=...) takes a callable returning (body, content type).
+    view = WebView(log, source, shown_as=_redacted(log), workflows=workflows)
+    try:
+        server = open_server(view, host, port)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise _Usage(f"port {port} on {host} is in use; pick another with --port") from None
+        raise _Usage(f"cannot listen on {host} port {port}: {error.strerror or error}") from None
+    if not is_loopback(host):
+        print(
+            f"attempt-kernel serve: warning: listening on {shown(host)}, not loopback: anyone who"
+            " can reach this address can see the runs and signal, cancel, reconcile and resume"
+            " them",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def announce(url: str) -> None:
+        print(f"serve: {url} shows {shown(_redacted(log))}; Ctrl-C stops it", flush=True)
+
+    try:
+        serve_until_stopped(server, announce)
+    finally:
+        close = getattr(source, "close", None)  # a PostgreSQL journal's connections
+        if callable(close):
+            close()
+    print("serve: stopped", flush=True)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     for stream in (sys.stdout, sys.stderr):
@@ -1166,6 +1229,7 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "worker": _worker,
     "pool": _pool,
     "pools": _pools,
+    "serve": _serve,
 }
 
 
