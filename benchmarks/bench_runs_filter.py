@@ -38,7 +38,7 @@ from tests.bulkjournal import bulk_journal  # noqa: E402
 from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import _report  # noqa: E402
-from attempt_kernel._cli import listed_runs  # noqa: E402
+from attempt_kernel._operations import listed_runs  # noqa: E402
 from attempt_kernel._ledger import Ledger  # noqa: E402
 from attempt_kernel._runlist import RunFilter, RunRow, select  # noqa: E402
 from attempt_kernel._pgjournal import held_runs  # noqa: E402

@@ -41,7 +41,8 @@ from attempt_kernel import (
     RunStarted,
     WaitStarted,
 )
-from attempt_kernel._cli import listed_runs, main
+from attempt_kernel._cli import main
+from attempt_kernel._operations import listed_runs
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._runlist import LISTED_STATUSES, ListedStatus, RunFilter, RunRow, parse_time, select
 from attempt_kernel.postgres import PgJournal

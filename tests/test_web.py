@@ -26,12 +26,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
 from attempt_kernel import (
+    LogItem,
     Admit,
     AttemptState,
     Executor,
@@ -137,10 +138,11 @@ def serving(
     *,
     workflows: Sequence[Workflow] = (),
     metrics: MetricsHook | None = None,
+    one_run: Callable[[str], Iterable[LogItem]] | None = None,
 ) -> Generator[str, None, None]:
     """A server for ``log`` on a free loopback port, for the ``with`` block; its URL."""
     reader = source if source is not None else FileLog(log)
-    view = WebView(log, reader, shown_as=log, workflows=workflows, metrics=metrics)
+    view = WebView(log, reader, shown_as=log, workflows=workflows, metrics=metrics, one_run=one_run)
     server = open_server(view, "127.0.0.1", 0)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
@@ -243,7 +245,7 @@ def test_the_list_filters_by_status_workflow_and_start_time(trip_log: Path) -> N
     assert status == 400
     assert run_ids(page) == ["a-1"]  # the filters that parse still apply
     assert "since: &#39;yesterday&#39; is not a date (YYYY-MM-DD) or a time (YYYY-MM-DDTHH:MM)" in page
-    assert "status: &#39;lost&#39; is not one of running, waiting, interrupted" in page
+    assert "status: &#39;lost&#39; is not one of queued, running, waiting, interrupted" in page
 
 
 def test_the_list_is_paged_by_limit_with_an_older_link(approvals: Path) -> None:
@@ -590,8 +592,14 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
 
     asyncio.run(go())
     journal = PgJournal(db)
+    read_runs: list[str] = []
+
+    def one_run(run: str) -> Iterable[LogItem]:
+        read_runs.append(run)
+        return journal.read_run(run)
+
     try:
-        with serving(db, journal) as url:
+        with serving(db, journal, one_run=one_run) as url:
             client = Client(url)
             assert run_ids(client.get("/?status=waiting")[1]) == ["p-1"]
             assert client.get("/runs/p-2")[0] == 404
@@ -599,6 +607,7 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
             page = client.get("/runs/p-1")[1]
     finally:
         journal.close()
+    assert set(read_runs) == {"p-2", "p-1"}  # a run's page reads that run alone, never the journal
     assert status == 303
     assert flash == "Signal 'approve' sent to run p-1: recorded in the journal."
     assert "<td>not taken yet</td>" in page

@@ -23,7 +23,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import TYPE_CHECKING, Final
 
 from typing_extensions import assert_never, final
@@ -35,18 +35,20 @@ from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
-from ._ledger import Ledger, RunView
+from ._ledger import Ledger
 from ._observe import utc
 from ._logfile import FileLog, RunLogWriter
-from ._operations import deliver, held_runs, next_run_id, resume_run
+from ._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
 from ._inbox import inbox_path, inbox_size, settle_inbox
 from ._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
-from ._records import JSON, CorruptLine, IntentReconciled, Record, RunStarted, SignalSent, TornTail, WaitStarted
+from ._records import (
+    JSON, CorruptLine, IntentReconciled, LogItem, Record, RunStarted, SignalSent, TornTail, WaitStarted,
+)  # fmt: skip
 from ._recovery import Recovery
 from ._replay import replay
 from ._report import shown
 from ._resume import Supervisor, resume_log
-from ._runlist import ListedStatus, RunFilter, RunRow, parse_statuses, parse_time, select
+from ._runlist import ListedStatus, RunFilter, parse_statuses, parse_time
 from ._store import Journal, LogSource
 from ._workflow import Workflow
 
@@ -759,23 +761,6 @@ def _run_filter(args: argparse.Namespace) -> RunFilter:
     )
 
 
-def listed_runs(log: str, only: RunFilter) -> tuple[list[RunRow], int]:
-    """What `attempt-kernel runs LOG` prints for ``only``: its rows, and the log's violations.
-
-    A log file is folded, then filtered; a PostgreSQL journal answers from
-    its runs' summaries (`PgJournal.listed`), without a read of the journal.
-    """
-    if _is_url(log):
-        with _pg_journal(log) as journal:
-            return journal.listed(only)
-    ledger = Ledger()
-    ledger.feed(FileLog(log).read())
-    views: list[RunView] = list(ledger.runs.values())
-    held = held_runs(log)
-    rows = [RunRow.of(view, held is None or view.run in held) for view in views]
-    return select(rows, only), ledger.violation_count
-
-
 def _runs(args: argparse.Namespace) -> int:
     log_path: str = args.log
     only = _run_filter(args)
@@ -1166,9 +1151,14 @@ def _serve(args: argparse.Namespace) -> int:
     workflows = [load_target(t) for t in args.workflows]
     if not _is_url(log) and not os.path.isfile(log):
         raise _Usage(f"no run log file {log!r} (serve reads a log that exists)")
-    source = _source(log)
+    if _is_url(log):
+        journal = _pg_journal(log)
+        source: LogSource = journal
+        one_run: Callable[[str], Iterable[LogItem]] | None = journal.read_run
+    else:
+        source, one_run = _source(log), None
     # /metrics: WebView(metrics=...) takes a callable returning (body, content type).
-    view = WebView(log, source, shown_as=_redacted(log), workflows=workflows)
+    view = WebView(log, source, shown_as=_redacted(log), workflows=workflows, one_run=one_run)
     try:
         server = open_server(view, host, port)
     except OSError as error:

@@ -2,7 +2,9 @@
 
 The one place the command line (and the web view) asks to act on a run,
 and to know what an action needs: which runs a live process drives now
-(`held_runs`) and the next free run id (`next_run_id`).
+(`held_runs`), the runs a filter keeps (`listed_runs`: on PostgreSQL from
+the runs' summaries, never a read of the journal) and the next free run id
+(`next_run_id`).
 
 The transports: `deliver_to_file` for a file log (recorded at once when no
 other process writes the log, else left in its inbox, which that process
@@ -36,6 +38,7 @@ from ._operate import (
     signal_change,
 )
 from ._records import JSON, IntentReconciled
+from ._runlist import RunFilter, RunRow, select
 from ._workflow import Workflow
 
 
@@ -274,3 +277,26 @@ def resume_run(log: str | os.PathLike[str], run: str, workflows: Iterable[Workfl
         if report.run == run:
             return f"run {run!r} was resumed and ended {report.status}"
     return f"run {run!r} was recovered: nothing was left for it to do"
+
+
+def listed_runs(log: str | os.PathLike[str], only: RunFilter) -> tuple[list[RunRow], int]:
+    """The runs of ``log`` that ``only`` keeps (as `attempt-kernel runs` lists them), and the log's violations.
+
+    A log file is folded, then filtered; a PostgreSQL journal answers from
+    its runs' summaries (`PgJournal.listed`), without a read of the journal.
+    """
+    if _is_url(log):
+        assert isinstance(log, str)
+        try:
+            from ._pgjournal import PgJournal  # psycopg is an optional dependency
+        except ImportError as error:
+            raise OperationRefused(
+                f"a PostgreSQL journal needs psycopg ({error}); install attempt-kernel[postgres]"
+            ) from None
+        with PgJournal(log) as journal:
+            return journal.listed(only)
+    ledger = Ledger()
+    ledger.feed(FileLog(Path(log)).read())
+    held = held_runs(log)
+    rows = [RunRow.of(view, held is None or view.run in held) for view in ledger.runs.values()]
+    return select(rows, only), ledger.violation_count

@@ -47,9 +47,10 @@ from ._errors import AttemptKernelError
 from ._history import IntentEvent, RunHistory, run_history
 from ._ledger import Ledger, RunStanding
 from ._operate import Delivered, OperationRefused
-from ._operations import cancel_run, held_runs, reconcile_intent, resume_run, send_signal
+from ._operations import cancel_run, held_runs, listed_runs, reconcile_intent, resume_run, send_signal
+from ._runlist import LISTED_STATUSES, RunFilter, listed_status, select
 from ._records import JSON, LogItem
-from ._report import RunRow, short, shown, when
+from ._report import short, shown, when
 from ._store import LogSource
 from ._web_pages import STYLE, TEMPLATES
 from ._web_timeline import timeline
@@ -71,7 +72,6 @@ MAX_BODY: Final = 1 << 20
 RESUME_WAIT: Final = 2.0
 """Seconds a resume request waits for what resuming did, before it answers anyway."""
 SESSION_COOKIE: Final = "ak_session"
-STATUSES: Final[tuple[RunStanding, ...]] = get_args(RunStanding)
 LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
 SECURITY_HEADERS: Final = (
@@ -203,8 +203,10 @@ class WebView:
     ``log`` is what the operations are given (a file's path or a
     ``postgresql://`` URL); ``source`` reads it; ``shown_as`` names it on
     the pages (a URL without its password). ``workflows``: what resume may
-    drive in this process (a file log). ``metrics``: what ``/metrics``
-    serves, when given. ``clock``: seconds since the epoch, for drawing open
+    drive in this process (a file log). ``one_run``, when given, reads one
+    run's records (a PostgreSQL journal's `read_run`), so that a run's page
+    never reads the whole journal. ``metrics``: what ``/metrics`` serves,
+    when given. ``clock``: seconds since the epoch, for drawing open
     bars up to now.
     """
 
@@ -215,6 +217,7 @@ class WebView:
         *,
         shown_as: str,
         workflows: Iterable[Workflow] = (),
+        one_run: Callable[[str], Iterable[LogItem]] | None = None,
         metrics: MetricsHook | None = None,
         clock: Callable[[], float] = time.time,
         loopback_only: bool = True,
@@ -223,6 +226,7 @@ class WebView:
         self._source: Final = source
         self._shown_as: Final = shown_as
         self._workflows: Final = tuple(workflows)
+        self._one_run: Final = one_run
         self._metrics: Final = metrics
         self._clock: Final = clock
         self._loopback_only = loopback_only
@@ -244,8 +248,11 @@ class WebView:
 
     # ------------------------------------------------------------ plumbing
 
-    def _read(self) -> list[LogItem]:
+    def _read_run(self, run: str) -> list[LogItem]:
+        """The records a run's page needs: that run's alone where the store can read one run."""
         with self._read_lock:
+            if self._one_run is not None:
+                return list(self._one_run(run))
             return list(self._source.read())
 
     def _held(self) -> frozenset[str] | None:
@@ -352,14 +359,15 @@ class WebView:
     # ------------------------------------------------------------ the run list
 
     def _runs_page(self, params: Mapping[str, list[str]], session: str) -> Response:
-        status, workflow = _one(params, "status"), _one(params, "workflow")
+        status_text, workflow = _one(params, "status"), _one(params, "workflow")
         since_text, until_text = _one(params, "since"), _one(params, "until")
         limit_text, older = _one(params, "limit"), _one(params, "older")
         problems: list[str] = []
         # A filter that does not parse is named on the page and left out, links included.
-        if status and status not in STATUSES:
-            problems.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
-            status = ""
+        status = listed_status(status_text) if status_text else None
+        if status_text and status is None:
+            problems.append(f"status: {status_text!r} is not one of {', '.join(LISTED_STATUSES)}")
+            status_text = ""
         try:
             since = _parse_time(since_text, "since")
         except ValueError as error:
@@ -376,21 +384,17 @@ class WebView:
                 limit = int(limit_text)
             else:
                 problems.append(f"limit: {limit_text!r} is not a number from 1 to {MAX_LIMIT}")
-        items = self._read()
-        ledger = Ledger()
-        ledger.feed(items)
-        held = self._held()
-        rows = [RunRow.of(view, held is None or view.run in held) for view in ledger.runs.values()]
-        # newest first; runs that started at one microsecond keep the log's order, reversed
-        rows = sorted(reversed(rows), key=lambda r: -(r.started_us or 0))
+        # What `attempt-kernel runs` lists and how it filters: one function for both.
+        rows, violations = listed_runs(self.log, RunFilter())
+        only = RunFilter(
+            statuses=None if status is None else frozenset({status}),
+            workflow=workflow or None,
+            since_us=since,
+            until_us=until,
+            limit=len(rows) or None,  # every run it keeps, newest first
+        )
         workflows = sorted({r.workflow for r in rows if r.workflow is not None})
-        chosen = [
-            r for r in rows
-            if (not status or r.status == status)
-            and (not workflow or r.workflow == workflow)
-            and (since is None or (r.started_us is not None and r.started_us >= since))
-            and (until is None or (r.started_us is not None and r.started_us <= until))
-        ]  # fmt: skip
+        chosen = select(rows, only)
         start = 0
         if older:
             at = next((i for i, r in enumerate(chosen) if r.run == older), None)
@@ -399,7 +403,7 @@ class WebView:
             else:
                 start = at + 1
         page = chosen[start : start + limit]
-        filters = {"status": status, "workflow": workflow, "since": since_text, "until": until_text}
+        filters = {"status": status_text, "workflow": workflow, "since": since_text, "until": until_text}
         kept = {k: v for k, v in filters.items() if v}
         if limit != DEFAULT_LIMIT:
             kept["limit"] = str(limit)
@@ -426,10 +430,10 @@ class WebView:
                 }
                 for r in page
             ],
-            statuses=STATUSES, workflows=[shown(w) for w in workflows],
+            statuses=LISTED_STATUSES, workflows=[shown(w) for w in workflows],
             filters={**filters, "limit": limit}, filtered=bool(kept), max_limit=MAX_LIMIT,
             older=older_href, newer=newer_href, summary=summary,
-            violations=ledger.violation_count,
+            violations=violations,
             extra=[Flash(kind="refused", text=f"Filter ignored: {p}") for p in problems],
         )  # fmt: skip
         return response
@@ -437,7 +441,7 @@ class WebView:
     # ------------------------------------------------------------ one run
 
     def _run_page(self, run: str, session: str) -> Response:
-        items = self._read()
+        items = self._read_run(run)
         history = run_history(items, run)
         if history is None:
             return self._message(
