@@ -37,6 +37,7 @@ from attempt_kernel import (
     TornTail,
     UnencodableRecord,
     read_log,
+    replay,
 )
 from attempt_kernel._codec import MAX_RECORD_BYTES, decode_line, encode_record
 
@@ -509,3 +510,67 @@ def test_a_duplicate_key_deep_in_a_value_is_corruption() -> None:
     raw = body[:-1].encode() + b',"crc":"%08x"}\n' % zlib.crc32(body.encode())
     decoded = decode_line(raw, 7)
     assert decoded == CorruptLine(line=7, reason="not strict JSON: duplicate key 'b' in an object")
+
+
+# --------------------------------------------------------------------------
+# A file that is not a run log
+# --------------------------------------------------------------------------
+
+
+def _random_without_newline(n: int) -> bytes:
+    import random
+
+    chooser = random.Random(7)
+    return bytes(b for b in (chooser.randrange(256) for _ in range(2 * n)) if b not in (0x0A, 0x00))[:n]
+
+
+@pytest.mark.parametrize(
+    ("content", "shown"),
+    [
+        (b"hello", "b'hello'"),
+        (b"\x00\x00hello", "b'\\x00\\x00hello'"),
+        (b'{"seq":1', "b'{\"seq\":1'"),
+    ],
+    ids=["hello", "nul-then-text", "json-not-a-record"],
+)  # fmt: skip
+def test_a_file_whose_first_bytes_cannot_begin_a_record_is_refused_and_left_as_it_was(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, shown: str
+) -> None:
+    from attempt_kernel._cli import main
+
+    log = tmp_path / "x.jsonl"
+    log.write_bytes(content)
+    for command in ("replay", "recover"):
+        assert main([command, str(log)]) == 2
+        assert capsys.readouterr().err == (
+            f"attempt-kernel {command}: error: {log}: not a run log: its first bytes {shown}"
+            ' cannot begin a record (each line of a run log begins with {"v":); nothing was changed\n'
+        )
+    assert log.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.jsonl"]
+
+
+def test_five_thousand_random_bytes_are_not_a_run_log(tmp_path: Path) -> None:
+    log = tmp_path / "x.jsonl"
+    content = _random_without_newline(5000)
+    log.write_bytes(content)
+    with pytest.raises(LogOpenError, match="not a run log"):
+        list(read_log(log))
+    with pytest.raises(LogOpenError, match="not a run log"):
+        RunLogWriter(log)
+    assert log.read_bytes() == content
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.jsonl"]
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b'{"v":1,"se', b"{", b"\x00" * 100], ids=["empty", "torn-record", "one-brace", "nul-only"]
+)
+def test_an_empty_log_and_a_torn_first_record_stay_a_valid_log_with_no_record(tmp_path: Path, content: bytes) -> None:
+    log = tmp_path / "x.jsonl"
+    log.write_bytes(content)
+    items = list(read_log(log))
+    if content:
+        assert items == [TornTail(line=1, offset=0, length=len(content))]
+    else:
+        assert items == []
+    assert replay(log).valid

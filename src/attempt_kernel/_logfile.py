@@ -117,6 +117,29 @@ def _rest_is_nul(stream: BinaryIO) -> bool:
     return True
 
 
+RECORD_START: Final = b'{"v":'
+"""How every line the writer writes begins (``_codec.encode_record``)."""
+
+
+def _may_begin_record(raw: bytes) -> bool:
+    """Could ``raw``, a first line with no newline, be the start of a record cut by a crash?
+
+    A crash during the first write leaves a prefix of the first record, or
+    NUL bytes where the file grew before its data landed; anything else was
+    never written by a run log's writer.
+    """
+    body = raw.lstrip(b"\x00")
+    n = min(len(body), len(RECORD_START))
+    return body[:n] == RECORD_START[:n]
+
+
+def _not_a_run_log(path: str | os.PathLike[str], raw: bytes) -> LogOpenError:
+    return LogOpenError(
+        f"{path}: not a run log: its first bytes {raw[:24]!r} cannot begin a record (each line of"
+        f" a run log begins with {RECORD_START.decode()}); nothing was changed"
+    )
+
+
 def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
     """Yield each line of the log at ``path`` as a `Record` or `CorruptLine`.
 
@@ -125,7 +148,10 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
     is a `CorruptLine`, skipped without being loaded whole. An unterminated
     last line, or a tail of NUL bytes, ends the stream with a `TornTail`.
     Raises `LogOpenError` if the file cannot be opened or is not a regular
-    file (checked before the first read).
+    file (checked before the first read), or is not a run log: a file whose
+    only line has no newline and whose first bytes cannot begin a record
+    (an empty file, and a first record torn by a crash, are a run log with
+    no record).
     """
     stream = _open_for_reading(Path(path))
     line = 0
@@ -140,6 +166,8 @@ def read_log(path: str | os.PathLike[str]) -> Iterator[LogItem]:
             start = offset
             offset += len(raw)
             if raw[-1] != 0x0A:  # no newline: cheaper than raw.endswith per line
+                if line == 1 and not _may_begin_record(raw):
+                    raise _not_a_run_log(path, raw)
                 if len(raw) < MAX_RECORD_BYTES:  # short of the cap: the file ended
                     yield TornTail(line=line, offset=start, length=len(raw))
                     return

@@ -47,6 +47,9 @@ from ._records import (
 
 LOGGER: Final = logging.getLogger("attempt_kernel")
 """The library's logger; the records runs write are logged by its child ``attempt_kernel.run``."""
+# A library adds no handler of its own; this one only keeps logging's
+# last resort from printing warnings to stderr when the application set none.
+LOGGER.addHandler(logging.NullHandler())
 
 _RUN_LOGGER: Final = logging.getLogger("attempt_kernel.run")
 
