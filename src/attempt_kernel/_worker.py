@@ -61,7 +61,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import psycopg
 from psycopg import sql
@@ -111,6 +111,22 @@ class WorkerDeclaredDead(AttemptKernelError):
     The worker stopped: every write to those runs was refused (`LeaseLost`).
     Start a new worker process (it gets a fresh id).
     """
+
+
+class WorkerWatcher(Protocol):
+    """What a worker tells about itself as it goes (metrics count it: `_metrics.WorkerMetrics`).
+
+    Called from the worker's event loop thread; a call must return at once.
+    """
+
+    def started(self, worker: str) -> None:
+        """The worker registered under id ``worker``, before its first claim."""
+
+    def claimed(self, worker: str, run: str, taken_over: bool) -> None:
+        """The worker claimed ``run``; ``taken_over``: from a worker found dead."""
+
+    def lease_lost(self, worker: str, run: str) -> None:
+        """The worker dropped ``run``: another worker holds its lease now (`LeaseLost`)."""
 
 
 # --------------------------------------------------------------------------
@@ -507,7 +523,8 @@ class Worker:
     at which another worker takes its runs over, both in seconds.
     ``progress`` receives one line per state change and per claim, takeover
     and lost lease. ``stop_when_idle`` returns once no run of its workflows
-    is left undone in the journal (for tests and batch jobs).
+    is left undone in the journal (for tests and batch jobs). ``watcher``
+    is told of its start, claims, takeovers and lost leases (`WorkerWatcher`).
     """
 
     def __init__(
@@ -523,6 +540,7 @@ class Worker:
         stop_when_idle: bool = False,
         progress: Callable[[str], None] | None = None,
         grace: float = 5.0,
+        watcher: WorkerWatcher | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -548,6 +566,7 @@ class Worker:
         self._pools: SlotAdmission | None = None
         self._stop_reason: str | None = None
         self._heart: _Heart | None = None
+        self._watcher: Final = watcher
 
     # ------------------------------------------------------------ public
 
@@ -639,6 +658,8 @@ class Worker:
         lease = Lease(owner=self.id, fence=claim.fence)
         self._leases[run] = lease
         workflow = self._workflows[claim.workflow]
+        if self._watcher is not None:
+            self._watcher.claimed(self.id, run, claim.previous is not None)
         if claim.previous is None:
             self._say(f"{run}: claimed at fence {claim.fence}")
         else:
@@ -694,6 +715,7 @@ class Worker:
                 raise LeaseLost(run, lease)
         except LeaseLost as lost:
             self._say(f"{run}: LeaseLost: {lost}")
+            self._lost(run)
             return False
         except WorkflowDiverged as diverged:
             # Nothing was written for the run. Its row is closed as "diverged",
@@ -705,6 +727,7 @@ class Worker:
                 _statement(_COMPLETE, self._schema), ("diverged", run, lease.owner, lease.fence)
             ).rowcount != 1:
                 self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}")
+                self._lost(run)
                 return False
             return True
         finally:
@@ -714,6 +737,10 @@ class Worker:
             self._leases.pop(run, None)
         self._say(f"{run}: {report.status}")
         return True
+
+    def _lost(self, run: str) -> None:
+        if self._watcher is not None:
+            self._watcher.lease_lost(self.id, run)
 
     def _recover(self, run: str, mail: bool) -> Recovery:
         """`recover` limited to ``run``, on a journal of its own (this runs in a thread:
@@ -873,6 +900,8 @@ class Worker:
             conn.execute(_statement(_REGISTER, schema), (self.id, socket.gethostname(), os.getpid()))
             self._heart = heart
             heart.start()
+            if self._watcher is not None:
+                self._watcher.started(self.id)
             self._say(f"worker {self.id} started")
             journal = _WorkerJournal(pg, self._verdict, heart, self._dead_after)
             for number in signals:
@@ -954,6 +983,7 @@ def run_worker(
     stop_when_idle: bool = False,
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
+    watcher: WorkerWatcher | None = None,
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -965,6 +995,7 @@ def run_worker(
         dead_after=dead_after,
         stop_when_idle=stop_when_idle,
         progress=progress,
+        watcher=watcher,
     )
     return worker.run(stop_on_signals=stop_on_signals)
 
