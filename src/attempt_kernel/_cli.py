@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import importlib
 import io
 import json
@@ -23,7 +22,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Generator, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from typing_extensions import assert_never
 
@@ -34,7 +33,7 @@ from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
 from ._ledger import Ledger, RunView
-from ._logfile import FileLog, RunLogWriter
+from ._logfile import FileLog, RunLogWriter, writer_holds
 from ._deliver import deliver
 from ._inbox import inbox_path, inbox_size, settle_inbox
 from ._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
@@ -45,6 +44,9 @@ from ._report import shown
 from ._resume import Supervisor, resume_log
 from ._store import Journal, LogSource
 from ._workflow import Workflow
+
+if TYPE_CHECKING:  # needs the metrics extra; imported where --metrics-port asks for it
+    from . import _metrics
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
@@ -267,6 +269,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
                         help="exit once no run of these workflows is left unfinished")  # fmt: skip
+    worker.add_argument("--metrics-port", type=_port, metavar="N",
+                        help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port;"
+                        " needs attempt-kernel[metrics])")  # fmt: skip
+    worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="the address --metrics-port listens on (default 127.0.0.1)")  # fmt: skip
     pool = commands.add_parser(
         "pool",
         help="create or resize a pool of slots shared by all workers",
@@ -305,6 +312,13 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0 to 65535), got {value}")
     return value
 
 
@@ -410,12 +424,7 @@ def _pg(url: str) -> Journal:
 
 def _redacted(url: str) -> str:
     """A URL without its password, for messages."""
-    head, at, tail = url.rpartition("@")
-    if not at or "://" not in head:
-        return url
-    scheme, _, credentials = head.partition("://")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}@{tail}"
+    return _report.redacted(url)
 
 
 def _source(log: str) -> LogSource:
@@ -666,17 +675,7 @@ def _recover(args: argparse.Namespace) -> int:
 
 def _writer_holds(path: str) -> bool:
     """Does another process hold the log's writer lock right now?"""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return writer_holds(path)
 
 
 def _held(log: str) -> frozenset[str] | None:
@@ -966,8 +965,33 @@ def _worker_file(args: argparse.Namespace) -> int:
             return 128 + caught[0]
 
 
+def _metrics_served(args: argparse.Namespace) -> _metrics.WorkerExposition | None:
+    """Start serving ``/metrics`` when --metrics-port asks, before the worker claims anything."""
+    port: int | None = args.metrics_port
+    if port is None:
+        return None
+    host: str = args.metrics_host
+    try:
+        from . import _metrics
+    except ImportError as error:
+        raise _Usage(
+            f"--metrics-port needs prometheus_client ({error}); install attempt-kernel[metrics]"
+        ) from None
+    exposition = _metrics.WorkerExposition(args.url)
+    try:
+        bound_host, bound_port = exposition.serve(port, host)
+    except OSError as error:
+        raise _Usage(
+            f"--metrics-port {port}: cannot listen on {host}:{port}"
+            f" ({error.strerror or error}); choose another port (0: any free one)"
+        ) from None
+    print(f"metrics: serving http://{bound_host}:{bound_port}/metrics", flush=True)
+    return exposition
+
+
 def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
+    exposition = _metrics_served(args)
     if not _is_url(url):
         return _worker_file(args)
     workflows = [load_target(t) for t in args.workflows]
@@ -986,6 +1010,7 @@ def _worker(args: argparse.Namespace) -> int:
             stop_when_idle=args.until_idle,
             progress=say,
             stop_on_signals=True,
+            watcher=None if exposition is None else exposition.watcher,
         )
     except WorkerDeclaredDead as error:
         print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
