@@ -50,7 +50,7 @@ EXPECTED_PUBLIC = {
     "StepFailed", "WorkflowDiverged",
     # runs that wait, and operators' actions
     "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused", "Delivered",
-    "send_signal", "cancel_run", "reconcile_intent",
+    "send_signal", "cancel_run", "reconcile_intent", "resume_run",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.

@@ -103,9 +103,10 @@ from ._records import WaitEnded as WaitEnded
 from ._records import WaitStarted as WaitStarted
 from ._operate import Delivered as Delivered
 from ._operate import OperationRefused as OperationRefused
-from ._deliver import cancel_run as cancel_run
-from ._deliver import reconcile_intent as reconcile_intent
-from ._deliver import send_signal as send_signal
+from ._operations import cancel_run as cancel_run
+from ._operations import reconcile_intent as reconcile_intent
+from ._operations import resume_run as resume_run
+from ._operations import send_signal as send_signal
 from ._recovery import Asked as Asked
 from ._recovery import OrphanEnded as OrphanEnded
 from ._recovery import RecoveredRun as RecoveredRun
@@ -185,6 +186,7 @@ __all__ = [
     "Delivered",
     "send_signal",
     "cancel_run",
+    "resume_run",
     "reconcile_intent",
     "OrphanEnded",
     "Pending",

@@ -33,8 +33,8 @@ from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
 from ._ledger import Ledger, RunView
-from ._logfile import FileLog, RunLogWriter, writer_holds
-from ._deliver import deliver
+from ._logfile import FileLog, RunLogWriter
+from ._operations import deliver, held_runs, next_run_id, resume_run
 from ._inbox import inbox_path, inbox_size, settle_inbox
 from ._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
 from ._records import JSON, CorruptLine, IntentReconciled, Record, RunStarted, SignalSent, TornTail, WaitStarted
@@ -220,6 +220,22 @@ def _parser() -> argparse.ArgumentParser:
     cancel.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
     cancel.add_argument("run", metavar="RUN", help="the run's id")
     cancel.add_argument("--reason", default="", metavar="TEXT", help="why, for the record")
+    resume = commands.add_parser(
+        "resume",
+        help="resume one unfinished run that no process drives",
+        description="On PostgreSQL, make run RUN claimable now: a worker of its workflow takes "
+        "it up at its next claim. On a log file, recover run RUN and drive it in this process "
+        "(its workflow given with --workflows) until it finishes or waits; other runs are left "
+        "alone. Exit 0 when it was resumed, or 2 for an unknown or finished run, one that needs "
+        "reconciliation first, one a process drives already, or other usage or I/O errors "
+        "(nothing is written then).",
+    )
+    resume.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
+    resume.add_argument("run", metavar="RUN", help="the run's id")
+    resume.add_argument(
+        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
+        help="on a log file: the run's workflow (beside the built-in demo's)",
+    )  # fmt: skip
     export = commands.add_parser(
         "export",
         help="write a journal (a PostgreSQL URL, or a log file) as a JSON Lines run log",
@@ -548,15 +564,10 @@ def _demo(args: argparse.Namespace) -> int:
     return _replay_and_print(log_path)
 
 
-def _next_run_id(log: Journal, workflow: str) -> str:
-    """``<workflow>-<n>``: one more than the runs of that workflow in the log."""
+def _folded(log: Journal) -> Ledger:
     ledger = Ledger()
     ledger.feed(log.read())
-    taken = set(ledger.runs)
-    n = 1 + sum(1 for view in ledger.runs.values() if view.workflow == workflow)
-    while f"{workflow}-{n}" in taken:
-        n += 1
-    return f"{workflow}-{n}"
+    return ledger
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -565,7 +576,7 @@ def _run(args: argparse.Namespace) -> int:
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
     with _journal(log_path, create=True) as log:
-        run: str = args.run_id if args.run_id is not None else _next_run_id(log, workflow.name)
+        run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name)
         if not run:
             raise _Usage("--run needs a non-empty id")
         ledger = Ledger()
@@ -625,7 +636,7 @@ def _recover(args: argparse.Namespace) -> int:
     extra = "".join(f" --workflows {t}" for t in targets)
     # spec §10: a run a live worker drives is that worker's; recovering it
     # here would end its live attempts as orphans.
-    held = _held(log_path) if _is_url(log_path) else None
+    held = held_runs(log_path) if _is_url(log_path) else None
 
     def print_recovery(recovery: Recovery) -> None:
         if held and recovery.changed_nothing:  # "every run has finished" would be false
@@ -673,27 +684,12 @@ def _recover(args: argparse.Namespace) -> int:
     return 2 if resumed.diverged else code
 
 
-def _writer_holds(path: str) -> bool:
-    """Does another process hold the log's writer lock right now?"""
-    return writer_holds(path)
-
-
-def _held(log: str) -> frozenset[str] | None:
-    """Which unfinished runs are being driven right now: None means all of
-    them (a writer holds the log file), an empty set none."""
-    if _is_url(log):
-        from ._pgjournal import held_runs
-
-        return held_runs(log)
-    return None if _writer_holds(log) else frozenset()
-
-
 def _runs(args: argparse.Namespace) -> int:
     log_path: str = args.log
     ledger = Ledger()
     ledger.feed(_source(log_path).read())
     views: list[RunView] = list(ledger.runs.values())
-    held = _held(log_path)
+    held = held_runs(log_path)
     rows = [_report.RunRow.of(view, held is None or view.run in held) for view in views]
     if args.json:
         sys.stdout.write(_report.runs_json(rows, log_path, ledger.violation_count))
@@ -709,7 +705,7 @@ def _show(args: argparse.Namespace) -> int:
     if history is None:
         name = _redacted(log_path)
         raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
-    held = _held(log_path)
+    held = held_runs(log_path)
     live = history.standing == "interrupted" and (held is None or history.run in held)
     if args.json:
         sys.stdout.write(_report.show_json(history, live))
@@ -791,6 +787,15 @@ def _cancel(args: argparse.Namespace) -> int:
     print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered)}")
     if delivered.recorded and not _is_url(log):
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
+    return EXIT_OK
+
+
+def _resume_cmd(args: argparse.Namespace) -> int:
+    log: str = args.log
+    run: str = args.run
+    targets: list[str] = args.workflows
+    workflows = [WORKFLOWS[TRIP_PLANNER](0).workflow, *(load_target(t) for t in targets)]
+    print(f"resume: {shown(resume_run(log, run, workflows))}")
     return EXIT_OK
 
 
@@ -1071,6 +1076,7 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "reconcile": _reconcile,
     "signal": _signal,
     "cancel": _cancel,
+    "resume": _resume_cmd,
     "export": _export,
     "submit": _submit,
     "worker": _worker,

@@ -1,4 +1,4 @@
-"""An operator's change delivered to a run in a PostgreSQL journal: signal, cancel, reconcile.
+"""An operator's change delivered to a run in a PostgreSQL journal: signal, cancel, reconcile, resume.
 
 Owns the transaction that delivers a change (`deliver_pg`) and the form of
 an ``inbox`` row (`inbox_change`); it decides nothing itself (`_operate`
@@ -26,6 +26,10 @@ Theory of operation:
   directly. ``recorded`` is True.
 - The transaction commits synchronously: the change is durable when
   `deliver_pg` returns, in the journal or in the inbox.
+- A resume (`resume_pg`) writes no record: it makes an unfinished run that
+  no live worker holds claimable now (``wake_at`` cleared, a dead owner
+  dropped, a closed row reopened), so that a worker of its workflow takes
+  it up at its next claim.
 """
 
 from __future__ import annotations
@@ -197,3 +201,53 @@ def take_in_pg(url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA)
         with connect(url) as conn:
             conn.execute(_q(_INBOX_ROW_TAKEN, schema), (row_id,))
     return said
+
+
+def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
+    """Make ``run`` claimable now, for a worker of its workflow; say what was done.
+
+    Refused (`OperationRefused`, nothing changed) for a run the journal does
+    not hold, one that finished, one a live worker drives, one that needs
+    reconciliation first, and one no worker can take (started by
+    ``attempt-kernel run URL``, not submitted: its workflow is not in the
+    queue), with the command that resumes it instead.
+    """
+    with PgJournal(url, schema=schema) as journal:  # connects (naming the host) and migrates
+        try:
+            with connect(url) as conn, conn.transaction():
+                row = conn.execute(_q(_LOCK, schema), (run,)).fetchone()
+                ledger = Ledger()
+                ledger.feed(journal.read_run_in(conn, run))
+                _refuse_violations(ledger)
+                view = ledger.runs.get(run)
+                if view is None and row is None:
+                    raise OperationRefused(f"no run {run!r} in the journal; nothing was changed")
+                if view is not None:
+                    standing = view.standing()
+                    if standing == "needs-reconciliation":
+                        keys = ", ".join(view.outstanding())
+                        raise OperationRefused(
+                            f"run {run!r} needs reconciliation first (outstanding: {keys});"
+                            " nothing was changed"
+                        )
+                    if view.finished and standing != "interrupted":
+                        raise OperationRefused(
+                            f"run {run!r} has finished ({standing}); nothing was changed"
+                        )
+                if row is None:
+                    raise OperationRefused(
+                        f"run {run!r} was not submitted, so no worker can take it; resume it with"
+                        " `attempt-kernel recover URL --workflows MODULE:ATTR`; nothing was changed"
+                    )
+                if row[1] is True:
+                    raise OperationRefused(
+                        f"a live worker drives run {run!r} now; nothing was changed"
+                    )
+                conn.execute(_q(_REOPEN, schema), (run,))
+        except psycopg.Error as error:
+            raise PgJournalError(f"resuming run {run!r} failed: {_reason(error)}") from error
+    return f"run {run!r} is claimable now: a worker of its workflow takes it up at its next claim"
+
+
+def _reason(error: psycopg.Error) -> str:
+    return "; ".join(p.strip() for p in str(error).splitlines() if p.strip()) or type(error).__name__

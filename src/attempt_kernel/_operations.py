@@ -1,4 +1,8 @@
-"""Operators' actions delivered to a run: signal, cancel, reconcile, from Python.
+"""What an operator does to a run, from Python: signal, cancel, reconcile, resume.
+
+The one place the command line (and the web view) asks to act on a run,
+and to know what an action needs: which runs a live process drives now
+(`held_runs`) and the next free run id (`next_run_id`).
 
 The transports: `deliver_to_file` for a file log (recorded at once when no
 other process writes the log, else left in its inbox, which that process
@@ -6,12 +10,17 @@ takes in within about a second), and, for a ``postgresql://`` URL, the
 PostgreSQL journal's own (``attempt_kernel._pgdeliver``, which needs the
 postgres extra). What is recorded is built by `_operate` from a ledger of
 the log as it is; a refusal (`OperationRefused`) leaves no trace.
+
+A resume writes no record of its own: on PostgreSQL it makes the run
+claimable for a worker of its workflow; on a file log it recovers and
+drives the run in this process, with the workflows the caller loaded.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ._inbox import LedgerDelivery, locked_inbox
@@ -27,6 +36,7 @@ from ._operate import (
     signal_change,
 )
 from ._records import JSON, IntentReconciled
+from ._workflow import Workflow
 
 
 def _no_violations(ledger: Ledger, path: Path) -> None:
@@ -166,3 +176,101 @@ def reconcile_intent(
     return deliver(log, build)
 
 
+
+
+def next_run_id(ledger: Ledger, workflow: str) -> str:
+    """``<workflow>-<n>``: one more than the runs of that workflow in the log, skipping ids taken."""
+    taken = set(ledger.runs)
+    n = 1 + sum(1 for view in ledger.runs.values() if view.workflow == workflow)
+    while f"{workflow}-{n}" in taken:
+        n += 1
+    return f"{workflow}-{n}"
+
+
+def writer_holds(path: str | os.PathLike[str]) -> bool:
+    """Does a process hold the log file's writer lock right now? (False for a missing file.)"""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def held_runs(log: str | os.PathLike[str]) -> frozenset[str] | None:
+    """Which unfinished runs a live process drives right now.
+
+    None means all of them (a process holds the log file's writer lock);
+    for a ``postgresql://`` URL, the runs whose owner is a live worker.
+    """
+    if _is_url(log):
+        assert isinstance(log, str)
+        try:
+            from ._pgjournal import held_runs as pg_held_runs  # psycopg is optional
+        except ImportError as error:
+            raise _needs_postgres(log, error) from None
+        return pg_held_runs(log)
+    return None if writer_holds(log) else frozenset()
+
+
+def resume_run(log: str | os.PathLike[str], run: str, workflows: Iterable[Workflow] = ()) -> str:
+    """Resume an unfinished run that no process drives; return what was done, in one sentence.
+
+    For a ``postgresql://`` URL, the run is made claimable now, and a worker
+    of its workflow takes it up (``workflows`` is not used). For a file log,
+    the run is recovered and driven in this process until it finishes or
+    stops (this call blocks meanwhile), with its workflow from
+    ``workflows``. Refused (`OperationRefused`, nothing written) for an
+    unknown or finished run, a run that needs reconciliation first, a run a
+    process drives already, and, on a file log, a run whose workflow is not
+    in ``workflows`` (the message names the command that resumes it).
+    """
+    if _is_url(log):
+        assert isinstance(log, str)
+        try:
+            from ._pgdeliver import resume_pg  # psycopg is an optional dependency
+        except ImportError as error:
+            raise _needs_postgres(log, error) from None
+        return resume_pg(log, run)
+    from ._resume import resume_log  # the executor's layer: only a resume needs it
+
+    path = Path(log)
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    _no_violations(ledger, path)
+    view = ledger.runs.get(run)
+    if view is None:
+        raise OperationRefused(f"no run {run!r} in {path}; nothing was written")
+    standing = view.standing()
+    if standing == "needs-reconciliation":
+        raise OperationRefused(
+            f"run {run!r} needs reconciliation first (outstanding: {', '.join(view.outstanding())});"
+            " nothing was written"
+        )
+    if view.finished and standing != "interrupted":
+        raise OperationRefused(f"run {run!r} has finished ({standing}); nothing was written")
+    if writer_holds(path):
+        raise OperationRefused(f"a process drives {path} now, and its runs with it; nothing was written")
+    by_name = {workflow.name: workflow for workflow in workflows}
+    workflow = by_name.get(view.workflow or "")
+    if workflow is None:
+        raise OperationRefused(
+            f"run {run!r} belongs to workflow {view.workflow!r}, which was not loaded; resume it"
+            f" with `attempt-kernel recover {path} --workflows MODULE:ATTR`; nothing was written"
+        )
+    others = {name for name, other in ledger.runs.items() if name != run and not other.finished}
+    try:
+        resumed = resume_log(path, [workflow], skip_runs=others)
+    except LogLocked as error:
+        raise OperationRefused(f"{error}; nothing was written") from None
+    if resumed.diverged:
+        raise OperationRefused(f"{resumed.diverged[0]}")
+    for report in resumed.reports:
+        if report.run == run:
+            return f"run {run!r} was resumed and ended {report.status}"
+    return f"run {run!r} was recovered: nothing was left for it to do"

@@ -1,0 +1,138 @@
+"""The operations module's resume, liveness and run ids, on a file log and on PostgreSQL.
+
+Signal, cancel and reconcile have their own tests (test_operate.py,
+test_inbox.py, test_cli_waits.py); here: `resume_run` and the questions an
+action asks first (`held_runs`, `next_run_id`). A refusal leaves the log's
+bytes as they were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+from typing_extensions import LiteralString
+
+from attempt_kernel import (
+    OperationRefused,
+    RunLogWriter,
+    read_log,
+    resume_run,
+    send_signal,
+)
+from attempt_kernel._cli import main
+from attempt_kernel._ledger import Ledger
+from attempt_kernel._operations import held_runs, next_run_id
+from attempt_kernel._pgdeliver import resume_pg
+from attempt_kernel._worker import submit_run
+from test_cli_waits import waiting_log
+from waitflows import APPROVER, NAPPER
+
+
+def _q(text: LiteralString, schema: str) -> sql.Composed:
+    return sql.SQL(text).format(s=sql.Identifier(schema))
+
+
+def _ledger(path: Path) -> Ledger:
+    ledger = Ledger()
+    ledger.feed(read_log(path))
+    return ledger
+
+
+def test_a_signalled_run_that_no_process_drives_is_resumed_to_its_end(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    send_signal(log, "a-1", "approve", {"ok": True})
+    said = resume_run(log, "a-1", [APPROVER])
+    assert said == "run 'a-1' was resumed and ended succeeded"
+    assert _ledger(log).runs["a-1"].status == "succeeded"
+
+
+def test_a_finished_run_is_refused_and_the_log_is_unchanged(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    send_signal(log, "a-1", "approve")
+    resume_run(log, "a-1", [APPROVER])
+    before = log.read_bytes()
+    with pytest.raises(OperationRefused, match=r"^run 'a-1' has finished \(succeeded\); nothing was written$"):
+        resume_run(log, "a-1", [APPROVER])
+    assert log.read_bytes() == before
+
+
+def test_an_unknown_run_is_refused(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    before = log.read_bytes()
+    with pytest.raises(OperationRefused, match=r"^no run 'zz' in .*a\.jsonl; nothing was written$"):
+        resume_run(log, "zz", [APPROVER])
+    assert log.read_bytes() == before
+
+
+def test_a_run_whose_workflow_is_not_loaded_is_refused_with_the_command_that_resumes_it(
+    tmp_path: Path,
+) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    before = log.read_bytes()
+    with pytest.raises(OperationRefused) as refused:
+        resume_run(log, "a-1", [NAPPER])
+    assert str(refused.value) == (
+        f"run 'a-1' belongs to workflow 'approver', which was not loaded; resume it with"
+        f" `attempt-kernel recover {log} --workflows MODULE:ATTR`; nothing was written"
+    )
+    assert log.read_bytes() == before
+
+
+def test_a_log_another_process_writes_is_refused(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    before = log.read_bytes()
+    with RunLogWriter(log):
+        assert held_runs(log) is None
+        with pytest.raises(OperationRefused, match="a process drives .* now"):
+            resume_run(log, "a-1", [APPROVER])
+    assert held_runs(log) == frozenset()
+    assert log.read_bytes() == before
+
+
+def test_resume_from_the_command_line_exits_2_on_a_refusal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    assert main(["resume", str(log), "zz"]) == 2
+    assert capsys.readouterr().err == f"attempt-kernel resume: error: no run 'zz' in {log}; nothing was written\n"
+
+
+def test_next_run_id_counts_the_workflows_runs_and_skips_ids_taken(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / "a.jsonl", "approver-2")
+    ledger = _ledger(log)
+    # one run of approver: the next is approver-2, which is taken, so approver-3
+    assert next_run_id(ledger, "approver") == "approver-3"
+    assert next_run_id(ledger, "napper") == "napper-1"
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------
+
+
+def test_a_queued_run_is_made_claimable_and_an_unknown_one_refused(pg_url: str, schema: str) -> None:
+    submit_run(pg_url, "approver", "q-1", schema=schema)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(_q("UPDATE {s}.runs SET wake_at = 'infinity' WHERE run = 'q-1'", schema))
+    said = resume_pg(pg_url, "q-1", schema=schema)
+    assert said == "run 'q-1' is claimable now: a worker of its workflow takes it up at its next claim"
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(_q("SELECT wake_at, owner, done FROM {s}.runs WHERE run = 'q-1'", schema)).fetchone()
+    assert row == (None, None, False)
+    with pytest.raises(OperationRefused, match=r"^no run 'zz' in the journal; nothing was changed$"):
+        resume_pg(pg_url, "zz", schema=schema)
+
+
+def test_a_run_held_by_a_live_worker_is_refused(pg_url: str, schema: str) -> None:
+    submit_run(pg_url, "approver", "q-1", schema=schema)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(_q("INSERT INTO {s}.workers (id, host, pid) VALUES ('w-1', 'h', 1)", schema))
+        conn.execute(_q("UPDATE {s}.runs SET owner = 'w-1', fence = 1 WHERE run = 'q-1'", schema))
+    with pytest.raises(OperationRefused, match=r"^a live worker drives run 'q-1' now; nothing was changed$"):
+        resume_pg(pg_url, "q-1", schema=schema)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        row = conn.execute(_q("SELECT owner FROM {s}.runs WHERE run = 'q-1'", schema)).fetchone()
+    assert row == ("w-1",)
