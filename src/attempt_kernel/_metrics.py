@@ -21,22 +21,22 @@ Theory of operation:
 - On a file, the new records are the complete lines past the last one
   read; a file cut shorter (recovery cut a torn tail) or replaced is read
   again from its start.
-- On PostgreSQL, the new records are the rows past a watermark ``pos``
-  that are not applied yet. ``pos`` comes from a sequence, so a row can
-  commit after a row with a higher ``pos`` was seen: rows above the
-  watermark are remembered by ``pos`` and the watermark only moves past a
-  scrape's highest ``pos`` once every transaction that scrape's snapshot
-  saw in progress has ended (its ``xmax`` is below the current ``xmin``)
-  and `SETTLE_S` has passed, so a late commit is still read.
+- On PostgreSQL, the new records are the rows past the highest ``pos``
+  applied. ``pos`` comes from a sequence, so a row can commit after a row
+  with a higher ``pos`` was read: the positions skipped below it are kept
+  as holes, and each scrape also reads the rows that came into them. A
+  hole is given up once every transaction that was open when it was found
+  has ended (that snapshot's ``xmax`` is at most the current ``xmin``) and
+  `SETTLE_S` has passed: a rolled-back append leaves a hole forever.
 """
 
 from __future__ import annotations
 
-import collections
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -96,7 +96,7 @@ DURATION_BUCKETS: Final = (
 """Seconds: an agent's step takes from milliseconds (a lookup) to an hour (a human's answer)."""
 
 SETTLE_S: Final = 10.0
-"""Seconds before the PostgreSQL watermark passes rows seen (see the module doc)."""
+"""Seconds a hole in a PostgreSQL journal's positions is watched for a late commit (see the module doc)."""
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 """The text format ``generate_latest`` writes; every Prometheus 2 and 3 reads it (newer
@@ -334,9 +334,35 @@ class _FileSource:
         return _writer_listed(self.path)
 
 
+def _texts(value: object) -> list[str]:
+    """A ``text[]`` column as psycopg hands it over, checked."""
+    if not isinstance(value, list):
+        raise AssertionError(f"expected a text array from the journal, got {value!r}")
+    items: list[object] = value  # pyright: ignore[reportUnknownVariableType]  # a list of unknown items
+    return [str(item) for item in items]
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Hole:
+    """Positions ``low`` .. ``high`` not read though a later one was: a commit may still fill them."""
+
+    low: int
+    high: int
+    found_at: float
+    """When (monotonic seconds) the scrape that found it ran."""
+    xmax: int
+    """That scrape's snapshot ``xmax``: every transaction that could fill it began before."""
+
+
 @final
 class _PgSource:
-    """The rows of a PostgreSQL journal not applied yet (see the module doc)."""
+    """The rows of a PostgreSQL journal not applied yet (see the module doc).
+
+    Each scrape reads the rows past the highest ``pos`` applied, and those
+    that came into the holes left below it; a hole is given up once every
+    transaction that could still fill it has ended (`SETTLE_S`, ``xmin``).
+    """
 
     def __init__(self, url: str, schema: str) -> None:
         import psycopg
@@ -353,29 +379,27 @@ class _PgSource:
         def statement(text: LiteralString) -> bytes:
             return sql.SQL(text).format(s=s).as_bytes(conn)
 
-        self._snapshot: Final = statement(
-            "SELECT txid_snapshot_xmin(txid_current_snapshot()), txid_snapshot_xmax(txid_current_snapshot())"
+        # One round trip for all but the records: the snapshot's bounds, the
+        # runs live workers hold, the queue (as the worker's claim sees it:
+        # a run no live worker holds, due now) and the slots of these workers.
+        self._state: Final = statement(
+            "SELECT txid_snapshot_xmin(txid_current_snapshot()), txid_snapshot_xmax(txid_current_snapshot()),"
+            " ARRAY(SELECT r.run FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
+            "  WHERE NOT r.done AND NOT w.dead),"
+            " (SELECT count(*) FROM {s}.runs WHERE NOT done AND coalesce(wake_at, submitted_at) <= now()"
+            "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))),"
+            " ARRAY(SELECT worker || ' ' || count(*) FROM {s}.slots WHERE worker = ANY(%s) GROUP BY worker)"
         )
         self._rows: Final = statement(
-            "SELECT pos, line FROM {s}.records WHERE pos > %s AND NOT (pos = ANY(%s))"
-            " ORDER BY pos LIMIT %s"
+            "SELECT pos, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         )
-        self._held: Final = statement(
-            "SELECT r.run FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
-            " WHERE NOT r.done AND NOT w.dead"
+        self._filled: Final = statement(
+            "SELECT r.pos, r.line FROM unnest(%s::bigint[], %s::bigint[]) AS h(low, high)"
+            " JOIN {s}.records r ON r.pos BETWEEN h.low AND h.high ORDER BY r.pos"
         )
-        # Mirrors the worker's claim: a run no live worker holds, due now.
-        self._queue: Final = statement(
-            "SELECT count(*) FROM {s}.runs WHERE NOT done AND coalesce(wake_at, submitted_at) <= now()"
-            " AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))"
-        )
-        self._slots: Final = statement(
-            "SELECT worker, count(*) FROM {s}.slots WHERE worker = ANY(%s) GROUP BY worker"
-        )
-        self._watermark = 0
-        self._applied: set[int] = set()
-        self._seen: Final[collections.deque[tuple[float, int, int]]] = collections.deque()
-        """(when, snapshot xmax, highest pos applied) of past scrapes, oldest first."""
+        self._top = 0
+        """The highest ``pos`` applied."""
+        self._holes: list[_Hole] = []
         self.held: frozenset[str] = frozenset()
         self.queue_depth = 0
         self.slots: dict[str, int] = {}
@@ -384,38 +408,55 @@ class _PgSource:
         """One snapshot: new rows (handed to ``apply`` in batches), held runs, queue, slots."""
         conn = self._conn
         with conn.transaction():
-            row = conn.execute(self._snapshot).fetchone()
-            assert row is not None
-            xmin, xmax = int(str(row[0])), int(str(row[1]))
-            after, top = self._watermark, max(self._applied, default=self._watermark)
-            applied = self._applied
+            row = conn.execute(self._state, (list(workers),)).fetchone()
+            if row is None:
+                raise AssertionError("the journal's state query answered no row")
+            low, high, held, depth, slots = row
+            xmin, xmax = int(str(low)), int(str(high))
+            self.held = frozenset(_texts(held))
+            self.queue_depth = int(str(depth))
+            self.slots = {worker: int(n) for worker, _, n in (s.rpartition(" ") for s in _texts(slots))}
+            now = time.monotonic()
+            holes = self._holes
+            if holes:
+                filled = conn.execute(
+                    self._filled, ([h.low for h in holes], [h.high for h in holes])
+                ).fetchall()
+                apply([self._decoded(pos, line) for pos, line in filled])
+                for pos, _ in filled:
+                    assert type(pos) is int
+                    self._fill(pos)
             while True:
-                # Only rows applied by earlier scrapes can lie past ``after``.
-                earlier = [pos for pos in applied if pos > after]
-                rows = conn.execute(self._rows, (after, earlier, READ_BATCH)).fetchall()
+                rows = conn.execute(self._rows, (self._top, READ_BATCH)).fetchall()
                 items: list[Record | CorruptLine] = []
                 for pos, line in rows:
-                    assert type(pos) is int and type(line) is bytes
-                    items.append(decode_line(line, 0))
-                    applied.add(pos)
-                    after = top = max(top, pos)
+                    items.append(self._decoded(pos, line))
+                    assert type(pos) is int
+                    if pos > self._top + 1:
+                        self._holes.append(_Hole(low=self._top + 1, high=pos - 1, found_at=now, xmax=xmax))
+                    self._top = pos
                 apply(items)
                 if len(rows) < READ_BATCH:
                     break
-            self.held = frozenset(str(r[0]) for r in conn.execute(self._held).fetchall())
-            depth = conn.execute(self._queue).fetchone()
-            self.queue_depth = int(str(depth[0])) if depth is not None else 0
-            self.slots = {
-                str(w): int(str(n)) for w, n in conn.execute(self._slots, (list(workers),)).fetchall()
-            }
-        now = time.monotonic()
-        seen = self._seen
-        seen.append((now, xmax, top))
-        while seen and seen[0][0] <= now - SETTLE_S and seen[0][1] <= xmin:
-            _, _, passed = seen.popleft()
-            if passed > self._watermark:
-                self._watermark = passed
-                self._applied = {pos for pos in self._applied if pos > passed}
+        self._holes = [h for h in self._holes if not (now - h.found_at >= SETTLE_S and h.xmax <= xmin)]
+
+    @staticmethod
+    def _decoded(pos: object, line: object) -> Record | CorruptLine:
+        if type(pos) is not int or type(line) is not bytes:
+            raise AssertionError(f"the records table answered {pos!r}, {line!r}")
+        return decode_line(line, 0)
+
+    def _fill(self, pos: int) -> None:
+        """Row ``pos`` came into a hole: the hole is split around it."""
+        kept: list[_Hole] = []
+        for hole in self._holes:
+            if hole.low <= pos <= hole.high:
+                for low, high in ((hole.low, pos - 1), (pos + 1, hole.high)):
+                    if low <= high:
+                        kept.append(_Hole(low=low, high=high, found_at=hole.found_at, xmax=hole.xmax))
+            else:
+                kept.append(hole)
+        self._holes = kept
 
     def close(self) -> None:
         self._conn.close()
@@ -457,6 +498,11 @@ class JournalCollector:
             self._read()
             self._fill(families)
         return iter(families)
+
+    def prime(self) -> None:
+        """Read the journal as it is now, so that the first scrape reads only what came since."""
+        with self._lock:
+            self._read()
 
     def close(self) -> None:
         """Close the journal connection (PostgreSQL)."""
@@ -595,4 +641,13 @@ class WorkerExposition:
 
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         address = server.server_address
+        threading.Thread(target=self._prime, name="metrics-prime", daemon=True).start()
         return str(address[0]), int(address[1])
+
+    def _prime(self) -> None:
+        # A long journal's first read can outlast a scraper's timeout: read it
+        # now, beside the worker starting, rather than in the first scrape.
+        try:
+            self.gauges.prime()
+        except Exception:  # noqa: BLE001  # the first scrape meets and reports the same error
+            return
