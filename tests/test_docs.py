@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from attempt_kernel import JSON, Executor, RunLogWriter, SignalSent, Workflow
+from attempt_kernel import JSON, Executor, RunLogWriter, RunObserver, SignalSent, Step, StepContext, Workflow, load_workflow
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -186,8 +186,27 @@ def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> N
     ]
 
 
+def test_executor_doc_observer_counts_final_states(tmp_path: Path) -> None:
+    """docs/executor.md's observer, given to an executor, counts one Succeeded attempt."""
+    doc = (README.parent / "docs" / "executor.md").read_text()
+    namespace: dict[str, object] = {"__name__": "docs_observer"}
+    exec(compile(block_with(doc, "class FinalStates:"), "docs/executor.md", "exec"), namespace)
+    watching = namespace["watching"]
+    assert isinstance(watching, RunObserver)
+
+    async def greet(ctx: StepContext) -> JSON:
+        return "hi"
+
+    async def main() -> None:
+        with RunLogWriter(tmp_path / "o.jsonl") as log:
+            await Executor(log, observers=[watching]).run(load_workflow("w", [Step(name="g", run=greet)]), "r")
+
+    asyncio.run(main())
+    assert getattr(watching, "counts") == {"Succeeded": 1}
+
+
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has two python blocks, executor.md four (run above),
+    """No example escapes running: README has two python blocks, executor.md five (run above),
     agents.md one (run by test_agents.py)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
@@ -196,5 +215,5 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     assert {name: n for name, n in counts.items() if n} == {
         "README.md": 2,
         "agents.md": 1,
-        "executor.md": 4,
+        "executor.md": 5,
     }

@@ -50,13 +50,13 @@ EXPECTED_PUBLIC = {
     "StepFailed", "WorkflowDiverged",
     # runs that wait, and operators' actions
     "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused", "Delivered",
-    "send_signal", "cancel_run", "reconcile_intent", "resume_run",
+    "send_signal", "cancel_run", "reconcile_intent", "resume_run", "RunObserver",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
     "AttemptKernelError", "RunLogError", "UnencodableRecord", "EffectRejected", "DispatchRefused",
-    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext",
+    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext", "RunObserver",
 }  # fmt: skip
 STATES_AND_CAUSES = [
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",

@@ -1,7 +1,8 @@
 """Prometheus metrics: counters from the executor's records, gauges read from a log file.
 
 A scripted run on a real log file (two runs: one fails, one ends
-Indeterminate), then the metric values, written out by hand, and the text
+Indeterminate), its executor observed by the metrics, then the metric
+values, written out by hand, and the text
 exposition checked for names and labels. The gauges are read
 incrementally: a torn last line waits for its end, a reconciliation
 written later moves them.
@@ -11,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from attempt_kernel import Executor, Record, RunControl, RunLogWriter, StepContext, read_log
+from attempt_kernel import Executor, RunControl, RunLogWriter, StepContext
 from attempt_kernel._cli import main
 from attempt_kernel._metrics import (
     JournalCollector,
@@ -26,6 +28,7 @@ from attempt_kernel._metrics import (
     journal_registry,
     metrics_app,
 )
+from attempt_kernel._observe import RunObserver
 from attempt_kernel._records import JSON, RunStarted
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 
@@ -38,11 +41,11 @@ async def broken(ctx: StepContext) -> JSON:
     raise ValueError(f"attempt {ctx.attempt} failed")
 
 
-def script(path: Path) -> str:
+def script(path: Path, observers: Sequence[RunObserver] = ()) -> str:
     """Run 'ok' (a succeeds, b fails twice) and 'stuck' (its effect is cancelled in flight).
 
-    Returns the idempotency key left outstanding by 'stuck'. Every record the
-    executor wrote is handed to a `RunMetrics` of the returned registry.
+    Returns the idempotency key left outstanding by 'stuck'; ``observers``
+    are the executor's.
     """
     flow = load_workflow(
         "w",
@@ -65,7 +68,7 @@ def script(path: Path) -> str:
 
     async def go() -> str:
         with RunLogWriter(path) as log:
-            executor = Executor(log)
+            executor = Executor(log, observers=observers)
             await executor.run(flow, "ok")
             report = await executor.run(paying, "stuck", control=stuck)
         [key] = report.steps[0].outstanding
@@ -75,12 +78,9 @@ def script(path: Path) -> str:
 
 
 def observed(path: Path) -> CollectorRegistry:
-    """A registry whose `RunMetrics` was told of every record of the log, in order."""
+    """The script run with a `RunMetrics` observing its executor; the registry it counts in."""
     registry = CollectorRegistry()
-    metrics = RunMetrics(registry, str(path))
-    for item in read_log(path):
-        if isinstance(item, Record):
-            metrics.record_written(item.run, item.change, item.time_us)
+    script(path, [RunMetrics(registry, str(path))])
     return registry
 
 
@@ -93,7 +93,6 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 def test_final_states_are_counted_by_state(tmp_path: Path) -> None:
     """One Succeeded, two Failed, one Indeterminate; no Cancelled or TimedOut, at 0."""
     log = tmp_path / "log"
-    script(log)
     registry = observed(log)
     counts = {
         state: value(registry, "attempt_kernel_attempts_total", journal=str(log), state=state)
@@ -105,7 +104,6 @@ def test_final_states_are_counted_by_state(tmp_path: Path) -> None:
 def test_every_attempt_that_ran_is_timed(tmp_path: Path) -> None:
     """The four attempts all ran (Admit), so the histogram has four observations."""
     log = tmp_path / "log"
-    script(log)
     registry = observed(log)
     assert value(registry, "attempt_kernel_step_duration_seconds_count", journal=str(log)) == 4
     # an hour is the top bucket: every one of them is in it
@@ -199,11 +197,8 @@ def test_a_missing_log_has_every_gauge_at_zero(tmp_path: Path) -> None:
 def test_the_exposition_names_every_metric_with_its_labels(tmp_path: Path) -> None:
     """The text a scraper reads: base names, _total counters, seconds, journal labels."""
     log = tmp_path / "log"
-    script(log)
     exposition = WorkerExposition(str(log))
-    for item in read_log(log):
-        if isinstance(item, Record):
-            exposition.observer.record_written(item.run, item.change, item.time_us)
+    script(log, [exposition.observer])
     body, content_type = exposition.page()
     text = body.decode()
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"

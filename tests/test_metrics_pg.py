@@ -32,13 +32,13 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
 def test_a_worker_counts_its_claims_and_the_runs_it_closed(
     pg_url: str, schema: str, downstream: Path
 ) -> None:
-    """Two queued runs, one worker: two claims, no takeover, no lost lease, two runs succeeded."""
+    """Two queued runs, one worker: two claims, no takeover, no lost lease, six attempts succeeded."""
     submit_run(pg_url, "pay", "r1", schema=schema)
     submit_run(pg_url, "pay", "r2", schema=schema)
     exposition = WorkerExposition(pg_url, schema=schema)
     worker = Worker(
         pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=0.8, stop_when_idle=True,
-        watcher=exposition.watcher,
+        observers=[exposition.observer], watcher=exposition.watcher,
     )  # fmt: skip
     assert worker.run() == 2
     registry, journal, me = exposition.registry, pg_url, worker.id
@@ -46,6 +46,9 @@ def test_a_worker_counts_its_claims_and_the_runs_it_closed(
     assert value(registry, "attempt_kernel_takeovers_total", journal=journal, worker=me) == 0
     assert value(registry, "attempt_kernel_lease_losses_total", journal=journal, worker=me) == 0
     assert value(registry, "attempt_kernel_runs", journal=journal, status="succeeded") == 2
+    # prepare, charge and finish of each run
+    assert value(registry, "attempt_kernel_attempts_total", journal=journal, state="Succeeded") == 6
+    assert value(registry, "attempt_kernel_step_duration_seconds_count", journal=journal) == 6
     assert value(registry, "attempt_kernel_runs", journal=journal, status="running") == 0
     assert value(registry, "attempt_kernel_queue_depth", journal=journal) == 0
     assert value(registry, "attempt_kernel_slots_held", journal=journal, worker=me) == 0

@@ -201,12 +201,14 @@ def test_a_takeover_that_ends_indeterminate_fires_the_alert(
         alerts = poll("AttemptKernelIndeterminate to fire", alert_firing)
         series = query(base, 'ALERTS{alertname="AttemptKernelIndeterminate",alertstate="firing"}')
         takeovers = query(base, "attempt_kernel_takeovers_total")
+        ended = query(base, 'attempt_kernel_attempts_total{state="Indeterminate"}')
         ARTIFACTS.mkdir(exist_ok=True)
         saved = {
             "attempt_kernel_indeterminate_attempts > 0": gauge,
             "/api/v1/alerts": alerts,
             'ALERTS{alertname="AttemptKernelIndeterminate",alertstate="firing"}': series,
             "attempt_kernel_takeovers_total": takeovers,
+            'attempt_kernel_attempts_total{state="Indeterminate"}': ended,
         }
         (ARTIFACTS / "prometheus-e2e.json").write_text(json.dumps(saved, indent=2) + "\n")
         print(json.dumps(saved, indent=2))
@@ -214,6 +216,8 @@ def test_a_takeover_that_ends_indeterminate_fires_the_alert(
         assert sample["metric"]["journal"] == db and sample["value"][1] == "1", sample
         assert result_of(series), series
         assert [s["value"][1] for s in result_of(takeovers)] == ["1"], takeovers
+        # the second worker's recovery ended the orphan: it counted it (the first is gone)
+        assert [s["value"][1] for s in result_of(ended)] == ["1"], ended
     except BaseException:
         for out in (first_out, second_out, prometheus_log):
             if out.exists():

@@ -51,10 +51,12 @@ def _holders(outs: list[Path]) -> list[tuple[int, list[str], str]]:
     holders: list[tuple[int, list[str], str]] = []
     for n, out in enumerate(outs):
         text = out.read_text()
-        claimed = re.findall(r"^(report-\d): claimed at fence 1$", text, re.MULTILINE)
-        fetched = re.findall(r"^(report-\d) fetch#1: Running -> ", text, re.MULTILINE)
+        # Each line: its UTC time, its level, the message.
+        claimed = re.findall(r"^\S+ INFO +(report-\d): claimed at fence 1$", text, re.MULTILINE)
+        fetched = re.findall(r"^\S+ INFO +(report-\d) fetch#1: Running -> ", text, re.MULTILINE)
         if set(claimed) - set(fetched):
-            holders.append((n, sorted(set(claimed) - set(fetched)), text.split()[1]))
+            [worker] = re.findall(r"^\S+ INFO +worker (\S+) started$", text, re.MULTILINE)
+            holders.append((n, sorted(set(claimed) - set(fetched)), worker))
     return holders
 
 

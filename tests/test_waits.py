@@ -836,7 +836,7 @@ def test_a_sleep_past_the_year_9999_is_recorded_and_its_progress_line_still_prin
 
 
 def test_progress_lines_say_what_a_run_waits_for() -> None:
-    from attempt_kernel._executor import wait_line
+    from attempt_kernel._observe import wait_line
 
     assert wait_line("a-1", WaitStarted(position=2, signal="approve", wake_us=1_796_120_566_000_000)) == (
         "a-1 @2: waiting for signal 'approve' until 2026-12-01T10:22:46.000Z"  # date -u -d @1796120566

@@ -103,6 +103,7 @@ from ._records import WaitEnded as WaitEnded
 from ._records import WaitStarted as WaitStarted
 from ._operate import Delivered as Delivered
 from ._operate import OperationRefused as OperationRefused
+from ._observe import RunObserver as RunObserver
 from ._operations import cancel_run as cancel_run
 from ._operations import reconcile_intent as reconcile_intent
 from ._operations import resume_run as resume_run
@@ -186,6 +187,7 @@ __all__ = [
     "Delivered",
     "send_signal",
     "cancel_run",
+    "RunObserver",
     "resume_run",
     "reconcile_intent",
     "OrphanEnded",

@@ -16,6 +16,7 @@ import contextlib
 import importlib
 import io
 import json
+import logging
 import os
 import shlex
 import signal
@@ -24,7 +25,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Final
 
-from typing_extensions import assert_never
+from typing_extensions import assert_never, final
 
 from . import _report, _table
 from ._codec import RunLogError, encode_record
@@ -33,6 +34,7 @@ from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
 from ._history import run_history
 from ._ledger import Ledger, RunView
+from ._observe import utc
 from ._logfile import FileLog, RunLogWriter
 from ._operations import deliver, held_runs, next_run_id, resume_run
 from ._inbox import inbox_path, inbox_size, settle_inbox
@@ -290,6 +292,10 @@ def _parser() -> argparse.ArgumentParser:
                         " needs attempt-kernel[metrics])")  # fmt: skip
     worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
                         help="the address --metrics-port listens on (default 127.0.0.1)")  # fmt: skip
+    worker.add_argument("--log-level", choices=_LOG_LEVELS, default="info",
+                        help="with a URL: the least level of the lines it prints, each with its UTC"
+                        " time and level (default info: claims, takeovers, every state change;"
+                        " warning: what may need a person)")  # fmt: skip
     pool = commands.add_parser(
         "pool",
         help="create or resize a pool of slots shared by all workers",
@@ -994,6 +1000,37 @@ def _metrics_served(args: argparse.Namespace) -> _metrics.WorkerExposition | Non
     return exposition
 
 
+_LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+
+
+@final
+class LogLines(logging.Formatter):
+    """``2026-12-01T14:07:55.746Z INFO    r-1: claimed at fence 1``: UTC time, level, the
+    message escaped (names read from a log are data)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{utc(int(record.created * 1_000_000))} {record.levelname:<7} {shown(record.getMessage())}"
+        if record.exc_info:
+            line += "\n" + shown(self.formatException(record.exc_info))
+        return line
+
+
+@contextlib.contextmanager
+def _logging_to_stdout(level: str) -> Generator[None, None, None]:
+    """The library's log lines (``attempt_kernel`` and below) on stdout while the command runs."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(LogLines())
+    logger = logging.getLogger("attempt_kernel")
+    before = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
+
+
 def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
     exposition = _metrics_served(args)
@@ -1002,21 +1039,20 @@ def _worker(args: argparse.Namespace) -> int:
     workflows = [load_target(t) for t in args.workflows]
     from ._worker import WorkerDeclaredDead, run_worker
 
-    def say(line: str) -> None:
-        print(f"{shown(line)}", flush=True)
-
     try:
-        closed = run_worker(
-            url,
-            workflows,
-            concurrency=args.concurrency,
-            heartbeat=args.heartbeat,
-            dead_after=args.dead_after,
-            stop_when_idle=args.until_idle,
-            progress=say,
-            stop_on_signals=True,
-            watcher=None if exposition is None else exposition.watcher,
-        )
+        # Its lines (claims, takeovers, each state change) are log lines.
+        with _logging_to_stdout(args.log_level):
+            closed = run_worker(
+                url,
+                workflows,
+                concurrency=args.concurrency,
+                heartbeat=args.heartbeat,
+                dead_after=args.dead_after,
+                stop_when_idle=args.until_idle,
+                stop_on_signals=True,
+                observers=() if exposition is None else (exposition.observer,),
+                watcher=None if exposition is None else exposition.watcher,
+            )
     except WorkerDeclaredDead as error:
         print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
         return EXIT_NOT_SUCCEEDED

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import datetime
 import os
 import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol, TypeVar, Union
 
@@ -52,7 +51,7 @@ from ._attempt import (
     is_terminal,
     transition,
 )
-from ._codec import RunLogError, UnencodableRecord, state_name
+from ._codec import RunLogError, UnencodableRecord
 from ._coderun import CodeRun, WorkflowDiverged, non_string_key
 from ._context import Perform
 from ._errors import AttemptKernelError
@@ -98,6 +97,7 @@ from ._records import (
 )
 from ._inbox import inbox_size, locked_inbox
 from ._logfile import RunLogWriter
+from ._observe import LogRecords, ProgressLines, RunObserver, tell
 from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
@@ -337,7 +337,14 @@ class Executor:
     ``admission_limit`` bounds how many attempts run at once, across all the
     runs this executor drives; the others wait `Pending` (each up to its
     step's ``queue_deadline``). Use one executor per event loop. ``progress``, if
-    given, is called with a one-line description of every state change.
+    given, is called with a one-line description of every state change and
+    wait (`ProgressLines`, one of the observers).
+
+    ``observers`` are told of every record this executor writes, once it is
+    durable and applied (`RunObserver`: metrics, traces, your own
+    dashboard); they are told, never asked, so they cannot change a run. The
+    records are also logged through ``logging.getLogger("attempt_kernel.run")``
+    (`LogRecords`; silent unless your application configures logging).
 
     When ``log`` can be read back (a `Journal` such as `RunLogWriter`), the
     executor reads it first, so that run ids stay unique in it; a log whose
@@ -386,6 +393,7 @@ class Executor:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         let_go_after: float | None = None,
         on_wait: Callable[[str, WaitStarted], None] | None = None,
+        observers: Sequence[RunObserver] = (),
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
@@ -396,6 +404,8 @@ class Executor:
         self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
+        said: tuple[RunObserver, ...] = () if progress is None else (ProgressLines(progress),)
+        self._observers: Final[tuple[RunObserver, ...]] = (*observers, *said, LogRecords())
         self._pools: Final = pools
         self._on_taken_up: Final = on_taken_up
         self._clock: Final = clock
@@ -424,26 +434,19 @@ class Executor:
     # ------------------------------------------------------------ logging
 
     def _write(self, run: str, change: Change) -> None:
-        """Append, then apply: the log never lags behind the ledger."""
+        """Append, then apply, then tell the observers: the log never lags behind the ledger."""
         self._log.append(run, change)
         ledger = self._ledger
         ledger.apply_change(run, change)
         if ledger.violation_count:  # the executor asked the ledger first: a bug
             raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
+        tell(self._observers, run, change, int(self._clock() * 1_000_000))
 
     def _move(self, run: str, step: str, cause: TransitionCause) -> AttemptState:
         """Through the kernel, into the log, and only then into the ledger."""
         change = self._ledger.propose_move(run, step, cause)
         self._write(run, change)
-        self._said(run, change)
         return change.to_state
-
-    def _said(self, run: str, change: AttemptTransitioned) -> None:
-        if self._progress is not None:
-            self._progress(
-                f"{run} {change.step}#{change.attempt}:"
-                f" {state_name(change.from_state)} -> {state_name(change.to_state)}"
-            )
 
     def _write_all(self, run: str, changes: tuple[Change, ...], batch: BatchLog) -> None:
         """Append records written back to back in one go, then apply each: as `_write` does."""
@@ -453,6 +456,9 @@ class Executor:
             ledger.apply_change(run, change)
         if ledger.violation_count:  # the executor asked the ledger first: a bug
             raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
+        now_us = int(self._clock() * 1_000_000)
+        for change in changes:
+            tell(self._observers, run, change, now_us)
 
     def _created_and_admitted(self, run: str, created: AttemptCreated, batch: BatchLog) -> None:
         """A new attempt admitted at once: its creation and its admission in one append.
@@ -468,7 +474,6 @@ class Executor:
             to_state=transition(PENDING, _ADMIT),
         )
         self._write_all(run, (created, admit), batch)
-        self._said(run, admit)
 
     def _conclude(self, run: str, step: str, result: StepResult, cause: TransitionCause) -> None:
         """A step's result and the move it makes (`Succeed` or `Fail`), back to back.
@@ -483,7 +488,6 @@ class Executor:
             return
         change = self._ledger.propose_move(run, step, cause)
         self._write_all(run, (result, change), batch)
-        self._said(run, change)
 
     def _intent(
         self, run: str, step: str, name: str, cause: IntentCause, result: JSON = None
@@ -1113,10 +1117,6 @@ class Executor:
 
         def write(change: StepCalled | WaitStarted | WaitEnded) -> None:
             self._write(run, change)
-            if type(change) is StepCalled:
-                return
-            if self._progress is not None:
-                self._progress(wait_line(run, change))
             if self._on_wait is not None and isinstance(change, WaitStarted):
                 self._on_wait(run, change)
 
@@ -1280,27 +1280,6 @@ class Executor:
         return RunReport(
             run=run, workflow=workflow.name, status=status, steps=steps, result=result, error=error
         )
-
-
-def _utc(time_us: int) -> str:
-    """A record's time as ISO 8601 UTC to the millisecond (``time_us`` itself past year 9999)."""
-    try:
-        moment = datetime.datetime.fromtimestamp(time_us / 1e6, datetime.timezone.utc)
-    except (OverflowError, ValueError, OSError):
-        return f"time_us {time_us}"
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
-
-
-def wait_line(run: str, change: WaitStarted | WaitEnded) -> str:
-    """The progress line of a wait's start or end."""
-    at = f"{run} @{change.position}"
-    if isinstance(change, WaitEnded):
-        taken = "its wake time came" if change.signal is None else f"took signal {change.signal}"
-        return f"{at}: wait ended ({taken})"
-    until = "" if change.wake_us is None else f" until {_utc(change.wake_us)}"
-    if change.signal is None:
-        return f"{at}: sleeping{until}"
-    return f"{at}: waiting for signal {change.signal!r}{until}"
 
 
 INBOX_POLL: Final = 0.2

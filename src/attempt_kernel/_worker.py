@@ -53,6 +53,7 @@ import asyncio
 import datetime
 import functools
 import json
+import logging
 import os
 import signal
 import socket
@@ -72,6 +73,7 @@ from ._errors import AttemptKernelError
 from ._coderun import WorkflowDiverged
 from ._executor import Executor, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
+from ._observe import RunObserver, tell
 from ._pgjournal import (
     DEFAULT_SCHEMA,
     Lease,
@@ -89,6 +91,9 @@ from ._records import JSON, Change, LogItem, RunFinished, RunStarted
 from ._recovery import Recovery, recover
 from ._store import DispatchRefused
 from ._workflow import Workflow
+
+_LOGGER: Final = logging.getLogger("attempt_kernel.worker")
+"""A worker's own lines: claims, takeovers, lost leases, each run's end."""
 
 # --------------------------------------------------------------------------
 # Errors
@@ -409,6 +414,34 @@ class _WorkerJournal:
 
 
 @final
+class _Noted:
+    """A journal's appends, kept with their times to tell a worker's observers afterwards.
+
+    Recovery ends a taken-over run's orphans in a thread of its own; its
+    records reach the observers (metrics count the attempts it ends) once it
+    is back on the worker's loop, where observers are told (`_observe`).
+    """
+
+    def __init__(self, journal: PgJournal) -> None:
+        self._journal: Final = journal
+        self.written: Final[list[tuple[Change, int]]] = []
+
+    def append(self, run: str, change: Change) -> int:
+        seq = self._journal.append(run, change)
+        self.written.append((change, time.time_ns() // 1000))  # the executor's clock
+        return seq
+
+    def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        seq = self._journal.append_all(run, changes)
+        now = time.time_ns() // 1000
+        self.written.extend((change, now) for change in changes)
+        return seq
+
+    def flush(self) -> None:
+        self._journal.flush()
+
+
+@final
 class _OneRun:
     """A `Journal` for driving one run: it reads only that run's records
     (`PgJournal.read_run`, numbered from 1), and appends through the
@@ -438,7 +471,7 @@ class _OneRun:
 
     def __init__(
         self,
-        writer: _WorkerJournal | PgJournal,
+        writer: _WorkerJournal | PgJournal | _Noted,
         journal: PgJournal,
         run: str,
         *,
@@ -523,8 +556,11 @@ class Worker:
     at which another worker takes its runs over, both in seconds.
     ``progress`` receives one line per state change and per claim, takeover
     and lost lease. ``stop_when_idle`` returns once no run of its workflows
-    is left undone in the journal (for tests and batch jobs). ``watcher``
-    is told of its start, claims, takeovers and lost leases (`WorkerWatcher`).
+    is left undone in the journal (for tests and batch jobs). ``observers``
+    are handed to the executor of every run it drives (`RunObserver`), and
+    told of what recovery writes when it takes a run up (the orphans it ends).
+    ``watcher`` is told of its start, claims, takeovers and lost leases
+    (`WorkerWatcher`).
     """
 
     def __init__(
@@ -540,6 +576,7 @@ class Worker:
         stop_when_idle: bool = False,
         progress: Callable[[str], None] | None = None,
         grace: float = 5.0,
+        observers: Sequence[RunObserver] = (),
         watcher: WorkerWatcher | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
@@ -559,6 +596,7 @@ class Worker:
         self._stop_when_idle: Final = stop_when_idle
         self._progress: Final = progress
         self._grace: Final = grace
+        self._observers: Final = tuple(observers)
         self._leases: Final[dict[str, Lease]] = {}
         self._executors: Final[set[Executor]] = set()
         self._driving: Final[dict[str, Executor]] = {}
@@ -596,7 +634,9 @@ class Worker:
 
     # ------------------------------------------------------------ helpers
 
-    def _say(self, line: str) -> None:
+    def _say(self, line: str, level: int = logging.INFO) -> None:
+        """A line of its own (a claim, a takeover, a run's end): logged, and to ``progress``."""
+        _LOGGER.log(level, "%s", line)
         if self._progress is not None:
             self._progress(line)
 
@@ -670,7 +710,9 @@ class Worker:
             # A run with no record has nothing to recover and holds no slot
             # (a slot is taken after its attempt's first record).
             if claim.written:
-                recovery = await asyncio.to_thread(self._recover, run, claim.mail)
+                recovery, written = await asyncio.to_thread(self._recover, run, claim.mail)
+                for change, time_us in written:  # told here, on the loop, as an executor tells them
+                    tell(self._observers, run, change, time_us)
                 prior = next((r.steps for r in recovery.runs if r.run == run), None)
                 for orphan in recovery.orphans:
                     self._say(
@@ -691,6 +733,7 @@ class Worker:
                 progress=self._progress,
                 pools=self._pools,
                 let_go_after=LET_GO_AFTER,
+                observers=self._observers,
             )
             self._executors.add(executor)
             self._driving[run] = executor
@@ -742,9 +785,10 @@ class Worker:
         if self._watcher is not None:
             self._watcher.lease_lost(self.id, run)
 
-    def _recover(self, run: str, mail: bool) -> Recovery:
+    def _recover(self, run: str, mail: bool) -> tuple[Recovery, list[tuple[Change, int]]]:
         """`recover` limited to ``run``, on a journal of its own (this runs in a thread:
-        reconcilers need an event loop, and a connection serves one thread).
+        reconcilers need an event loop, and a connection serves one thread); and
+        what it wrote, each with its time, for the worker's observers.
 
         With ``mail``, the operators' changes waiting in the inbox for the run
         are taken in first (so that a cancel sent while the run was released
@@ -754,12 +798,14 @@ class Worker:
             if mail:
                 with connect(self._url) as inbox:
                     self._take_in_at_claim(journal, inbox, run)
-            return recover(
-                _OneRun(journal, journal, run),
+            noted = _Noted(journal)
+            recovery = recover(
+                _OneRun(noted, journal, run),
                 self._workflows,
                 source=f"journal {self._schema!r}",
                 only_runs=frozenset({run}),
             )
+            return recovery, noted.written
 
     def _take_in_at_claim(
         self, journal: PgJournal, inbox: psycopg.Connection[tuple[object, ...]], run: str
@@ -983,6 +1029,7 @@ def run_worker(
     stop_when_idle: bool = False,
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
+    observers: Sequence[RunObserver] = (),
     watcher: WorkerWatcher | None = None,
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
@@ -995,6 +1042,7 @@ def run_worker(
         dead_after=dead_after,
         stop_when_idle=stop_when_idle,
         progress=progress,
+        observers=observers,
         watcher=watcher,
     )
     return worker.run(stop_on_signals=stop_on_signals)

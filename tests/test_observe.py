@@ -1,0 +1,160 @@
+"""The executor's observers: told of every record it writes, in order, never asked anything.
+
+Expected records and lines are written out by hand for a one-step workflow
+(a step that succeeds) and one whose effect is cancelled in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    JSON,
+    Change,
+    Executor,
+    Record,
+    RunControl,
+    RunLogWriter,
+    RunObserver,
+    Step,
+    StepContext,
+    load_workflow,
+    read_log,
+)
+from attempt_kernel._observe import progress_line
+
+
+class Seen:
+    """An observer that keeps what it is told."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, Change, int]] = []
+
+    def record_written(self, run: str, change: Change, time_us: int) -> None:
+        self.records.append((run, change, time_us))
+
+
+class Broken:
+    """An observer that raises on every record."""
+
+    def record_written(self, run: str, change: Change, time_us: int) -> None:
+        raise RuntimeError("dashboard down")
+
+
+async def greet(ctx: StepContext) -> JSON:
+    return "hi"
+
+
+async def pay(ctx: StepContext) -> JSON:
+    async def charge(key: str) -> JSON:
+        await asyncio.sleep(3600)
+        return None
+
+    return await ctx.effect("charge", charge)
+
+
+def _run(path: Path, steps: list[Step], observers: list[RunObserver], *, cancel_after: int | None = None,
+         progress: list[str] | None = None) -> None:  # fmt: skip
+    workflow = load_workflow("w", steps)
+
+    async def main() -> None:
+        control = RunControl()
+        seen = Seen()
+
+        async def supervise() -> None:
+            while cancel_after is not None and len(seen.records) < cancel_after:
+                await asyncio.sleep(0)
+            control.cancel()
+
+        with RunLogWriter(path) as log:
+            executor = Executor(
+                log,
+                observers=[*observers, seen],
+                progress=None if progress is None else progress.append,
+                clock=lambda: 1_700_000_000.5,
+            )
+            watcher = asyncio.ensure_future(supervise()) if cancel_after is not None else None
+            await executor.run(workflow, "r-1", control=control)
+            if watcher is not None:
+                await watcher
+
+    asyncio.run(main())
+
+
+def test_an_observer_is_told_every_record_in_the_order_the_log_holds_them(tmp_path: Path) -> None:
+    seen = Seen()
+    _run(tmp_path / "log", [Step(name="greet", run=greet)], [seen])
+    told = [type(change).__name__ for _, change, _ in seen.records]
+    assert told == [
+        "RunStarted", "AttemptCreated", "AttemptTransitioned", "StepResult",
+        "AttemptTransitioned", "RunFinished",
+    ]  # fmt: skip
+    in_log = [item.change for item in read_log(tmp_path / "log") if isinstance(item, Record)]
+    assert [change for _, change, _ in seen.records] == in_log
+    assert {run for run, _, _ in seen.records} == {"r-1"}
+    assert {time for _, _, time in seen.records} == {1_700_000_000_500_000}
+
+
+def test_progress_lines_are_an_observer_of_the_attempts_moves(tmp_path: Path) -> None:
+    lines: list[str] = []
+    _run(tmp_path / "log", [Step(name="greet", run=greet)], [], progress=lines)
+    assert lines == ["r-1 greet#1: Pending -> Running", "r-1 greet#1: Running -> Succeeded"]
+
+
+def test_an_observer_that_raises_is_logged_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen = Seen()
+    with caplog.at_level(logging.ERROR, logger="attempt_kernel"):
+        _run(tmp_path / "log", [Step(name="greet", run=greet)], [Broken(), seen])
+    assert len(seen.records) == 6
+    failures = [r for r in caplog.records if r.name == "attempt_kernel" and r.levelno == logging.ERROR]
+    assert len(failures) == 6
+    assert failures[0].getMessage().startswith("observer <") and "failed on a record of run 'r-1'" in failures[0].getMessage()
+
+
+def test_the_run_is_logged_with_a_warning_for_an_indeterminate_attempt(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # created, admitted, intent planned, dispatched: the cancel comes with the effect in flight
+    with caplog.at_level(logging.INFO, logger="attempt_kernel.run"):
+        _run(tmp_path / "log", [Step(name="pay", run=pay)], [], cancel_after=5)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "attempt_kernel.run"]
+    assert said == [
+        ("INFO", "r-1: started (workflow 'w')"),
+        ("INFO", "r-1 pay#1: Pending -> Running"),
+        ("INFO", "r-1: cancel requested (RunControl.cancel())"),
+        ("WARNING", "r-1 pay#1: Running -> Indeterminate"),
+        ("INFO", "r-1: finished"),
+    ]
+
+
+def test_nothing_is_logged_when_the_application_configures_no_logging(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="attempt_kernel.run"):
+        _run(tmp_path / "log", [Step(name="greet", run=greet)], [])
+    assert [r for r in caplog.records if r.name == "attempt_kernel.run"] == []
+
+
+def test_bookkeeping_records_have_no_progress_line(tmp_path: Path) -> None:
+    seen = Seen()
+    _run(tmp_path / "log", [Step(name="greet", run=greet)], [seen])
+    lines = [progress_line(run, change) for run, change, _ in seen.records]
+    assert lines == [
+        None, None, "r-1 greet#1: Pending -> Running", None, "r-1 greet#1: Running -> Succeeded", None,
+    ]  # fmt: skip
+
+
+def test_the_command_lines_log_lines_carry_utc_time_and_level_and_escape_names() -> None:
+    from attempt_kernel._cli import LogLines
+
+    record = logging.LogRecord(
+        "attempt_kernel.worker", logging.WARNING, __file__, 1, "%s", ("r\x1b[31m-1: taken over",), None
+    )
+    record.created = 1_764_600_000.123
+    assert LogLines().format(record) == "2025-12-01T14:40:00.123Z WARNING r\\x1b[31m-1: taken over"
