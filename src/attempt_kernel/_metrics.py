@@ -99,8 +99,9 @@ SETTLE_S: Final = 10.0
 """Seconds a hole in a PostgreSQL journal's positions is watched for a late commit (see the module doc)."""
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
-"""The text format ``generate_latest`` writes; every Prometheus 2 and 3 reads it (newer
-clients call it version 1.0.0, which older servers do not know by that name)."""
+"""The text format of ``generate_latest``'s output here (our names and labels are plain
+ASCII, so nothing needs the 1.0.0 format's quoting, which newer prometheus_client
+releases name by default): the content type every Prometheus server reads."""
 
 READ_BATCH: Final = 1000
 """Rows read per query from PostgreSQL."""
