@@ -205,9 +205,23 @@ def test_executor_doc_observer_counts_final_states(tmp_path: Path) -> None:
     assert getattr(watching, "counts") == {"Succeeded": 1}
 
 
+def test_tracing_doc_example_prints_its_span_names(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/tracing.md's example runs one step and prints the three spans its comment shows."""
+    doc = (README.parent / "docs" / "tracing.md").read_text()
+    block = block_with(doc, "Spans(provider.get_tracer")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/tracing.md", "exec"), {"__name__": "docs_tracing"})
+    out = capsys.readouterr().out
+    assert out == "['attempt greet#1', 'step greet', 'run hello']\n"
+    assert "# " + out in block
+    assert (tmp_path / "greet.jsonl").exists()
+
+
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     """No example escapes running: README has two python blocks, executor.md five (run above),
-    agents.md one (run by test_agents.py)."""
+    agents.md one (run by test_agents.py), tracing.md one (run above)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
         for path in [README, *sorted((README.parent / "docs").glob("*.md"))]
@@ -216,4 +230,5 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
         "README.md": 2,
         "agents.md": 1,
         "executor.md": 5,
+        "tracing.md": 1,
     }

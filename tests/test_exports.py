@@ -51,6 +51,8 @@ EXPECTED_PUBLIC = {
     # runs that wait, and operators' actions
     "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused", "Delivered",
     "send_signal", "cancel_run", "reconcile_intent", "resume_run", "RunObserver",
+    # traces (the otel extra)
+    "Spans",
 }  # fmt: skip
 # Public classes meant to be subclassed or implemented, hence not final:
 # the error family's bases, the error a user's effect raises, and protocols.

@@ -170,10 +170,7 @@ def test_sixty_waiting_runs_hold_no_lease_or_slot_and_each_finishes_once_after_i
     sent = Counter(r.run for r in found if isinstance(r.change, SignalSent))
     assert sent == Counter({run: 1 for run in runs})
     # each run's end was said by exactly one worker
-    # (a line: its UTC time, its level, then "<run>: succeeded")
-    said = Counter(
-        line.split()[2].rstrip(":") for out in outputs for line in out.splitlines() if line.endswith(": succeeded")
-    )
+    said = Counter(line.split(":")[0] for out in outputs for line in out.splitlines() if line.endswith(": succeeded"))
     assert said == Counter({run: 1 for run in runs})
 
 

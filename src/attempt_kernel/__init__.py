@@ -104,6 +104,7 @@ from ._records import WaitStarted as WaitStarted
 from ._operate import Delivered as Delivered
 from ._operate import OperationRefused as OperationRefused
 from ._observe import RunObserver as RunObserver
+from ._tracing import Spans as Spans
 from ._operations import cancel_run as cancel_run
 from ._operations import reconcile_intent as reconcile_intent
 from ._operations import resume_run as resume_run
@@ -227,6 +228,7 @@ __all__ = [
     "RunStopRequested",
     "SCHEMA_VERSION",
     "SignalSent",
+    "Spans",
     "Step",
     "StepCalled",
     "StepContext",

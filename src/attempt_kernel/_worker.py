@@ -653,7 +653,7 @@ class Worker:
             _statement(_FIND_DEAD, self._schema), (self.id, self._dead_after)
         ).fetchall()
         for (worker,) in dead:
-            self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)")
+            self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)", logging.WARNING)
 
     def _claim(self, conn: psycopg.Connection[tuple[object, ...]]) -> _Claim | None:
         """One fenced statement: a queued run, or one whose owner was found dead (`_find_dead`)."""
@@ -703,7 +703,7 @@ class Worker:
         if claim.previous is None:
             self._say(f"{run}: claimed at fence {claim.fence}")
         else:
-            self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}")
+            self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}", logging.WARNING)
         executor: Executor | None = None
         try:
             prior = None
@@ -717,7 +717,8 @@ class Worker:
                 for orphan in recovery.orphans:
                     self._say(
                         f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
-                        f" {type(orphan.to_state).__name__}"
+                        f" {type(orphan.to_state).__name__}",
+                        logging.WARNING,
                     )
                 # spec §10: only now that no attempt of an older fence is Running
                 # in the journal may the slots it held be taken again.
@@ -757,7 +758,7 @@ class Worker:
             ).rowcount != 1:
                 raise LeaseLost(run, lease)
         except LeaseLost as lost:
-            self._say(f"{run}: LeaseLost: {lost}")
+            self._say(f"{run}: LeaseLost: {lost}", logging.WARNING)
             self._lost(run)
             return False
         except WorkflowDiverged as diverged:
@@ -765,11 +766,11 @@ class Worker:
             # so that no worker with this code takes it again and again; the
             # journal still holds it unfinished, and `recover URL --workflows`
             # with the code it started with resumes it.
-            self._say(f"{run}: {diverged}")
+            self._say(f"{run}: {diverged}", logging.ERROR)
             if conn.execute(
                 _statement(_COMPLETE, self._schema), ("diverged", run, lease.owner, lease.fence)
             ).rowcount != 1:
-                self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}")
+                self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}", logging.WARNING)
                 self._lost(run)
                 return False
             return True
