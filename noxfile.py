@@ -116,7 +116,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def dist(session: nox.Session) -> None:
-    """Build the sdist and the wheel, `twine check` them, and find py.typed in the wheel."""
+    """Build the sdist and the wheel, `twine check` them, and find py.typed and LICENSE in the wheel."""
     session.install("build", "twine")
     if session.run("python", "--version", silent=True) is None:
         return  # nox --install-only: nothing runs, so there is nothing to check
@@ -128,8 +128,11 @@ def dist(session: nox.Session) -> None:
     if len(wheels) != 1 or not any(f.endswith(".tar.gz") for f in files):
         session.error(f"expected one sdist and one wheel in dist/, found {files}")
     with zipfile.ZipFile(wheels[0]) as wheel:
-        if "attempt_kernel/py.typed" not in wheel.namelist():
+        names = wheel.namelist()
+        if "attempt_kernel/py.typed" not in names:
             session.error(f"{wheels[0]} has no attempt_kernel/py.typed: type checkers would ignore it")
+        if not any(name.endswith(".dist-info/licenses/LICENSE") for name in names):
+            session.error(f"{wheels[0]} has no LICENSE: the MIT license requires its notice to ship")
 
 
 @nox.session
@@ -168,3 +171,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_workers.py")
     session.run("python", "benchmarks/bench_waits.py")
     session.run("python", "benchmarks/bench_waits_file.py")
+    session.run("python", "benchmarks/bench_runs_filter.py")

@@ -11,6 +11,7 @@ import attempt_kernel
 # Hand-written, exact: the whole public surface. A name added to or dropped
 # from the package fails this test, so growth is a decision, not an accident.
 EXPECTED_PUBLIC = {
+    "__version__",
     # the kernel (spec §2)
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",
     "TimedOut", "AttemptState",
@@ -70,12 +71,25 @@ STATES_AND_CAUSES = [
 ]  # fmt: skip
 
 
+def test_the_version_is_the_installed_distributions_and_the_command_lines() -> None:
+    """``__version__``, the installed metadata and ``attempt-kernel --version`` say one version."""
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    assert attempt_kernel.__version__ == importlib.metadata.version("attempt-kernel")
+    said = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "--version"], capture_output=True, text=True, check=True
+    )
+    assert said.stdout == f"attempt-kernel {attempt_kernel.__version__}\n"
+
+
 def test_all_lists_exactly_the_public_bindings() -> None:
-    """Every non-underscore, non-module binding is in __all__, and vice versa."""
+    """Every non-underscore, non-module binding (and ``__version__``) is in __all__, and vice versa."""
     bound = {
         name
         for name, value in vars(attempt_kernel).items()
-        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+        if (not name.startswith("_") or name == "__version__") and not isinstance(value, types.ModuleType)
     }
     assert set(attempt_kernel.__all__) == bound
     assert len(attempt_kernel.__all__) == len(set(attempt_kernel.__all__))

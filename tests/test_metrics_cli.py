@@ -1,16 +1,21 @@
-"""`attempt-kernel worker --metrics-port`: refusals that exit 2 before anything is claimed."""
+"""`attempt-kernel worker --metrics-port`: refusals that exit 2 before anything is claimed;
+`serve`'s /metrics."""
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 from pgtools import sql_in
 
+from attempt_kernel import RunLogWriter, RunStarted
 from attempt_kernel._cli import main
 from attempt_kernel._worker import submit_run
 
@@ -60,3 +65,29 @@ def test_without_prometheus_client_the_flag_exits_2_naming_the_extra(tmp_path: P
     assert done.returncode == 2, done.stdout + done.stderr
     assert "install attempt-kernel[metrics]" in done.stderr, done.stderr
     assert not (tmp_path / "log").exists()  # nothing was served, nothing written
+
+
+@pytest.mark.slow
+def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
+    """`attempt-kernel serve LOG`: /metrics answers the journal's gauges (no counters)."""
+    log = tmp_path / "run.jsonl"
+    with RunLogWriter(log) as writer:
+        writer.append("r1", RunStarted(workflow="w"))  # unfinished, nobody drives it
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "serve", str(log), "--port", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        found = re.search(r"http://\S+", line)
+        assert found is not None, line
+        with urllib.request.urlopen(found.group(0).rstrip("/") + "/metrics", timeout=30) as answer:
+            content_type = answer.headers["Content-Type"]
+            text = answer.read().decode()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert f'attempt_kernel_runs{{journal="{log}",status="interrupted"}} 1.0' in text, text
+    assert "attempt_kernel_attempts_total" not in text

@@ -2,8 +2,21 @@
 
 This module is the public doorway: everything users import is bound here and
 listed once in ``__all__``. The implementation lives in private modules.
+
+POSIX only (Linux, macOS): the file log is locked with ``flock`` and made
+durable with ``fsync`` on the file and its folder, which Windows does not
+offer as such; importing it elsewhere says so.
 """
 
+import sys
+
+if sys.platform == "win32":  # pragma: no cover - the gate runs on Linux
+    raise ImportError(
+        "attempt-kernel runs on POSIX systems (Linux, macOS): its file log is locked with flock"
+        " and made durable with fsync on the file and its folder; on Windows, use WSL"
+    )
+
+from ._version import __version__ as __version__
 from ._attempt import Admit as Admit
 from ._attempt import AttemptState as AttemptState
 from ._attempt import Cancel as Cancel
@@ -137,6 +150,7 @@ from ._workflow import load_workflow as load_workflow
 from ._workflow import workflow as workflow
 
 __all__ = [
+    "__version__",
     "Abandon",
     "Abandoned",
     "Admit",

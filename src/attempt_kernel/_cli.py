@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib
 import io
 import json
@@ -29,6 +30,7 @@ from typing_extensions import assert_never, final
 
 from . import _report, _table
 from ._codec import RunLogError, encode_record
+from ._version import __version__
 from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
 from ._executor import Job, RunsStopped, recorded_report, run_jobs
@@ -44,11 +46,13 @@ from ._recovery import Recovery
 from ._replay import replay
 from ._report import shown
 from ._resume import Supervisor, resume_log
+from ._runlist import ListedStatus, RunFilter, RunRow, parse_statuses, parse_time, select
 from ._store import Journal, LogSource
 from ._workflow import Workflow
 
-if TYPE_CHECKING:  # needs the metrics extra; imported where --metrics-port asks for it
+if TYPE_CHECKING:  # optional dependencies: imported where a URL is opened, where --metrics-port asks
     from . import _metrics
+    from ._pgjournal import PgJournal
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
@@ -69,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="attempt-kernel",
         description="The kernel of a durable runtime for agent workflows.",
     )
+    parser.add_argument("--version", action="version", version=f"attempt-kernel {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     table = commands.add_parser(
         "table",
@@ -158,13 +163,35 @@ def _parser() -> argparse.ArgumentParser:
     runs = commands.add_parser(
         "runs",
         help="list the runs in a log and where each stands",
-        description="One line per run: id, workflow, status (running, interrupted, "
-        "succeeded, failed, cancelled, needs-reconciliation), attempts, start and end "
-        "time (UTC), domain state. The log is only read. Exit 0, or 2 for usage or I/O "
-        "errors.",
+        description="One line per run: id, workflow, status (queued, running, waiting, "
+        "interrupted, succeeded, failed, cancelled, needs-reconciliation), attempts, start "
+        "and end time (UTC), domain state; a queued run (submitted to a PostgreSQL journal, "
+        "not claimed yet) shows its submit time as its start. The filters narrow the list; "
+        "without --limit every run that passes them is listed in the log's order, with "
+        "--limit N the N most recently started, newest first. On a PostgreSQL journal the "
+        "runs' summaries answer, not a read of the whole journal. The log is only read. "
+        "Exit 0, or 2 for usage or I/O errors (a bad filter reads nothing).",
     )
-    runs.add_argument("log", metavar="LOG", help="path of a run log")
+    runs.add_argument("log", metavar="LOG|URL", help="path of a run log, or postgresql://...")
     runs.add_argument("--json", action="store_true", help="print one JSON object")
+    runs.add_argument(
+        "--status", type=_statuses, action="append", metavar="STATUS",
+        help="only runs with this status; repeat it or give a comma list (failed,cancelled)",
+    )  # fmt: skip
+    runs.add_argument("--workflow", metavar="NAME", help="only runs of this workflow")
+    runs.add_argument(
+        "--since", type=_utc_time, metavar="TIME",
+        help="only runs started at TIME or later (ISO-8601 UTC as STARTED prints it:"
+        " 2026-12-01T14:07:55Z or 2026-12-01T14:07:55.123Z)",
+    )  # fmt: skip
+    runs.add_argument(
+        "--until", type=_utc_time, metavar="TIME",
+        help="only runs started before TIME (same form as --since)",
+    )  # fmt: skip
+    runs.add_argument(
+        "--limit", type=_positive_int, metavar="N",
+        help="at most N runs, the most recently started first",
+    )  # fmt: skip
     show = commands.add_parser(
         "show",
         help="show one run step by step",
@@ -314,6 +341,26 @@ def _parser() -> argparse.ArgumentParser:
         description="One line per pool: its name, its size and how many slots are held now.",
     )
     pools.add_argument("url", metavar="URL", help="postgresql://...")
+    serve = commands.add_parser(
+        "serve",
+        help="a web view of the runs, with the operator's actions (needs attempt-kernel[web])",
+        description="Serve a web view of the log or journal: the run list (filter by status, "
+        "workflow, start time), each run as a timeline of its attempts and waits, its intents "
+        "with their keys and states, its signals, and forms to signal, cancel, reconcile and "
+        "resume, which go through the same operations as the commands of those names. Listens "
+        "on 127.0.0.1 unless --host says otherwise (a non-loopback host makes the actions "
+        "reachable from the network: a warning says so). Ctrl-C or SIGTERM stops it. Exit 0 "
+        "when stopped, 2 for usage or I/O errors (a port in use, no Jinja2: install "
+        "attempt-kernel[web]).",
+    )
+    serve.add_argument("log", metavar="LOG|URL", help="a run log file, or postgresql://...")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=_non_negative_int, default=8421, metavar="N",
+                       help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
+    serve.add_argument(
+        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
+        help="workflows that resume may drive in this process (a file log)",
+    )  # fmt: skip
     return parser
 
 
@@ -342,6 +389,20 @@ def _port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port (0 to 65535), got {value}")
     return value
+
+
+def _statuses(text: str) -> tuple[ListedStatus, ...]:
+    try:
+        return parse_statuses(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _utc_time(text: str) -> int:
+    try:
+        return parse_time(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _positive_int(text: str) -> int:
@@ -434,6 +495,10 @@ def _is_url(log: str) -> bool:
 
 def _pg(url: str) -> Journal:
     """The PostgreSQL journal a URL names (psycopg is an optional dependency)."""
+    return _pg_journal(url)
+
+
+def _pg_journal(url: str) -> PgJournal:
     try:
         from ._pgjournal import PgJournal
     except ImportError as error:
@@ -690,24 +755,63 @@ def _recover(args: argparse.Namespace) -> int:
     return 2 if resumed.diverged else code
 
 
+def _run_filter(args: argparse.Namespace) -> RunFilter:
+    """The filter the `runs` flags say (each checked by argparse already)."""
+    given: list[tuple[ListedStatus, ...]] | None = args.status
+    return RunFilter(
+        statuses=None if given is None else frozenset(s for group in given for s in group),
+        workflow=args.workflow,
+        since_us=args.since,
+        until_us=args.until,
+        limit=args.limit,
+    )
+
+
+def listed_runs(log: str, only: RunFilter) -> tuple[list[RunRow], int]:
+    """What `attempt-kernel runs LOG` prints for ``only``: its rows, and the log's violations.
+
+    A log file is folded, then filtered; a PostgreSQL journal answers from
+    its runs' summaries (`PgJournal.listed`), without a read of the journal.
+    """
+    if _is_url(log):
+        with _pg_journal(log) as journal:
+            return journal.listed(only)
+    ledger = Ledger()
+    ledger.feed(FileLog(log).read())
+    views: list[RunView] = list(ledger.runs.values())
+    held = held_runs(log)
+    rows = [RunRow.of(view, held is None or view.run in held) for view in views]
+    return select(rows, only), ledger.violation_count
+
+
 def _runs(args: argparse.Namespace) -> int:
     log_path: str = args.log
-    ledger = Ledger()
-    ledger.feed(_source(log_path).read())
-    views: list[RunView] = list(ledger.runs.values())
-    held = held_runs(log_path)
-    rows = [_report.RunRow.of(view, held is None or view.run in held) for view in views]
+    only = _run_filter(args)
+    rows, violations = listed_runs(log_path, only)
     if args.json:
-        sys.stdout.write(_report.runs_json(rows, log_path, ledger.violation_count))
+        sys.stdout.write(_report.runs_json(rows, log_path, violations))
     else:
-        sys.stdout.write(_report.runs_text(rows, log_path, ledger.violation_count))
+        filtered = only != RunFilter()
+        sys.stdout.write(_report.runs_text(rows, log_path, violations, filtered=filtered))
     return EXIT_OK
 
 
 def _show(args: argparse.Namespace) -> int:
     log_path: str = args.log
     run: str = args.run
-    history = run_history(_source(log_path).read(), run)
+    if _is_url(log_path):
+        # Only this run's records (an index range), never the whole journal.
+        with _pg_journal(log_path) as journal:
+            history = run_history(journal.read_run(run), run)
+            queued = journal.queued(run) if history is None else None
+        if queued is not None:
+            if args.json:
+                sys.stdout.write(_report.queued_json(queued.run, queued.workflow, queued.submitted_us))
+            else:
+                sys.stdout.write(_report.queued_text(queued.run, queued.workflow, queued.submitted_us))
+            return EXIT_OK
+    else:
+        history = run_history(FileLog(log_path).read(), run)
     if history is None:
         name = _redacted(log_path)
         raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
@@ -1031,6 +1135,15 @@ def _logging_to_stdout(level: str) -> Generator[None, None, None]:
         logger.setLevel(before)
 
 
+def _journal_metrics(log: str) -> Callable[[], tuple[bytes, str]] | None:
+    """The journal's gauges for `serve`'s ``/metrics``; None without the metrics extra (a 404 there)."""
+    try:
+        from . import _metrics
+    except ImportError:
+        return None
+    return _metrics.metrics_app(log)
+
+
 def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
     exposition = _metrics_served(args)
@@ -1086,6 +1199,47 @@ def _pools(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _serve(args: argparse.Namespace) -> int:
+    log: str = args.log
+    host: str = args.host
+    port: int = args.port
+    try:
+        from ._web import WebView, is_loopback, open_server, serve_until_stopped
+    except ImportError as error:
+        raise _Usage(f"serve needs Jinja2 ({error}); install attempt-kernel[web]") from None
+    workflows = [load_target(t) for t in args.workflows]
+    if not _is_url(log) and not os.path.isfile(log):
+        raise _Usage(f"no run log file {log!r} (serve reads a log that exists)")
+    source = _source(log)
+    view = WebView(log, source, shown_as=_redacted(log), workflows=workflows, metrics=_journal_metrics(log))
+    try:
+        server = open_server(view, host, port)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise _Usage(f"port {port} on {host} is in use; pick another with --port") from None
+        raise _Usage(f"cannot listen on {host} port {port}: {error.strerror or error}") from None
+    if not is_loopback(host):
+        print(
+            f"attempt-kernel serve: warning: listening on {shown(host)}, not loopback: anyone who"
+            " can reach this address can see the runs and signal, cancel, reconcile and resume"
+            " them",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def announce(url: str) -> None:
+        print(f"serve: {url} shows {shown(_redacted(log))}; Ctrl-C stops it", flush=True)
+
+    try:
+        serve_until_stopped(server, announce)
+    finally:
+        close = getattr(source, "close", None)  # a PostgreSQL journal's connections
+        if callable(close):
+            close()
+    print("serve: stopped", flush=True)
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     for stream in (sys.stdout, sys.stderr):
@@ -1118,6 +1272,7 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "worker": _worker,
     "pool": _pool,
     "pools": _pools,
+    "serve": _serve,
 }
 
 

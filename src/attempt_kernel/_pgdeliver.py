@@ -44,7 +44,7 @@ from typing_extensions import LiteralString
 from ._codec import decode_line, encode_record
 from ._ledger import Ledger
 from ._operate import Build, Delivered, Delivery, OperationRefused, refusal
-from ._pgjournal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect
+from ._pgjournal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect, summary_of, summary_upsert_after
 from ._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent
 
 # {s} is the schema.
@@ -57,6 +57,8 @@ _NEXT_SEQ: Final[LiteralString] = "SELECT coalesce(max(seq), 0) + 1 FROM {s}.rec
 _DB_NOW_US: Final[LiteralString] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 _TO_INBOX: Final[LiteralString] = "INSERT INTO {s}.inbox (run, line) VALUES (%s, %s)"
 _APPEND: Final[LiteralString] = "INSERT INTO {s}.records (run, seq, line) VALUES (%s, %s, %s)"
+# The append and its run's summary (schema version 6), one statement.
+_APPEND_SUMMARIZED: Final[LiteralString] = summary_upsert_after(_APPEND)
 _WAKE: Final[LiteralString] = "UPDATE {s}.runs SET wake_at = NULL WHERE run = %s"
 _REOPEN: Final[LiteralString] = (
     "UPDATE {s}.runs SET done = false, outcome = NULL, finished_at = NULL, owner = NULL,"
@@ -110,10 +112,18 @@ def deliver_pg(
                 if row is not None and row[1] is True:
                     conn.execute(_q(_TO_INBOX, schema), (target, line))
                     return Delivered(run=target, change=change, recorded=False)
-                conn.execute(_q(_APPEND, schema), (target, seq, line))
+                # The run's records and this one: what its summary says now.
+                number = ledger.records + 1
+                ledger.apply(Record(line=number, seq=number, time_us=now, run=target, change=change))
+                summary = summary_of(ledger, target)
+                if summary is None:
+                    conn.execute(_q(_APPEND, schema), (target, seq, line))
+                else:
+                    conn.execute(
+                        _q(_APPEND_SUMMARIZED, schema), (target, seq, line, target, *summary.values())
+                    )
                 if row is not None:
                     was_done = row[0] is True
-                    ledger.apply_change(target, change)
                     view = ledger.runs[target]
                     # A reconciled run that ended needing reconciliation: a worker resumes it.
                     reopen = was_done and view.finished and view.standing() == "interrupted"

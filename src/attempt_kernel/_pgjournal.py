@@ -43,6 +43,7 @@ any later synchronous commit, makes it durable.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +58,7 @@ from typing_extensions import LiteralString, Self, assert_never, final
 
 from ._codec import RunLogError, decode_line, encode_record
 from ._intent import is_outstanding
+from ._ledger import Ledger, RunStanding
 from ._records import (
     AttemptCreated,
     AttemptTransitioned,
@@ -79,8 +81,9 @@ from ._records import (
     WaitEnded,
     WaitStarted,
 )
+from ._runlist import RunFilter, RunRow, WaitOn, listed_status
 
-PG_SCHEMA_VERSION: Final = 5
+PG_SCHEMA_VERSION: Final = 6
 """The newest version of the journal's tables this library knows; it refuses a newer one."""
 
 DEFAULT_SCHEMA: Final = "attempt_kernel"
@@ -291,6 +294,40 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             " WHERE NOT done",
         ),
     ),
+    (
+        6,
+        (
+            # Where each run stands (module doc), kept by the statements that
+            # append its records: `attempt-kernel runs` reads these rows, not
+            # the journal. A table of its own, not columns of ``runs``: a
+            # ``runs`` row is the queue's and the lease's (a run started by
+            # `attempt-kernel run URL` has none, and a row there is work for
+            # a worker). ``first_pos``: its first record's ``pos`` (the
+            # journal's order of runs); ``status``: `RunView.standing`
+            # (``running`` is the reader's to say); ``waiting_on``: JSON.
+            "CREATE TABLE {s}.summaries ("
+            " run text PRIMARY KEY,"
+            " first_pos bigint NOT NULL,"
+            " workflow text,"
+            " status text NOT NULL,"
+            " finished boolean NOT NULL,"
+            " attempts integer NOT NULL,"
+            " started_us bigint,"
+            " ended_us bigint,"
+            " domain_state text,"
+            " waiting_on text NOT NULL,"
+            " violations integer NOT NULL)",
+            "CREATE INDEX summaries_order ON {s}.summaries (first_pos)",
+            # `runs --limit N` lists the most recently started first.
+            "CREATE INDEX summaries_started ON {s}.summaries"
+            " (started_us DESC NULLS LAST, first_pos DESC)",
+            "CREATE INDEX summaries_status ON {s}.summaries"
+            " (status, started_us DESC NULLS LAST, first_pos DESC)",
+            "CREATE INDEX summaries_workflow ON {s}.summaries"
+            " (workflow, started_us DESC NULLS LAST, first_pos DESC)",
+            "CREATE INDEX summaries_broken ON {s}.summaries (run) WHERE violations > 0",
+        ),
+    ),
 )
 assert [v for v, _ in _MIGRATIONS] == list(range(1, PG_SCHEMA_VERSION + 1))
 
@@ -326,6 +363,8 @@ def _migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
                 continue
             for statement in statements:
                 conn.execute(sql.SQL(statement).format(s=s, records=records))
+            if version == 6:
+                _backfill_summaries(conn, schema)
             conn.execute(
                 sql.SQL("INSERT INTO {s}.schema_version (version) VALUES (%s)").format(s=s),
                 (version,),
@@ -375,6 +414,150 @@ def commits_synchronously(change: Change) -> bool:
             return False
         case _:
             assert_never(change)
+
+
+# --------------------------------------------------------------------------
+# Where each run stands: the summaries (schema version 6)
+# --------------------------------------------------------------------------
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunSummary:
+    """A run's ``summaries`` row: where a fold of the run's records says it stands (`summary_of`)."""
+
+    workflow: str | None
+    status: RunStanding
+    """`RunView.standing` (never ``running``: that is the reader's to say, from the leases)."""
+    finished: bool
+    attempts: int
+    started_us: int | None
+    ended_us: int | None
+    domain_state: str | None
+    waiting_on: tuple[WaitOn, ...]
+    """Its open waits while its status is ``waiting`` (else none)."""
+    violations: int
+    """Records of the run that break the kernel's rules (the fold's violations)."""
+
+    def values(self) -> tuple[object, ...]:
+        """The row's columns after ``run`` and ``first_pos``, as `_SUMMARY_VALUES` takes them."""
+        waits = json.dumps([[w.signal, w.wake_us] for w in self.waiting_on])
+        return (
+            self.workflow, self.status, self.finished, self.attempts, self.started_us,
+            self.ended_us, self.domain_state, waits, self.violations,
+        )  # fmt: skip
+
+
+def summary_of(fold: Ledger, run: str) -> RunSummary | None:
+    """The summary of ``run`` from a ledger fed its records, and only its (None: the ledger has no view of it).
+
+    The one rule of where a run stands is the ledger's: the row says what
+    `RunView.standing` says, so that `runs` on the summaries prints what
+    `runs` on a fold of the journal prints.
+    """
+    view = fold.runs.get(run)
+    if view is None:
+        return None
+    status = view.standing()
+    return RunSummary(
+        workflow=view.workflow,
+        status=status,
+        finished=view.finished,
+        attempts=view.attempts,
+        started_us=view.started_us,
+        ended_us=view.ended_us,
+        domain_state=view.domain_state,
+        waiting_on=tuple(WaitOn(signal=w.signal, wake_us=w.wake_us) for w in view.open_waits())
+        if status == "waiting"
+        else (),
+        violations=fold.violation_count,
+    )
+
+
+# The columns after (run, first_pos), typed, then the upsert that keeps
+# first_pos (a run's first record stays its first).
+_SUMMARY_VALUES: Final[LiteralString] = (
+    "%s::text, %s::text, %s::boolean, %s::integer, %s::bigint, %s::bigint, %s::text, %s::text, %s::integer"
+)
+_SUMMARY_UPSERT: Final[LiteralString] = (
+    "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
+    " started_us, ended_us, domain_state, waiting_on, violations)"
+    " SELECT %s, min(ins.pos), " + _SUMMARY_VALUES + " FROM ins HAVING count(*) > 0"
+    " ON CONFLICT (run) DO UPDATE SET workflow = excluded.workflow, status = excluded.status,"
+    " finished = excluded.finished, attempts = excluded.attempts,"
+    " started_us = excluded.started_us, ended_us = excluded.ended_us,"
+    " domain_state = excluded.domain_state, waiting_on = excluded.waiting_on,"
+    " violations = excluded.violations"
+)
+
+
+def summary_upsert_after(insert: LiteralString) -> LiteralString:
+    """``insert`` (an INSERT into records, with no RETURNING) made one statement with the
+    upsert of its run's summary: a data-modifying WITH, so the records and the
+    summary commit together or not at all. The statement answers the count of
+    records inserted; its summary parameters (run, then `RunSummary.values`)
+    follow the insert's."""
+    return "WITH ins AS (" + insert + " RETURNING pos), summ AS (" + _SUMMARY_UPSERT + ") SELECT count(*) FROM ins"
+
+
+def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
+    """Migration 6's Python: a summary for every run already in the journal, by folding each run once.
+
+    Reads the records run by run (a server-side cursor, `READ_BATCH` rows at
+    a time), as `PgJournal.read_run` reads one, so a journal written before
+    version 6 lists as it did.
+    """
+    s = sql.Identifier(schema)
+    per_run_after = _int_of(conn.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
+    insert = sql.SQL(
+        "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
+        " started_us, ended_us, domain_state, waiting_on, violations)"
+        " VALUES (%s, %s, " + _SUMMARY_VALUES + ")"
+    ).format(s=s)
+    batch: list[tuple[object, ...]] = []
+
+    def done(run: str, first_pos: int, fold: Ledger) -> None:
+        summary = summary_of(fold, run)
+        if summary is not None:
+            batch.append((run, first_pos, *summary.values()))
+        if len(batch) >= READ_BATCH:
+            with conn.cursor() as cursor:
+                cursor.executemany(insert, batch)
+            batch.clear()
+
+    current: str | None = None
+    fold = Ledger()
+    numbering = _Numbering(per_run_after, journal=False)
+    first_pos = position = 0
+    with conn.cursor(name="attempt_kernel_backfill") as rows:
+        rows.itersize = READ_BATCH
+        rows.execute(sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s))
+        for row in rows:
+            pos, seq, run, line = _row_of(row, 0)
+            if run != current:
+                if current is not None:
+                    done(current, first_pos, fold)
+                current, fold, first_pos, position = run, Ledger(), pos, 0
+                numbering = _Numbering(per_run_after, journal=False)
+            position += 1
+            first_pos = min(first_pos, pos)
+            fold.feed(_items(pos, seq, run, line, position, numbering))
+    if current is not None:
+        done(current, first_pos, fold)
+    if batch:
+        with conn.cursor() as cursor:
+            cursor.executemany(insert, batch)
+    conn.execute(sql.SQL("ANALYZE {s}.summaries").format(s=s))  # plans for the filters at once
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Queued:
+    """A run submitted to the journal that no record mentions yet: it waits for a worker."""
+
+    run: str
+    workflow: str | None
+    submitted_us: int
 
 
 # --------------------------------------------------------------------------
@@ -438,6 +621,39 @@ class _Numbering:
         return f"the run's previous record is seq {before} ({missing})"
 
 
+def _row_of(row: tuple[object, ...], after: int) -> tuple[int, int, str, bytes]:
+    """A records row (``pos, seq, run, line``) checked for its types."""
+    pos, seq, run, line = row
+    if type(pos) is not int or type(seq) is not int or type(run) is not str or type(line) is not bytes:
+        raise PgJournalError(f"the records table holds an unexpected row after {after}")
+    return pos, seq, run, line
+
+
+def _items(
+    pos: int, seq: int, run: str, line: bytes, position: int, numbering: _Numbering
+) -> Iterator[Record | CorruptLine]:
+    """What one records row reads as, numbered ``position`` (see `PgJournal.read`)."""
+    item = decode_line(line, position)
+    match item:
+        case Record():
+            if item.run != run or item.seq != seq:
+                yield CorruptLine(
+                    line=position,
+                    reason=f"row of run {run!r} seq {seq} holds the record of run"
+                    f" {item.run!r} seq {item.seq}",
+                )
+                return
+            problem = numbering.problem(pos, run, seq)
+            if problem is not None:
+                yield CorruptLine(line=position, reason=f"row of run {run!r} seq {seq}: {problem}")
+            yield Record(line=position, seq=position, time_us=item.time_us, run=run, change=item.change)
+        case CorruptLine():
+            numbering.problem(pos, run, seq)
+            yield CorruptLine(line=position, reason=f"row of run {run!r} seq {seq}: {item.reason}")
+        case _:
+            assert_never(item)
+
+
 @final
 class PgJournal:
     """A run log in PostgreSQL: the `Journal` seam (read, append, flush) over one schema.
@@ -498,6 +714,11 @@ class PgJournal:
         self._unflushed = False
         self._next: Final[dict[str, int]] = {}
         """The next sequence number of each run this journal knows it for."""
+        self._folds: Final[dict[str, Ledger]] = {}
+        """A ledger fed every record of each run in `_next` (and only those): it
+        says the run's summary after an append (schema version 6)."""
+        self._summaries: Final[dict[str, RunSummary | None]] = {}
+        """What each run's ``summaries`` row holds now, per its fold (None: no row)."""
         self._offset_us = 0
         self._synced_at_us: int | None = None
         self._last_time = 0
@@ -526,18 +747,11 @@ class PgJournal:
         self._db_clock: Final = sql.SQL(
             "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
         )
-        # Composed once, as bytes (psycopg would compose a `sql.Composed` again
-        # at every execute).
-        self._last_seq_b: Final = (
-            sql.SQL("SELECT coalesce(max(seq), 0) FROM {s}.records WHERE run = %s")
-            .format(s=s)
-            .as_bytes(conn)
-        )
         # The statements that append, by row count and fencing (`_insert`),
         # and those that append and close the run's row, by row count
         # (`_insert_closing`).
-        self._inserts: Final[dict[tuple[int, bool], bytes]] = {}
-        self._closings: Final[dict[int, bytes]] = {}
+        self._inserts: Final[dict[tuple[int, bool, bool], bytes]] = {}
+        self._closings: Final[dict[tuple[int, bool], bytes]] = {}
         self._read: Final = sql.SQL(
             "SELECT pos, seq, run, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         ).format(s=s)
@@ -558,8 +772,22 @@ class PgJournal:
         its end, it tells this journal the run's next sequence number.
         """
         numbering = _Numbering(self._per_run_after, journal=False)
-        yield from self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
-        self._next[run] = numbering.last.get(run, 0) + 1
+        fold = Ledger()
+        for item in self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False):
+            fold.feed((item,))
+            yield item
+        self._known(run, numbering.last.get(run, 0) + 1, fold)
+
+    def _known(self, run: str, next_seq: int, fold: Ledger) -> None:
+        """Remember ``run``'s next number and its fold (every record before that number)."""
+        self._next[run] = next_seq
+        self._folds[run] = fold
+        self._summaries[run] = summary_of(fold, run)
+
+    def _forget(self, run: str) -> None:
+        self._next.pop(run, None)
+        self._folds.pop(run, None)
+        self._summaries.pop(run, None)
 
     def read_run_in(self, conn: psycopg.Connection[TupleRow], run: str) -> Iterator[LogItem]:
         """`read_run` on the caller's ``conn`` (inside its transaction, after its locks).
@@ -583,17 +811,70 @@ class PgJournal:
         `CorruptLine` naming the row's run and seq (followed by the record
         itself when only its number is wrong).
         """
-        reader = self._reader
-        if reader is None or reader.closed:
-            reader = self._reader = connect(self._url, connect_timeout=self._connect_timeout)
-            reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-            reader.read_only = True
+        reader = self._reading()
         try:
             with reader.transaction():
                 numbering = _Numbering(self._per_run_after, journal=True)
                 yield from self._rows(reader, self._read, (), "the journal", numbering, by_pos=True)
         except psycopg.Error as error:  # the snapshot's end (commit) failed
             raise PgJournalError(f"reading the journal failed: {_reason(error)}") from error
+
+    def _reading(self) -> psycopg.Connection[TupleRow]:
+        """The reading connection: read-only, each transaction one snapshot (repeatable read)."""
+        reader = self._reader
+        if reader is None or reader.closed:
+            reader = self._reader = connect(self._url, connect_timeout=self._connect_timeout)
+            reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            reader.read_only = True
+        return reader
+
+    def listed(self, only: RunFilter) -> tuple[list[RunRow], int]:
+        """What `attempt-kernel runs` prints: the rows ``only`` keeps, and the journal's violations.
+
+        Served by SQL from the ``summaries`` (and, for queued runs, the
+        ``runs`` rows with no record yet), in one snapshot; the journal is
+        not folded. ``running`` and ``interrupted`` are told apart here, by
+        whether a live worker holds the run (`held_runs`). Order and limit
+        as `RunFilter` says: the journal's order (queued runs last, by
+        submit time), or with a limit the most recently started first.
+        """
+        query, params = _listing(only)
+        conn = self._reading()
+        try:
+            with conn.transaction():
+                found = conn.execute(sql.SQL(query).format(s=sql.Identifier(self.schema)), params).fetchall()
+                violations = _int_of(
+                    conn.execute(
+                        sql.SQL(
+                            "SELECT coalesce(sum(violations), 0)::bigint FROM {s}.summaries WHERE violations > 0"
+                        ).format(s=sql.Identifier(self.schema))
+                    ).fetchone()
+                )
+        except psycopg.Error as error:
+            raise PgJournalError(f"reading the runs' summaries failed: {_reason(error)}") from error
+        return [_listed_row(row) for row in found], violations
+
+    def queued(self, run: str) -> Queued | None:
+        """``run`` when it is submitted and no record of it is written yet (None otherwise)."""
+        conn = self._reading()
+        try:
+            with conn.transaction():
+                row = conn.execute(
+                    sql.SQL(
+                        "SELECT q.workflow, (extract(epoch FROM q.submitted_at) * 1000000)::bigint"
+                        " FROM {s}.runs q WHERE q.run = %s AND NOT q.done"
+                        " AND NOT EXISTS (SELECT 1 FROM {s}.records WHERE run = q.run) AND " + _UNCLAIMED
+                    ).format(s=sql.Identifier(self.schema)),
+                    (run,),
+                ).fetchone()
+        except psycopg.Error as error:
+            raise PgJournalError(f"reading run {run!r}'s row failed: {_reason(error)}") from error
+        if row is None:
+            return None
+        workflow, submitted = row
+        if (workflow is not None and type(workflow) is not str) or type(submitted) is not int:
+            raise PgJournalError(f"the runs table answered {row!r} for run {run!r}")
+        return Queued(run=run, workflow=workflow, submitted_us=submitted)
 
     def _rows(
         self,
@@ -619,39 +900,10 @@ class PgJournal:
                     f"reading {what} after {'pos' if by_pos else 'seq'} {after} failed: {_reason(error)}"
                 ) from error
             for row in rows:
-                pos, seq, run, line = row
-                if (
-                    type(pos) is not int
-                    or type(seq) is not int
-                    or type(run) is not str
-                    or type(line) is not bytes
-                ):
-                    raise PgJournalError(f"the records table holds an unexpected row after {after}")
+                pos, seq, run, line = _row_of(row, after)
                 position += 1
                 after = pos if by_pos else seq
-                item = decode_line(line, position)
-                match item:
-                    case Record():
-                        if item.run != run or item.seq != seq:
-                            yield CorruptLine(
-                                line=position,
-                                reason=f"row of run {run!r} seq {seq} holds the record of run"
-                                f" {item.run!r} seq {item.seq}",
-                            )
-                            continue
-                        problem = numbering.problem(pos, run, seq)
-                        if problem is not None:
-                            yield CorruptLine(line=position, reason=f"row of run {run!r} seq {seq}: {problem}")
-                        yield Record(
-                            line=position, seq=position, time_us=item.time_us, run=run, change=item.change
-                        )
-                    case CorruptLine():
-                        numbering.problem(pos, run, seq)
-                        yield CorruptLine(
-                            line=position, reason=f"row of run {run!r} seq {seq}: {item.reason}"
-                        )
-                    case _:
-                        assert_never(item)
+                yield from _items(pos, seq, run, line, position, numbering)
             if len(rows) < READ_BATCH:
                 return
 
@@ -662,7 +914,7 @@ class PgJournal:
         and saw none). Were it wrong, the append would fail on the
         ``(run, seq)`` key, never write a second seq 1.
         """
-        self._next[run] = 1
+        self._known(run, 1, Ledger())
 
     def forget(self, run: str) -> None:
         """Forget ``run``'s next number, so that its next append asks the database.
@@ -671,7 +923,7 @@ class PgJournal:
         others may write it meanwhile, and a long-lived journal should not
         keep one number per run it ever released.
         """
-        self._next.pop(run, None)
+        self._forget(run)
 
     # ------------------------------------------------------------ appending
 
@@ -751,43 +1003,72 @@ class PgJournal:
         sync = outcome is not None or any(commits_synchronously(change) for change in changes)
         first = self._next.get(run, 0)
         try:
-            if first == 0:
-                first = _int_of(self._conn.execute(self._last_seq_b, (run,)).fetchone()) + 1
+            fold = self._folds.get(run)
+            if first == 0 or fold is None:
+                # What the run holds so far: its next number, and the fold its summary comes from.
+                numbering = _Numbering(self._per_run_after, journal=False)
+                fold = Ledger()
+                try:
+                    fold.feed(
+                        self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
+                    )
+                except PgJournalError as error:  # the connection failed, as an append's would
+                    self._broken = f"reading run {run!r} before appending to it failed: {error}"
+                    raise PgWriteFailed(f"{self._broken}; nothing was written") from error
+                first = numbering.last.get(run, 0) + 1
+                self._known(run, first, fold)
             # spec §10: client clocks skew; by default the database's clock stamps records.
+            times = [self._now() for _ in changes]
             lines = [
-                encode_record(first + i, self._now(), run, change) for i, change in enumerate(changes)
+                encode_record(first + i, times[i], run, change) for i, change in enumerate(changes)
             ]
+            # The fold takes the records before they are sent; were they not
+            # written, the run is forgotten (read again at its next append).
+            for at, change in zip(times, changes):
+                number = fold.records + 1
+                fold.apply(Record(line=number, seq=number, time_us=at, run=run, change=change))
+            summary = summary_of(fold, run)
+            summarized = summary is not None and summary != self._summaries.get(run)
+            extra = () if summary is None or not summarized else (run, *summary.values())
             rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
             if outcome is not None and lease is not None:
-                written = self._cursor.execute(
-                    self._insert_closing(len(lines)), (outcome, run, lease.owner, lease.fence, *rows)
-                ).rowcount
+                cursor = self._cursor.execute(
+                    self._insert_closing(len(lines), summarized),
+                    (outcome, run, lease.owner, lease.fence, *rows, *extra),
+                )
             else:
                 mode = "on" if sync else "off"
                 fence = () if lease is None else (run, lease.owner, lease.fence)
-                written = self._cursor.execute(
-                    self._insert(len(lines), lease is not None), (run, *rows, mode, *fence)
-                ).rowcount
+                cursor = self._cursor.execute(
+                    self._insert(len(lines), lease is not None, summarized),
+                    (run, *rows, mode, *fence, *extra),
+                )
+            written = _int_of(cursor.fetchone()) if summarized else cursor.rowcount
             if written != len(lines):
-                self._next.pop(run, None)
+                self._forget(run)
                 raise LeaseLost(run, lease)
         except psycopg.Error as error:
+            self._forget(run)
             last = first + len(changes) - 1
             numbers_text = f"seq {first or '?'}" if len(changes) == 1 else f"seq {first}-{last}"
             self._broken = f"append of record {numbers_text} of run {run!r} failed: {_reason(error)}"
             raise PgWriteFailed(
                 f"{self._broken}; whether it was committed is unknown until the journal is read again"
             ) from error
+        except BaseException:
+            self._forget(run)  # the fold may hold records that were not written
+            raise
         last = first + len(lines) - 1
         if isinstance(changes[-1], RunFinished):
-            self._next.pop(run, None)  # a finished run takes no more records: forget it
+            self._forget(run)  # a finished run takes no more records: forget it
         else:
             self._next[run] = last + 1
+            self._summaries[run] = summary
         # A synchronous commit flushes the WAL up to it: every earlier append too.
         self._unflushed = not sync
         return last
 
-    def _insert(self, count: int, fenced: bool) -> bytes:
+    def _insert(self, count: int, fenced: bool, summarized: bool = False) -> bytes:
         """The statement that inserts ``count`` rows of one run, in order (made once per shape).
 
         One statement, its own transaction: set_config(..., true) sets
@@ -795,9 +1076,10 @@ class PgJournal:
         nothing is adapted as an array. Fenced, the lease check and the
         write are one statement (spec §10): FOR SHARE makes a takeover's
         update of the runs row wait for this commit, or this append see the
-        new owner and fence.
+        new owner and fence. ``summarized``: the run's summary changes, and
+        the same statement upserts it (`summary_upsert_after`).
         """
-        statement = self._inserts.get((count, fenced))
+        statement = self._inserts.get((count, fenced, summarized))
         if statement is None:
             text = (
                 "INSERT INTO {s}.records (run, seq, line) SELECT %s, v.n, v.l FROM " + _rows(count)
@@ -808,31 +1090,43 @@ class PgJournal:
                     " AND EXISTS (SELECT 1 FROM {s}.runs"
                     " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
                 )
-            statement = self._composed(text + " ORDER BY v.n")
-            self._inserts[(count, fenced)] = statement
+            text += " ORDER BY v.n"
+            statement = self._composed(summary_upsert_after(text) if summarized else text)
+            self._inserts[(count, fenced, summarized)] = statement
         return statement
 
     def _composed(self, text: LiteralString) -> bytes:
         """``text`` for this journal's schema, as bytes (composed once per statement)."""
         return sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(self._conn)
 
-    def _insert_closing(self, count: int) -> bytes:
-        """`append_and_complete`'s statement for ``count`` rows (made once per count).
+    def _insert_closing(self, count: int, summarized: bool = False) -> bytes:
+        """`append_and_complete`'s statement for ``count`` rows (made once per shape).
 
         The fenced update of the run's row comes first (a data-modifying
         ``WITH``, run exactly once); the rows are inserted only if it closed
-        the row: the lease check, the close and the write are one statement.
+        the row: the lease check, the close and the write are one statement,
+        and so is the upsert of the run's summary when it changes.
         """
-        statement = self._closings.get(count)
+        statement = self._closings.get((count, summarized))
         if statement is None:
-            statement = self._composed(
+            closing: LiteralString = (
                 "WITH closed AS (UPDATE {s}.runs SET done = true, outcome = %s, finished_at = now()"
                 " WHERE run = %s AND owner = %s AND fence = %s"
                 " AND set_config('synchronous_commit', 'on', true) IS NOT NULL RETURNING run)"
-                " INSERT INTO {s}.records (run, seq, line) SELECT closed.run, v.n, v.l"
+            )
+            insert: LiteralString = (
+                "INSERT INTO {s}.records (run, seq, line) SELECT closed.run, v.n, v.l"
                 " FROM closed, " + _rows(count) + " ORDER BY v.n"
             )
-            self._closings[count] = statement
+            if summarized:
+                text = (
+                    closing + ", ins AS (" + insert + " RETURNING pos), summ AS ("
+                    + _SUMMARY_UPSERT + ") SELECT count(*) FROM ins"
+                )
+            else:
+                text = closing + " " + insert
+            statement = self._composed(text)
+            self._closings[(count, summarized)] = statement
         return statement
 
     def flush(self) -> None:
@@ -890,6 +1184,134 @@ def _reason(error: psycopg.Error) -> str:
         error
     ).__name__
 
+
+
+# What a stored status may be filtered by in SQL directly; ``running`` and
+# ``interrupted`` need the leases (`_listing`), ``queued`` the runs table.
+_STORED: Final = ("waiting", "succeeded", "failed", "cancelled", "needs-reconciliation")
+_HELD: Final[LiteralString] = (
+    "EXISTS (SELECT 1 FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
+    " WHERE r.run = m.run AND NOT r.done AND NOT w.dead)"
+)
+
+# A ``runs`` row (as q) that no live worker holds: a worker that claimed a
+# queued run and wrote nothing yet drives it (its first record is coming).
+_UNCLAIMED: Final[LiteralString] = (
+    "(q.owner IS NULL OR q.owner IN (SELECT id FROM {s}.workers WHERE dead))"
+)
+
+
+def _listing(only: RunFilter) -> tuple[LiteralString, list[object]]:
+    """The query `PgJournal.listed` runs for ``only``, and its parameters.
+
+    Two parts, each filtered where its index can serve it: runs with
+    records (their summaries; ``running`` is an ``interrupted`` summary
+    that a live worker holds, as `held_runs` says), and queued runs (a
+    ``runs`` row not done, no summary: no record yet).
+    """
+    statuses = only.statuses
+    params: list[object] = []
+    parts: list[LiteralString] = []
+    newest: LiteralString = " ORDER BY started_us DESC NULLS LAST, ord DESC NULLS LAST, run DESC"
+    if statuses is None or any(status != "queued" for status in statuses):
+        where: list[LiteralString] = []
+        if statuses is not None:
+            either: list[LiteralString] = []
+            stored = [status for status in _STORED if status in statuses]
+            if stored:
+                either.append("m.status = ANY(%s)")
+                params.append(stored)
+            if "running" in statuses:
+                either.append("(m.status = 'interrupted' AND NOT m.finished AND " + _HELD + ")")
+            if "interrupted" in statuses:
+                either.append("(m.status = 'interrupted' AND (m.finished OR NOT " + _HELD + "))")
+            where.append("(" + " OR ".join(either) + ")")
+        if only.workflow is not None:
+            where.append("m.workflow = %s")
+            params.append(only.workflow)
+        if only.since_us is not None:
+            where.append("m.started_us >= %s")
+            params.append(only.since_us)
+        if only.until_us is not None:
+            where.append("m.started_us < %s")
+            params.append(only.until_us)
+        part: LiteralString = (
+            "SELECT m.run, m.workflow, CASE WHEN m.status = 'interrupted' AND NOT m.finished AND "
+            + _HELD + " THEN 'running' ELSE m.status END AS status, m.attempts,"
+            " m.started_us, m.ended_us, m.domain_state, m.waiting_on, m.first_pos AS ord"
+            " FROM {s}.summaries m"
+        )
+        if where:
+            part += " WHERE " + " AND ".join(where)
+        if only.limit is not None:
+            # The index order (status, started_us DESC NULLS LAST, first_pos DESC).
+            part += " ORDER BY m.started_us DESC NULLS LAST, m.first_pos DESC LIMIT %s"
+            params.append(only.limit)
+        parts.append(part)
+    if statuses is None or "queued" in statuses:
+        submitted: LiteralString = "(extract(epoch FROM q.submitted_at) * 1000000)::bigint"
+        part = (
+            "SELECT q.run, q.workflow, 'queued'::text AS status, 0 AS attempts, " + submitted
+            + " AS started_us, NULL::bigint AS ended_us, NULL::text AS domain_state,"
+            " '[]'::text AS waiting_on, NULL::bigint AS ord FROM {s}.runs q WHERE NOT q.done"
+            " AND NOT EXISTS (SELECT 1 FROM {s}.summaries s WHERE s.run = q.run)"
+            " AND " + _UNCLAIMED
+        )
+        if only.workflow is not None:
+            part += " AND q.workflow = %s"
+            params.append(only.workflow)
+        if only.since_us is not None:
+            part += " AND " + submitted + " >= %s"
+            params.append(only.since_us)
+        if only.until_us is not None:
+            part += " AND " + submitted + " < %s"
+            params.append(only.until_us)
+        if only.limit is not None:
+            part += " ORDER BY " + submitted + " DESC, q.run DESC LIMIT %s"
+            params.append(only.limit)
+        parts.append(part)
+    query: LiteralString
+    if len(parts) > 1:
+        query = "SELECT * FROM ((" + ") UNION ALL (".join(parts) + ")) AS listed"
+    else:
+        query = "SELECT * FROM (" + parts[0] + ") AS listed"
+    if only.limit is None:
+        query += " ORDER BY ord NULLS LAST, started_us, run"
+    else:
+        query += newest + " LIMIT %s"
+        params.append(only.limit)
+    return query, params
+
+
+def _listed_row(row: tuple[object, ...]) -> RunRow:
+    """A row of `_listing`'s query as `attempt-kernel runs` prints it (`RunRow.of`'s rules)."""
+    run, workflow, status_text, attempts, started, ended, domain_state, waiting_on, _ = row
+    status = listed_status(str(status_text))
+    if (
+        type(run) is not str
+        or (workflow is not None and type(workflow) is not str)
+        or status is None
+        or type(attempts) is not int
+        or (started is not None and type(started) is not int)
+        or (ended is not None and type(ended) is not int)
+        or (domain_state is not None and type(domain_state) is not str)
+        or type(waiting_on) is not str
+    ):
+        raise PgJournalError(f"the summaries table answered an unexpected row {row!r}")
+    waits: list[tuple[str | None, int | None]] = json.loads(waiting_on)
+    return RunRow(
+        run=run,
+        workflow=workflow,
+        status=status,
+        attempts=attempts,
+        started_us=started,
+        # a reconciled run waiting for recovery has not ended yet
+        ended_us=None if status == "interrupted" else ended,
+        domain_state=domain_state,
+        waiting_on=tuple(WaitOn(signal=signal, wake_us=wake) for signal, wake in waits)
+        if status == "waiting"
+        else (),
+    )
 
 
 def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:

@@ -12,20 +12,21 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Final
 
-from typing_extensions import assert_never, final
+from typing_extensions import assert_never
 
 from ._attempt import TransitionCause
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._outcome import RunReport
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory, WaitHistory
-from ._ledger import OpenAttempt, RunStanding, RunView
+from ._ledger import OpenAttempt
 from ._records import JSON
 from ._recovery import Recovery
 from ._replay import ReplayReport
+from ._runlist import RunRow as RunRow
+from ._runlist import WaitOn as WaitOn
 
 SHOWN_VIOLATIONS: Final = 50
 """The text report lists this many violations and counts the rest."""
@@ -259,17 +260,6 @@ def _cause_text(cause: TransitionCause) -> str:
     return text if flag is None else f"{text}(intent_dispatched={flag})"
 
 
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WaitOn:
-    """What a waiting run waits on: a signal (``signal`` its name) or a timer."""
-
-    signal: str | None
-    """The signal's name (None: a sleep)."""
-    wake_us: int | None
-    """When the wait ends by itself (a sleep's wake time, a timeout; None: never)."""
-
-
 def wait_text(run: str, wait: WaitOn) -> str:
     """``run a-1 waits for signal 'approve' (until ...)`` or ``run a-1 sleeps until ...``."""
     if wait.signal is None:
@@ -284,47 +274,10 @@ def _wait_json(wait: WaitOn) -> dict[str, object]:
     return {"signal": wait.signal, "until": None if wait.wake_us is None else when(wait.wake_us)}
 
 
-@final
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunRow:
-    """One line of `attempt-kernel runs`."""
-
-    run: str
-    workflow: str | None
-    status: RunStanding
-    attempts: int
-    started_us: int | None
-    ended_us: int | None
-    domain_state: str | None
-    waiting_on: tuple[WaitOn, ...] = ()
-    """What it waits on, when its status is ``waiting``."""
-
-    @staticmethod
-    def of(view: RunView, writer_live: bool) -> RunRow:
-        """The row for a run; ``writer_live``: a writer holds the log, so an
-        unfinished run is running rather than interrupted."""
-        standing = view.standing()
-        if standing == "interrupted" and writer_live and not view.finished:
-            standing = "running"
-        return RunRow(
-            run=view.run,
-            workflow=view.workflow,
-            status=standing,
-            attempts=view.attempts,
-            started_us=view.started_us,
-            # a reconciled run waiting for recovery has not ended yet
-            ended_us=view.ended_us if standing != "interrupted" else None,
-            domain_state=view.domain_state,
-            waiting_on=tuple(WaitOn(signal=w.signal, wake_us=w.wake_us) for w in view.open_waits())
-            if standing == "waiting"
-            else (),
-        )
-
-
-def runs_text(rows: list[RunRow], source: str, violations: int) -> str:
-    """The runs of a log, one line each, for people."""
+def runs_text(rows: list[RunRow], source: str, violations: int, *, filtered: bool = False) -> str:
+    """The runs of a log, one line each, for people (``filtered``: only those a filter kept)."""
     if not rows:
-        return f"no runs in {shown(source)}\n"
+        return f"no runs in {shown(source)}{' match the filters' if filtered else ''}\n"
     table = [("RUN", "WORKFLOW", "STATUS", "ATTEMPTS", "STARTED", "ENDED", "DOMAIN STATE")]
     for r in rows:
         table.append(
@@ -366,6 +319,20 @@ def runs_json(rows: list[RunRow], source: str, violations: int) -> str:
             row["waiting_for"] = [_wait_json(wait) for wait in r.waiting_on]
         runs.append(row)
     doc = {"log": source, "violations": violations, "runs": runs}
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def queued_text(run: str, workflow: str | None, submitted_us: int) -> str:
+    """A submitted run that no worker has claimed yet, for people."""
+    return (
+        f"run {shown(run)} (workflow {shown(workflow or '-')}): queued\n"
+        f"  {when(submitted_us)}  submitted; no worker has claimed it yet (no record is written)\n"
+    )
+
+
+def queued_json(run: str, workflow: str | None, submitted_us: int) -> str:
+    """A submitted run that no worker has claimed yet, for machines."""
+    doc = {"run": run, "workflow": workflow, "status": "queued", "submitted": when(submitted_us)}
     return json.dumps(doc, indent=2) + "\n"
 
 

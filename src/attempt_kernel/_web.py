@@ -1,0 +1,772 @@
+"""The web view of a run log or journal (``attempt-kernel serve``): pages and actions.
+
+What it owns: turning HTTP requests into pages (the run list, one run with
+its timeline, intents, waits and signals) and operators' actions (signal,
+cancel, reconcile, resume) into calls of the operations module, the one
+the command line calls too. What it must not do: decide anything about a
+run itself. Where a run stands comes from the ledger, its history from
+``_history``, every change it writes from ``_operations`` (which refuses,
+writing nothing, what may not be done), its words from ``_report``.
+
+Security model (docs/web.md says it for operators): it listens on the
+loopback interface unless told otherwise; every page is rendered by Jinja2
+with autoescape, so names read from a log are text, never markup, and a
+Content-Security-Policy forbids scripts anyway; each action is a POST whose
+form carries a token, an HMAC (under a secret drawn when the process
+starts) of the browser's session cookie (SameSite=Strict) and a nonce; a
+POST without a valid one is refused with 403 before anything is read or
+written. On loopback, a request whose Host header is not a loopback name is
+refused too, so a page from elsewhere cannot reach it by DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import http.cookies
+import ipaddress
+import json
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Final, Literal, get_args
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
+
+import jinja2
+from typing_extensions import TypeAlias, assert_never, final
+
+from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
+from ._errors import AttemptKernelError
+from ._history import IntentEvent, RunHistory, run_history
+from ._ledger import Ledger, RunStanding
+from ._operate import Delivered, OperationRefused
+from ._operations import cancel_run, held_runs, reconcile_intent, resume_run, send_signal
+from ._records import JSON, LogItem
+from ._report import RunRow, short, shown, when
+from ._store import LogSource
+from ._web_pages import STYLE, TEMPLATES
+from ._web_timeline import timeline
+from ._workflow import Workflow
+
+MetricsHook: TypeAlias = Callable[[], "tuple[bytes, str]"]
+"""What ``/metrics`` serves: a callable returning the body and its content type."""
+
+FlashKind: TypeAlias = Literal["ok", "refused"]
+
+Action: TypeAlias = Literal["signal", "cancel", "reconcile", "resume"]
+"""What a run page's forms post: the operator's actions."""
+ACTIONS: Final[tuple[Action, ...]] = get_args(Action)
+
+DEFAULT_LIMIT: Final = 50
+MAX_LIMIT: Final = 500
+MAX_BODY: Final = 1 << 20
+"""The largest form accepted, in bytes (a signal's payload rides in it)."""
+RESUME_WAIT: Final = 2.0
+"""Seconds a resume request waits for what resuming did, before it answers anyway."""
+SESSION_COOKIE: Final = "ak_session"
+STATUSES: Final[tuple[RunStanding, ...]] = get_args(RunStanding)
+LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.", "ip6-localhost"})
+
+SECURITY_HEADERS: Final = (
+    # No page carries a script; a name that escaped escaping still could not run.
+    ("Content-Security-Policy",
+     "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
+     " frame-ancestors 'none'; base-uri 'none'"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "same-origin"),
+    ("X-Frame-Options", "DENY"),
+    ("Cache-Control", "no-store"),
+)  # fmt: skip
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Flash:
+    """A message shown once, at the top of the next page this browser loads."""
+
+    kind: FlashKind
+    text: str
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Response:
+    """What the server sends back for one request."""
+
+    status: int
+    body: bytes
+    content_type: str = "text/html; charset=utf-8"
+    location: str | None = None
+    set_cookie: str | None = None
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    """One request as the view needs it: method, path, query, headers, body."""
+
+    method: str
+    target: str
+    headers: Mapping[str, str]
+    body: bytes = b""
+
+
+def is_loopback(host: str) -> bool:
+    """Does ``host`` (a name or an address to bind or that a Host header names) mean this machine only?"""
+    name = host.strip("[]").lower()
+    if name in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def _names_loopback(host_header: str) -> bool:
+    """Does a Host header (``127.0.0.1:8421``, ``[::1]:8421``, ``localhost``) name this machine?"""
+    try:
+        name = urlsplit(f"//{host_header}").hostname
+    except ValueError:  # "[" with no "]", say
+        return False
+    return name is not None and is_loopback(name)
+
+
+def _json_field(text: str, field: str) -> JSON:
+    """Strict JSON from a form field (NaN and Infinity refused), or `OperationRefused`."""
+
+    def no_constant(name: str) -> JSON:
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        value: JSON = json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as error:
+        raise OperationRefused(
+            f"the {field} is not JSON: {error.msg} at line {error.lineno} column {error.colno};"
+            " nothing was written"
+        ) from None
+    except ValueError as error:
+        raise OperationRefused(f"the {field} is not JSON: {error}; nothing was written") from None
+    return value
+
+
+def _parse_time(text: str, field: str) -> int | None:
+    """``YYYY-MM-DD[THH:MM[:SS]]`` (UTC) as microseconds; None when empty; ValueError naming ``field``."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.removesuffix("Z"))
+    except ValueError:
+        raise ValueError(f"{field}: {text!r} is not a date (YYYY-MM-DD) or a time (YYYY-MM-DDTHH:MM)") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(moment.timestamp() * 1_000_000)
+
+
+def _action(name: str) -> Action | None:
+    for action in ACTIONS:
+        if action == name:
+            return action
+    return None
+
+
+def _one(params: Mapping[str, list[str]], name: str) -> str:
+    values = params.get(name)
+    return values[0].strip() if values else ""
+
+
+def _run_href(run: str) -> str:
+    return "/runs/" + quote(run, safe="")
+
+
+def _event_text(event: IntentEvent) -> str:
+    text = (
+        f"{when(event.time_us)} {intent_state_name(event.from_state)} ->"
+        f" {intent_state_name(event.to_state)} ({intent_cause_name(event.cause)})"
+    )
+    if event.by is not None:
+        text += f" by {shown(event.by)}" + (f": {shown(event.note)}" if event.note else "")
+    if event.result is not None:
+        text += f" result {shown(short(event.result))}"
+    return text
+
+
+class WebView:
+    """The pages and actions of one log or journal, answering `Request` s with `Response` s.
+
+    ``log`` is what the operations are given (a file's path or a
+    ``postgresql://`` URL); ``source`` reads it; ``shown_as`` names it on
+    the pages (a URL without its password). ``workflows``: what resume may
+    drive in this process (a file log). ``metrics``: what ``/metrics``
+    serves, when given. ``clock``: seconds since the epoch, for drawing open
+    bars up to now.
+    """
+
+    def __init__(
+        self,
+        log: str,
+        source: LogSource,
+        *,
+        shown_as: str,
+        workflows: Iterable[Workflow] = (),
+        metrics: MetricsHook | None = None,
+        clock: Callable[[], float] = time.time,
+        loopback_only: bool = True,
+    ) -> None:
+        self.log: Final = log
+        self._source: Final = source
+        self._shown_as: Final = shown_as
+        self._workflows: Final = tuple(workflows)
+        self._metrics: Final = metrics
+        self._clock: Final = clock
+        self._loopback_only = loopback_only
+        self._secret: Final = secrets.token_bytes(32)
+        self._env: Final = jinja2.Environment(
+            loader=jinja2.DictLoader(TEMPLATES),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+        )
+        # A PostgreSQL journal reads through one connection: one reader at a time.
+        self._read_lock: Final = threading.Lock()
+        self._flash_lock: Final = threading.Lock()
+        self._flashes: Final[dict[str, list[Flash]]] = {}
+        self._resuming: Final[set[str]] = set()
+
+    def set_loopback_only(self, value: bool) -> None:
+        """Refuse (or not) requests whose Host header is not a loopback name."""
+        self._loopback_only = value
+
+    # ------------------------------------------------------------ plumbing
+
+    def _read(self) -> list[LogItem]:
+        with self._read_lock:
+            return list(self._source.read())
+
+    def _held(self) -> frozenset[str] | None:
+        return held_runs(self.log)
+
+    def _token(self, session: str) -> str:
+        nonce = secrets.token_hex(8)
+        mac = hmac.new(self._secret, f"{session}:{nonce}".encode(), hashlib.sha256).hexdigest()
+        return f"{nonce}.{mac}"
+
+    def _token_ok(self, session: str | None, token: str) -> bool:
+        if not session:
+            return False
+        nonce, dot, mac = token.partition(".")
+        if not dot:
+            return False
+        expected = hmac.new(self._secret, f"{session}:{nonce}".encode(), hashlib.sha256).hexdigest()
+        return hmac.compare_digest(expected, mac)
+
+    def _flash(self, session: str, flash: Flash) -> None:
+        with self._flash_lock:
+            self._flashes.setdefault(session, []).append(flash)
+
+    def _take_flashes(self, session: str) -> list[Flash]:
+        with self._flash_lock:
+            return self._flashes.pop(session, [])
+
+    def _page(
+        self, template: str, session: str, status: int = 200, *, extra: Sequence[Flash] = (), **values: object
+    ) -> Response:
+        html = self._env.get_template(template).render(
+            source=shown(self._shown_as), flashes=[*self._take_flashes(session), *extra], **values
+        )
+        return Response(status=status, body=html.encode())
+
+    def _message(self, session: str, status: int, heading: str, message: str) -> Response:
+        return self._page("message.html", session, status, heading=heading, message=message)
+
+    # ------------------------------------------------------------ dispatch
+
+    def respond(self, request: Request) -> Response:
+        """The response to ``request`` (never raises for what a client sends)."""
+        cookies = http.cookies.SimpleCookie()
+        try:
+            cookies.load(request.headers.get("cookie", ""))
+        except http.cookies.CookieError:
+            pass
+        morsel = cookies.get(SESSION_COOKIE)
+        known = morsel.value if morsel is not None and len(morsel.value) == 32 else None
+        session = known or secrets.token_hex(16)
+        response = self._route(request, session, known)
+        if known is None:
+            cookie = f"{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict"
+            response = Response(
+                status=response.status, body=response.body, content_type=response.content_type,
+                location=response.location, set_cookie=cookie,
+            )  # fmt: skip
+        return response
+
+    def _route(self, request: Request, session: str, known: str | None) -> Response:
+        if self._loopback_only and not _names_loopback(request.headers.get("host", "")):
+            return self._message(
+                session, 403, "Refused",
+                "This server answers to its loopback address only (127.0.0.1 or localhost).",
+            )  # fmt: skip
+        split = urlsplit(request.target)
+        parts = [unquote(p) for p in split.path.split("/")[1:]]
+        try:
+            if request.method in ("GET", "HEAD"):
+                match parts:
+                    case [""]:
+                        return self._runs_page(parse_qs(split.query), session)
+                    case ["runs", run]:
+                        return self._run_page(run, session)
+                    case ["style.css"]:
+                        return Response(status=200, body=STYLE.encode(), content_type="text/css; charset=utf-8")
+                    case ["metrics"]:
+                        return self._metrics_page(session)
+                    case _:
+                        return self._message(session, 404, "Not found", f"Nothing at {shown(split.path)}.")
+            if request.method == "POST":
+                match parts:
+                    case ["runs", run, name]:
+                        chosen = _action(name)
+                        if chosen is None:
+                            return self._message(session, 404, "Not found", f"No action {shown(name)!r}.")
+                        return self._post(run, chosen, request.body, known)
+                    case _:
+                        return self._message(session, 404, "Not found", f"No action at {shown(split.path)}.")
+            return self._message(session, 405, "Method not allowed", f"{shown(request.method)} is not served.")
+        except AttemptKernelError as error:  # the log cannot be read (a corrupt file, a lost database)
+            return self._message(session, 500, "The log cannot be read", shown(str(error)))
+
+    # ------------------------------------------------------------ /metrics
+
+    def _metrics_page(self, session: str) -> Response:
+        # The metrics hook: `attempt_kernel._metrics.metrics_app(journal)` is
+        # what `serve` passes as `metrics`; without one there is nothing here.
+        if self._metrics is None:
+            return self._message(session, 404, "No metrics", "This server was started without metrics.")
+        body, content_type = self._metrics()
+        return Response(status=200, body=body, content_type=content_type)
+
+    # ------------------------------------------------------------ the run list
+
+    def _runs_page(self, params: Mapping[str, list[str]], session: str) -> Response:
+        status, workflow = _one(params, "status"), _one(params, "workflow")
+        since_text, until_text = _one(params, "since"), _one(params, "until")
+        limit_text, older = _one(params, "limit"), _one(params, "older")
+        problems: list[str] = []
+        # A filter that does not parse is named on the page and left out, links included.
+        if status and status not in STATUSES:
+            problems.append(f"status: {status!r} is not one of {', '.join(STATUSES)}")
+            status = ""
+        try:
+            since = _parse_time(since_text, "since")
+        except ValueError as error:
+            problems.append(str(error))
+            since, since_text = None, ""
+        try:
+            until = _parse_time(until_text, "until")
+        except ValueError as error:
+            problems.append(str(error))
+            until, until_text = None, ""
+        limit = DEFAULT_LIMIT
+        if limit_text:
+            if limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT:
+                limit = int(limit_text)
+            else:
+                problems.append(f"limit: {limit_text!r} is not a number from 1 to {MAX_LIMIT}")
+        items = self._read()
+        ledger = Ledger()
+        ledger.feed(items)
+        held = self._held()
+        rows = [RunRow.of(view, held is None or view.run in held) for view in ledger.runs.values()]
+        # newest first; runs that started at one microsecond keep the log's order, reversed
+        rows = sorted(reversed(rows), key=lambda r: -(r.started_us or 0))
+        workflows = sorted({r.workflow for r in rows if r.workflow is not None})
+        chosen = [
+            r for r in rows
+            if (not status or r.status == status)
+            and (not workflow or r.workflow == workflow)
+            and (since is None or (r.started_us is not None and r.started_us >= since))
+            and (until is None or (r.started_us is not None and r.started_us <= until))
+        ]  # fmt: skip
+        start = 0
+        if older:
+            at = next((i for i, r in enumerate(chosen) if r.run == older), None)
+            if at is None:
+                problems.append(f"older: no run {shown(older)} among these runs")
+            else:
+                start = at + 1
+        page = chosen[start : start + limit]
+        filters = {"status": status, "workflow": workflow, "since": since_text, "until": until_text}
+        kept = {k: v for k, v in filters.items() if v}
+        if limit != DEFAULT_LIMIT:
+            kept["limit"] = str(limit)
+        older_href = None
+        if start + limit < len(chosen) and page:
+            older_href = "/?" + urlencode({**kept, "older": page[-1].run})
+        newer_href = ("/?" + urlencode(kept)) if older else None
+        shown_from = start + 1 if page else 0
+        summary = f"runs {shown_from}-{start + len(page)} of {len(chosen)}"
+        if len(chosen) != len(rows):
+            summary += f" (of {len(rows)} in the log)"
+        response = self._page(
+            "runs.html", session, 400 if problems else 200,
+            rows=[
+                {
+                    "run": shown(r.run), "href": _run_href(r.run),
+                    "workflow": shown(r.workflow or "-"), "status": r.status,
+                    "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
+                    "waiting": ", ".join(
+                        f"for signal {shown(repr(w.signal))}" if w.signal is not None
+                        else f"until {when(w.wake_us)}"
+                        for w in r.waiting_on
+                    ),
+                }
+                for r in page
+            ],
+            statuses=STATUSES, workflows=[shown(w) for w in workflows],
+            filters={**filters, "limit": limit}, filtered=bool(kept), max_limit=MAX_LIMIT,
+            older=older_href, newer=newer_href, summary=summary,
+            violations=ledger.violation_count,
+            extra=[Flash(kind="refused", text=f"Filter ignored: {p}") for p in problems],
+        )  # fmt: skip
+        return response
+
+    # ------------------------------------------------------------ one run
+
+    def _run_page(self, run: str, session: str) -> Response:
+        items = self._read()
+        history = run_history(items, run)
+        if history is None:
+            return self._message(
+                session, 404, "No such run", f"There is no run {shown(run)!r} in {shown(self._shown_as)}."
+            )
+        ledger = Ledger(keep=frozenset({run}))
+        ledger.feed(items)
+        view = ledger.run(run)
+        outstanding = set(view.outstanding()) if view is not None else set[str]()
+        held = self._held()
+        live = history.standing == "interrupted" and (held is None or run in held)
+        status: RunStanding = "running" if live else history.standing
+        now_us = int(self._clock() * 1_000_000)
+        open_until = now_us if status in ("running", "waiting") else 0
+        return self._page(
+            "run.html", session,
+            run=history, standing=status, facts=_facts(history),
+            tl=timeline(history, open_until_us=open_until),
+            attempts=_attempt_rows(history), intents=_intent_rows(history, outstanding),
+            waits=_wait_rows(history), signals=_signal_rows(history),
+            finished=view is not None and view.finished,
+            csrf=self._token(session), action_base=_run_href(run),
+            signal_name=_awaited(history), resume_hint=self._resume_hint(),
+        )  # fmt: skip
+
+    def _resume_hint(self) -> str:
+        if self.log.startswith(("postgresql://", "postgres://")):
+            return "Reopens the run in the journal; a worker of its workflow takes it up."
+        if self._workflows:
+            names = ", ".join(shown(w.name) for w in self._workflows)
+            return f"Drives the run in this server's process (its workflows: {names}) until it finishes or waits."
+        return (
+            "Drives the run in this server's process when it was started with --workflows"
+            " naming the run's workflow; else it says which command resumes it."
+        )
+
+    # ------------------------------------------------------------ actions
+
+    def _post(self, run: str, action: Action, body: bytes, session: str | None) -> Response:
+        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        if session is None or not self._token_ok(session, _one(form, "csrf")):
+            return Response(
+                status=403,
+                body=b"403 Forbidden: this form's token is missing or not this browser's;"
+                b" reload the page and send it again. Nothing was written.\n",
+                content_type="text/plain; charset=utf-8",
+            )
+        try:
+            text = self._perform(run, action, form, session)
+            self._flash(session, Flash(kind="ok", text=text))
+        except AttemptKernelError as error:  # OperationRefused among them: nothing was written
+            self._flash(session, _flash_of(error))
+        return Response(status=303, body=b"", location=_run_href(run))
+
+    def _where(self, delivered: Delivered) -> str:
+        journal = self.log.startswith(("postgresql://", "postgres://"))
+        if delivered.recorded:
+            return "recorded in the journal" if journal else "recorded in the log"
+        if journal:
+            return "it waits in the journal's inbox: the worker driving the run takes it in within about a second"
+        return "it waits in the log's inbox: the process writing the log takes it in within about a second"
+
+    def _perform(self, run: str, action: Action, form: Mapping[str, list[str]], session: str) -> str:
+        """Do ``action`` through the operations module; what happened, for the flash."""
+        match action:
+            case "signal":
+                name = _one(form, "name")
+                payload_text = _one(form, "payload")
+                payload: JSON = None
+                if payload_text:
+                    payload = _json_field(payload_text, "payload")
+                    if payload is None:
+                        raise OperationRefused(
+                            "the payload is null, and a signal's payload never is (leave it empty to"
+                            " send {}); nothing was written"
+                        )
+                delivered = send_signal(self.log, run, name, payload)
+                return f"Signal {shown(repr(name))} sent to run {shown(run)}: {self._where(delivered)}."
+            case "cancel":
+                delivered = cancel_run(self.log, run, _one(form, "reason"))
+                return f"Cancel of run {shown(run)}: {self._where(delivered)}."
+            case "reconcile":
+                key, verdict = _one(form, "key"), _one(form, "verdict")
+                if verdict not in ("confirmed", "rejected"):
+                    raise OperationRefused("say whether the effect happened (confirm) or not (reject)")
+                result_text = _one(form, "result")
+                result = _json_field(result_text, "result") if result_text else None
+                delivered = reconcile_intent(
+                    self.log, key, confirmed=verdict == "confirmed", result=result, note=_one(form, "note")
+                )
+                said = "Confirmed (it happened)" if verdict == "confirmed" else "Rejected (it did not happen)"
+                return f"Intent {shown(key)} of run {shown(delivered.run)}: {said}, {self._where(delivered)}."
+            case "resume":
+                return self._resume(run, session)
+            case _:
+                assert_never(action)
+
+    def _resume(self, run: str, session: str) -> str:
+        """Resume in a thread of its own (on a file log it drives the run, maybe for
+        long); answer with what it did if that comes within `RESUME_WAIT`, else say
+        it goes on, and show what it did on this browser's next page."""
+        with self._flash_lock:
+            if run in self._resuming:
+                raise OperationRefused(f"run {run!r} is being resumed by this server already")
+            self._resuming.add(run)
+        outcome = _Outcome()
+
+        def go() -> None:
+            try:
+                said: str | AttemptKernelError = resume_run(self.log, run, self._workflows)
+            except AttemptKernelError as error:  # OperationRefused among them
+                said = error
+            with self._flash_lock:
+                self._resuming.discard(run)
+                outcome.said = said
+                late = outcome.answered
+            if late:
+                self._flash(session, _flash_of(said))
+
+        thread = threading.Thread(target=go, name=f"resume {run}", daemon=True)
+        thread.start()
+        thread.join(RESUME_WAIT)
+        with self._flash_lock:
+            outcome.answered = True
+            said = outcome.said
+        if said is None:
+            return f"Resuming run {shown(run)} in this server's process; reload to follow it."
+        if isinstance(said, str):
+            return shown(said)
+        raise said
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What a resume thread said, and whether its request answered before it did
+    (guarded by the view's flash lock)."""
+
+    said: str | AttemptKernelError | None = None
+    answered: bool = False
+
+
+def _flash_of(said: str | AttemptKernelError) -> Flash:
+    if isinstance(said, str):
+        return Flash(kind="ok", text=shown(said))
+    if isinstance(said, OperationRefused):
+        return Flash(kind="refused", text=f"Refused: {shown(str(said))}")
+    return Flash(kind="refused", text=f"Failed: {shown(str(said))}")
+
+
+def _awaited(history: RunHistory) -> str:
+    """The name of the signal an open wait is for, to fill the signal form with."""
+    for wait in history.waits:
+        if wait.ended_us is None and wait.signal is not None:
+            return shown(wait.signal)
+    return ""
+
+
+def _facts(history: RunHistory) -> list[tuple[str, str]]:
+    facts: list[tuple[str, str]] = []
+    if history.input is not None:
+        facts.append(("input", shown(short(history.input, 200))))
+    if history.result is not None:
+        facts.append(("result", shown(short(history.result, 200))))
+    if history.domain_state is not None:
+        facts.append(("domain state", shown(history.domain_state)))
+    for event in history.events:
+        reason = f" ({shown(event.reason)})" if event.reason else ""
+        facts.append((event.what, f"{when(event.time_us)}{reason}"))
+    return facts
+
+
+def _attempt_rows(history: RunHistory) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for step in history.steps:
+        for a in step.attempts:
+            if a.returned:
+                outcome = f"result {shown(short(a.result))}"
+            elif a.error is not None:
+                outcome = f"error {shown(a.error)}"
+            else:
+                outcome = ""
+            rows.append(
+                {
+                    "step": shown(step.name), "number": a.number,
+                    "state": "Pending" if a.state is None else state_name(a.state),
+                    "created": when(a.created_us),
+                    "css": "st-" + ("Pending" if a.state is None else state_name(a.state)).lower(),
+                    # the time of day only: the date is the creation's, a column to the left
+                    "moves": [
+                        f"{when(m.time_us)[11:]} {state_name(m.from_state)} → {state_name(m.to_state)}"
+                        f" ({cause_name(m.cause)})"
+                        for m in a.moves
+                    ],
+                    "outcome": outcome,
+                }
+            )  # fmt: skip
+    return rows
+
+
+def _intent_rows(history: RunHistory, outstanding: set[str]) -> list[dict[str, object]]:
+    return [
+        {
+            "step": shown(step.name), "attempt": a.number, "name": shown(i.name), "key": i.key,
+            "state": intent_state_name(i.state),
+            "events": [_event_text(e) for e in i.events],
+            # the ledger says which keys are outstanding; shown once, at the attempt that has it
+            "outstanding": i.key in outstanding and a is step.attempts[-1],
+        }
+        for step in history.steps
+        for a in step.attempts
+        for i in a.intents
+    ]  # fmt: skip
+
+
+def _wait_rows(history: RunHistory) -> list[dict[str, object]]:
+    rows: list[dict[str, object]] = []
+    for w in history.waits:
+        what = "sleep" if w.signal is None else f"signal {shown(repr(w.signal))}"
+        if w.wake_us is not None:
+            what += f" until {when(w.wake_us)}"
+        if w.ended_us is None:
+            ended = "open: waiting"
+        elif w.taken is not None:
+            ended = f"{when(w.ended_us)}, took signal #{w.taken}"
+        else:
+            ended = f"{when(w.ended_us)}, its time came"
+        rows.append({"position": w.position, "what": what, "started": when(w.started_us), "ended": ended})
+    return rows
+
+
+def _signal_rows(history: RunHistory) -> list[dict[str, object]]:
+    return [
+        {
+            "number": s.number, "name": shown(s.name), "payload": shown(short(s.payload, 200)),
+            "sent": when(s.sent_us),
+            "taken": "not taken yet" if s.taken_at is None else f"the wait @{s.taken_at}",
+        }
+        for s in history.signals
+    ]  # fmt: skip
+
+
+# --------------------------------------------------------------------------
+# The HTTP server
+# --------------------------------------------------------------------------
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], view: WebView, family: socket.AddressFamily) -> None:
+        self.address_family = family
+        self.view: Final = view
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server_version = "attempt-kernel"
+    sys_version = ""
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_HEAD(self) -> None:
+        self._answer("HEAD")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def _answer(self, method: str) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        length_text = self.headers.get("Content-Length", "0")
+        length = int(length_text) if length_text.isdigit() else 0
+        if length > MAX_BODY:
+            self.send_error(413, "the form is too large")
+            return
+        body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        response = server.view.respond(Request(method=method, target=self.path, headers=headers, body=body))
+        self.send_response(response.status)
+        self.send_header("Content-Type", response.content_type)
+        self.send_header("Content-Length", str(len(response.body)))
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        if response.location is not None:
+            self.send_header("Location", response.location)
+        if response.set_cookie is not None:
+            self.send_header("Set-Cookie", response.set_cookie)
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(response.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # no access log: the terminal is for what serve says, not every request
+
+
+def open_server(view: WebView, host: str, port: int) -> ThreadingHTTPServer:
+    """A server for ``view`` bound to ``host``:``port`` (0: any free port), not yet serving.
+
+    Raises `OSError` when it cannot bind (``errno.EADDRINUSE``: the port is in use).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    view.set_loopback_only(is_loopback(host))
+    return _Server((host.strip("[]"), port), view, family)
+
+
+def address_of(server: ThreadingHTTPServer) -> str:
+    """The URL the server answers at."""
+    host, port = server.server_address[:2]
+    name = host.decode() if isinstance(host, bytes) else str(host)
+    return f"http://[{name}]:{port}/" if ":" in name else f"http://{name}:{port}/"
+
+
+class _Stop(Exception):
+    """Internal: SIGTERM arrived; stop serving."""
+
+
+def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], None]) -> None:
+    """Serve until SIGINT or SIGTERM (in the main thread), then close the socket."""
+
+    def on_term(number: int, frame: FrameType | None) -> None:
+        raise _Stop
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        announce(address_of(server))  # inside: a signal may come as soon as it is said
+        server.serve_forever(poll_interval=0.2)
+    except (KeyboardInterrupt, _Stop):
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.server_close()

@@ -1,0 +1,604 @@
+"""`attempt-kernel serve`, over HTTP: the run list and its filters, one run's page,
+the actions and their refusals, escaping, and the command's own edges.
+
+Most tests run a real server on a free port in a thread of this process
+(`serving`) and speak to it with urllib; the command's edges (a port in
+use, a non-loopback host, SIGTERM) run it in a subprocess. Logs are written
+by the real executor: the approver workflow of ``waitflows`` (it waits for
+signal ``approve``), and the demo's trip planner cut right after its seat
+was dispatched, then recovered, so its booking is Indeterminate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import html
+import http.cookiejar
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Generator, Sequence
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    Admit,
+    AttemptState,
+    Executor,
+    Fail,
+    Failed,
+    Pending,
+    Running,
+    Succeed,
+    Succeeded,
+    TransitionCause,
+    IntentReconciled,
+    Record,
+    RunLogWriter,
+    SignalSent,
+    Workflow,
+    read_log,
+)
+from attempt_kernel._cli import main
+from attempt_kernel._logfile import FileLog
+from attempt_kernel._operations import cancel_run, resume_run
+from attempt_kernel._store import LogSource
+from attempt_kernel._web import MetricsHook, WebView, address_of, open_server
+from attempt_kernel._web_timeline import duration, timeline
+from attempt_kernel._history import AttemptHistory, Moved, RunHistory, StepHistory, run_history
+from waitflows import APPROVER
+
+TESTS = Path(__file__).resolve().parent
+HOSTILE = "<script>alert(1)</script>"
+TIMEOUT = 60
+
+
+# --------------------------------------------------------------------------
+# Logs, written by the executor
+# --------------------------------------------------------------------------
+
+
+def add_waiting_runs(path: Path, *runs: str) -> Path:
+    """Append runs of APPROVER that wait for signal 'approve' (no process drives them)."""
+
+    async def go() -> None:
+        with RunLogWriter(path) as writer:
+            for run in runs:
+                report = await Executor(writer, let_go_after=0).run(APPROVER, run)
+                assert report.status == "waiting"
+
+    asyncio.run(go())
+    return path
+
+
+def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+
+
+def needs_reconciliation(folder: Path) -> Path:
+    """``trip.jsonl``: the demo's run trip-1 as a crash right after its seat was
+    dispatched leaves it (the clean log's first lines), then recovered: its
+    book-flight attempt is Indeterminate and the run needs reconciliation."""
+    clean = folder / "clean.jsonl"
+    done = cli(folder, "demo", "--log", str(clean))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = clean.read_bytes().splitlines(keepends=True)
+    [cut] = [n for n, line in enumerate(lines, 1) if b'"intent":"reserve-seat"' in line and b'"to":"Dispatched"' in line]
+    log = folder / "trip.jsonl"
+    log.write_bytes(b"".join(lines[:cut]))
+    recovered = cli(folder, "recover", str(log))
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    return log
+
+
+@pytest.fixture(scope="module")
+def trip_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A log whose trip-1 needs reconciliation (made once; tests copy it)."""
+    return needs_reconciliation(tmp_path_factory.mktemp("trip"))
+
+
+@pytest.fixture
+def trip_log(tmp_path: Path, trip_template: Path) -> Path:
+    log = tmp_path / "trip.jsonl"
+    shutil.copy(trip_template, log)
+    return log
+
+
+def records(path: Path) -> list[Record]:
+    return [item for item in read_log(path) if isinstance(item, Record)]
+
+
+def nothing_written(log: Path, before: bytes) -> bool:
+    return log.read_bytes() == before and not Path(f"{log}.inbox").exists()
+
+
+# --------------------------------------------------------------------------
+# A server in this process, and a browser-like client
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving(
+    log: str,
+    source: LogSource | None = None,
+    *,
+    workflows: Sequence[Workflow] = (),
+    metrics: MetricsHook | None = None,
+) -> Generator[str, None, None]:
+    """A server for ``log`` on a free loopback port, for the ``with`` block; its URL."""
+    reader = source if source is not None else FileLog(log)
+    view = WebView(log, reader, shown_as=log, workflows=workflows, metrics=metrics)
+    server = open_server(view, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield address_of(server)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(TIMEOUT)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(
+        self, req: urllib.request.Request, fp: object, code: int, msg: str, headers: object, newurl: str
+    ) -> None:
+        return None
+
+
+class Client:
+    """Keeps its session cookie, as a browser does; sees redirects instead of following them."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.jar = http.cookiejar.CookieJar()
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(self.jar), _NoRedirect())
+
+    def request(
+        self, path: str, fields: dict[str, str] | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], str]:
+        data = None if fields is None else urllib.parse.urlencode(fields).encode()
+        req = urllib.request.Request(self.base.rstrip("/") + path, data=data, headers=headers or {})
+        try:
+            with self.opener.open(req, timeout=TIMEOUT) as answer:
+                return answer.status, dict(answer.headers.items()), answer.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers.items()), error.read().decode()
+
+    def get(self, path: str) -> tuple[int, str]:
+        status, _, body = self.request(path)
+        return status, body
+
+    def token(self, run: str) -> str:
+        status, body = self.get(run_path(run))
+        assert status == 200, body
+        found = re.search(r'name="csrf" value="([^"]+)"', body)
+        assert found is not None
+        return found.group(1)
+
+    def act(self, run: str, action: str, **fields: str) -> tuple[int, str]:
+        """POST ``action`` with this page's token; the status and the flash the next page shows."""
+        status, headers, _ = self.request(f"{run_path(run)}/{action}", {"csrf": self.token(run), **fields})
+        assert headers.get("Location") == run_path(run)
+        _, page = self.get(run_path(run))
+        return status, " | ".join(html.unescape(f) for f in re.findall(r'<div class="flash [a-z]+" role="status">(.*?)</div>', page))
+
+
+def run_path(run: str) -> str:
+    return "/runs/" + urllib.parse.quote(run, safe="")
+
+
+def run_ids(page: str) -> list[str]:
+    """The run ids the list page shows, in order."""
+    return [html.unescape(m) for m in re.findall(r'<td class="mono"><a href="/runs/[^"]*">(.*?)</a></td>', page)]
+
+
+@pytest.fixture
+def approvals(tmp_path: Path) -> Path:
+    """a-1, a-2, a-3 wait for 'approve', started in that order."""
+    return add_waiting_runs(tmp_path / "a.jsonl", "a-1", "a-2", "a-3")
+
+
+# --------------------------------------------------------------------------
+# The run list
+# --------------------------------------------------------------------------
+
+
+def test_the_list_shows_each_run_newest_first_with_workflow_status_and_attempts(trip_log: Path) -> None:
+    add_waiting_runs(trip_log, "a-1")
+    with serving(str(trip_log)) as url:
+        status, page = Client(url).get("/")
+    assert status == 200
+    assert run_ids(page) == ["a-1", "trip-1"]
+    assert '<span class="badge s-waiting">waiting</span> <span class="muted">for signal &#39;approve&#39;</span>' in page
+    assert '<span class="badge s-needs-reconciliation">needs-reconciliation</span>' in page
+    assert "<td>approver</td>" in page and "<td>trip-planner</td>" in page
+
+
+def test_the_list_filters_by_status_workflow_and_start_time(trip_log: Path) -> None:
+    add_waiting_runs(trip_log, "a-1")
+    with serving(str(trip_log)) as url:
+        client = Client(url)
+        assert run_ids(client.get("/?status=waiting")[1]) == ["a-1"]
+        assert run_ids(client.get("/?status=needs-reconciliation")[1]) == ["trip-1"]
+        assert run_ids(client.get("/?workflow=trip-planner")[1]) == ["trip-1"]
+        assert run_ids(client.get("/?workflow=approver&status=succeeded")[1]) == []
+        assert run_ids(client.get("/?since=2000-01-01")[1]) == ["a-1", "trip-1"]
+        assert run_ids(client.get("/?since=2999-01-01T00:00")[1]) == []
+        assert run_ids(client.get("/?until=2000-01-01")[1]) == []
+        status, page = client.get("/?since=yesterday&status=lost&workflow=approver")
+    assert status == 400
+    assert run_ids(page) == ["a-1"]  # the filters that parse still apply
+    assert "since: &#39;yesterday&#39; is not a date (YYYY-MM-DD) or a time (YYYY-MM-DDTHH:MM)" in page
+    assert "status: &#39;lost&#39; is not one of running, waiting, interrupted" in page
+
+
+def test_the_list_is_paged_by_limit_with_an_older_link(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        first = client.get("/?limit=2")[1]
+        assert run_ids(first) == ["a-3", "a-2"]
+        older = re.search(r'<a href="([^"]+)" rel="next">older</a>', first)
+        assert older is not None
+        second = client.get(html.unescape(older.group(1)))[1]
+    assert run_ids(second) == ["a-1"]
+    assert 'rel="next"' not in second
+    assert "runs 3-3 of 3" in second
+
+
+# --------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------
+
+
+def test_an_unknown_run_is_a_404_page_saying_so(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/runs/nobody")
+    assert status == 404
+    assert "There is no run &#39;nobody&#39; in" in page
+
+
+def test_a_run_page_shows_its_timeline_waits_and_signal_form(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/runs/a-1")
+    assert status == 200
+    assert '<span class="badge s-waiting" id="run-status">waiting</span>' in page
+    assert re.search(r'<title>ask@1</title><text class="rowname step"[^>]*>ask@1</text>', page)
+    assert ">#1 Succeeded</text>" in page and ">waiting</text>" in page
+    for word in ("Succeeded", "Failed", "Indeterminate", "Cancelled", "TimedOut", "Running", "Pending", "wait"):
+        assert f'">{word}</text>' in page  # the legend
+    assert '<input type="text" name="name" required value="approve">' in page
+
+
+def test_the_timeline_has_a_row_per_step_and_wait_and_a_bar_per_attempt(approvals: Path) -> None:
+    history = run_history(read_log(approvals), "a-1")
+    assert history is not None
+    drawn = timeline(history, open_until_us=history.waits[0].started_us + 10_000_000)
+    assert [(r.kind, r.name) for r in drawn.rows] == [("step", "ask@1"), ("wait", "@2 wait for 'approve'")]
+    labelled = [(b.css, b.label, b.open) for b in drawn.bars if b.label]
+    assert labelled == [("st-succeeded", "#1 Succeeded", False), ("wait", "waiting", True)]
+
+
+def _attempt(number: int, created_ms: int, ended_ms: int, failed: bool) -> AttemptHistory:
+    """An attempt admitted as soon as it was created, ended ``ended_ms`` after the epoch."""
+    end: tuple[TransitionCause, AttemptState] = (Fail(), Failed()) if failed else (Succeed(), Succeeded())
+    return AttemptHistory(
+        number=number, created_us=created_ms * 1000, state=end[1],
+        moves=(
+            Moved(time_us=created_ms * 1000, from_state=Pending(), cause=Admit(), to_state=Running()),
+            Moved(time_us=ended_ms * 1000, from_state=Running(), cause=end[0], to_state=end[1]),
+        ),
+        intents=(), returned=not failed, result=None, error="boom" if failed else None, domain_states=(),
+    )  # fmt: skip
+
+
+def test_labels_that_would_overprint_are_said_together_after_their_row() -> None:
+    """A retry 20 ms after a failure, on a one-second axis: one label for both; a wide bar holds its own."""
+    history = RunHistory(
+        run="r", workflow="w", input=None, standing="succeeded", domain_state=None, events=(),
+        steps=(
+            StepHistory(name="search", attempts=(_attempt(1, 0, 10, True), _attempt(2, 30, 40, False))),
+            StepHistory(name="long", attempts=(_attempt(1, 0, 1000, False),)),
+        ),
+    )  # fmt: skip
+    drawn = timeline(history, open_until_us=0)
+    assert [(b.label, b.inside) for b in drawn.bars] == [
+        ("", False),
+        ("#1 Failed · #2 Succeeded", False),
+        ("#1 Succeeded", True),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0, "0 s"), (0.25, "+250 ms"), (1.5, "+1.5 s"), (180, "+3 min"), (7200, "+2 h")],
+)
+def test_axis_labels_read_as_durations(seconds: float, text: str) -> None:
+    assert duration(seconds) == text
+
+
+def test_a_hostile_run_name_is_shown_as_text(approvals: Path) -> None:
+    add_waiting_runs(approvals, HOSTILE)
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        listed = client.get("/")[1]
+        status, page = client.get(run_path(HOSTILE))
+    assert status == 200
+    for body in (listed, page):
+        assert "<script" not in body
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    assert HOSTILE in run_ids(listed)
+
+
+# --------------------------------------------------------------------------
+# Actions
+# --------------------------------------------------------------------------
+
+
+def test_a_signal_sent_through_the_page_is_recorded_and_its_flash_shown(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        status, flash = client.act("a-1", "signal", name="approve", payload='{"by": "ada"}')
+        page = client.get("/runs/a-1")[1]
+    assert status == 303
+    assert flash == "Signal 'approve' sent to run a-1: recorded in the log."
+    [sent] = [r.change for r in records(approvals) if isinstance(r.change, SignalSent)]
+    assert (sent.name, sent.payload) == ("approve", {"by": "ada"})
+    assert "<td>not taken yet</td>" in page
+    assert "Signal" not in page.split("<main>")[1].split("<section>")[0]  # a flash is shown once
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({}, "Refused: signal '' to run 'a-1': a signal name must be a non-empty string"),
+        ({"name": "approve", "payload": "{oops"}, "Refused: the payload is not JSON: Expecting property name"),
+        ({"name": "approve", "payload": "null"}, "Refused: the payload is null"),
+        ({"name": "approve", "payload": "NaN"}, "Refused: the payload is not JSON: NaN is not a JSON number"),
+    ],
+    ids=["no-name", "bad-json", "null", "nan"],
+)
+def test_a_bad_signal_is_refused_and_writes_nothing(approvals: Path, fields: dict[str, str], expected: str) -> None:
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        status, flash = Client(url).act("a-1", "signal", **fields)
+    assert status == 303
+    assert flash.startswith(expected)
+    assert nothing_written(approvals, before)
+
+
+def test_a_post_without_this_browsers_token_is_403_and_writes_nothing(approvals: Path) -> None:
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        alice, mallory = Client(url), Client(url)
+        stolen = mallory.token("a-1")  # valid, but for another session
+        alice.get("/")
+        answers = [
+            alice.request("/runs/a-1/cancel", {"reason": "no token"}),
+            alice.request("/runs/a-1/cancel", {"csrf": "0" * 16 + "." + "0" * 64}),
+            alice.request("/runs/a-1/cancel", {"csrf": stolen}),
+            Client(url).request("/runs/a-1/cancel", {"csrf": stolen}),  # no session cookie at all
+        ]
+    assert [status for status, _, _ in answers] == [403, 403, 403, 403]
+    assert "Nothing was written" in answers[0][2]
+    assert nothing_written(approvals, before)
+
+
+def test_the_session_cookie_is_samesite_strict_and_httponly(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        _, headers, _ = Client(url).request("/")
+    cookie = headers["Set-Cookie"]
+    assert re.fullmatch(r"ak_session=[0-9a-f]{32}; Path=/; HttpOnly; SameSite=Strict", cookie)
+    assert "script-src" not in headers["Content-Security-Policy"]
+    assert "default-src 'none'" in headers["Content-Security-Policy"]
+
+
+def test_an_action_on_a_finished_run_is_refused_and_writes_nothing(approvals: Path) -> None:
+    cancel_run(approvals, "a-2", "made finished")
+    resume_run(approvals, "a-2", [APPROVER])  # ends it, as its cancel decided
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        cancelled = client.act("a-2", "cancel", reason="again")
+        signalled = client.act("a-2", "signal", name="approve")
+        page = client.get("/runs/a-2")[1]
+    assert cancelled == (303, "Refused: cancel of run 'a-2': run 'a-2' has finished (cancelled); nothing was written")
+    assert signalled[1].startswith("Refused: signal 'approve' to run 'a-2': run 'a-2' has finished (cancelled)")
+    assert "This run has finished" in page
+    assert nothing_written(approvals, before)
+
+
+def test_cancel_through_the_page_records_the_decision(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, flash = Client(url).act("a-3", "cancel", reason="not needed")
+    assert (status, flash) == (303, "Cancel of run a-3: recorded in the log.")
+
+
+def test_an_indeterminate_intent_is_reconciled_by_its_button(trip_log: Path) -> None:
+    with serving(str(trip_log)) as url:
+        client = Client(url)
+        page = client.get("/runs/trip-1")[1]
+        [key] = re.findall(r'<input type="hidden" name="key" value="([^"]+)">', page)
+        assert ">#1 Indeterminate</text>" in page
+        status, flash = client.act("trip-1", "reconcile", key=html.unescape(key), verdict="rejected", note="no PNR")
+        after = client.get("/runs/trip-1")[1]
+    assert status == 303
+    assert flash == f"Intent {html.unescape(key)} of run trip-1: Rejected (it did not happen), recorded in the log."
+    [done] = [r.change for r in records(trip_log) if isinstance(r.change, IntentReconciled)]
+    assert (done.key, done.note, done.by) == (html.unescape(key), "no PNR", "operator")
+    assert 'name="key"' not in after  # nothing is outstanding now
+    assert "Rejected" in after
+
+
+def test_a_second_reconcile_of_one_key_is_refused(trip_log: Path) -> None:
+    with serving(str(trip_log)) as url:
+        client = Client(url)
+        [key] = re.findall(r'name="key" value="([^"]+)"', client.get("/runs/trip-1")[1])
+        client.act("trip-1", "reconcile", key=key, verdict="confirmed")
+        before = trip_log.read_bytes()
+        _, flash = client.act("trip-1", "reconcile", key=key, verdict="rejected")
+    assert flash.startswith(f"Refused: intent {key!r}")
+    assert "is not outstanding" in flash
+    assert nothing_written(trip_log, before)
+
+
+def test_resume_without_the_workflow_is_refused_naming_the_command(approvals: Path) -> None:
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        _, flash = Client(url).act("a-1", "resume")
+    assert flash.startswith("Refused: run 'a-1' belongs to workflow 'approver', which was not loaded")
+    assert "attempt-kernel recover" in flash
+    assert nothing_written(approvals, before)
+
+
+def test_resume_with_the_workflow_drives_a_signalled_run_to_its_end(approvals: Path) -> None:
+    with serving(str(approvals), workflows=[APPROVER]) as url:
+        client = Client(url)
+        client.act("a-1", "signal", name="approve", payload='"yes"')
+        _, flash = client.act("a-1", "resume")
+        page = client.get("/runs/a-1")[1]
+        deadline = time.monotonic() + TIMEOUT
+        while flash.startswith("Resuming run a-1 in this server's process"):  # it outlasted the request
+            assert time.monotonic() < deadline, "the resume never said what it did"
+            time.sleep(0.1)
+            page = client.get("/runs/a-1")[1]
+            flash = html.unescape("".join(re.findall(r'<div class="flash ok" role="status">(.*?)</div>', page))) or flash
+    assert flash == "run 'a-1' was resumed and ended succeeded"
+    assert 'id="run-status">succeeded</span>' in page
+
+
+# --------------------------------------------------------------------------
+# Host checks and the metrics hook
+# --------------------------------------------------------------------------
+
+
+def test_a_request_naming_another_host_is_refused_on_loopback(approvals: Path) -> None:
+    """A page from elsewhere that rebinds its name to 127.0.0.1 is not answered."""
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        answers = [client.request("/", headers={"Host": host}) for host in ("attacker.example:8421", "[::1")]
+        named = [client.request("/", headers={"Host": host})[0] for host in ("localhost:8421", "[::1]:8421")]
+    assert [status for status, _, _ in answers] == [403, 403]
+    assert "loopback address only" in answers[0][2]
+    assert named == [200, 200]
+
+
+def test_metrics_is_served_by_the_hook_it_is_given(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        missing = Client(url).get("/metrics")[0]
+    with serving(str(approvals), metrics=lambda: (b"attempt_kernel_up 1\n", "text/plain; version=0.0.4")) as url:
+        status, headers, body = Client(url).request("/metrics")
+    assert missing == 404
+    assert (status, headers["Content-Type"], body) == (200, "text/plain; version=0.0.4", "attempt_kernel_up 1\n")
+
+
+# --------------------------------------------------------------------------
+# The command: a port in use, a non-loopback host, SIGTERM, no extra
+# --------------------------------------------------------------------------
+
+
+def start_serve(cwd: Path, *args: str) -> tuple[subprocess.Popen[str], str]:
+    """`attempt-kernel serve ARGS` in a subprocess, and the URL its first line announces."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "serve", *args],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    found = re.search(r"http://\S+", line)
+    if found is None:
+        process.kill()
+        _, err = process.communicate(timeout=TIMEOUT)
+        raise AssertionError(f"serve did not start: {line!r} {err!r}")
+    return process, found.group(0)
+
+
+@pytest.mark.slow
+def test_serve_stops_on_sigterm_with_exit_0(approvals: Path) -> None:
+    process, url = start_serve(approvals.parent, str(approvals), "--port", "0")
+    try:
+        assert Client(url).get("/")[0] == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0, err
+    assert out == "serve: stopped\n"
+    assert err == ""
+
+
+@pytest.mark.slow
+def test_a_non_loopback_host_warns_that_the_actions_are_reachable(approvals: Path) -> None:
+    process, _ = start_serve(approvals.parent, str(approvals), "--host", "0.0.0.0", "--port", "0")
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=TIMEOUT)
+    assert process.returncode == 0
+    assert err.startswith("attempt-kernel serve: warning: listening on 0.0.0.0, not loopback: anyone who can reach")
+
+
+@pytest.mark.slow
+def test_a_port_in_use_exits_2_naming_it(approvals: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli(approvals.parent, "serve", str(approvals), "--port", str(port))
+    assert done.returncode == 2
+    assert done.stderr == f"attempt-kernel serve: error: port {port} on 127.0.0.1 is in use; pick another with --port\n"
+
+
+def test_serve_without_jinja2_exits_2_saying_to_install_the_web_extra(
+    approvals: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "jinja2", None)
+    monkeypatch.setitem(sys.modules, "attempt_kernel._web", None)
+    assert main(["serve", str(approvals)]) == 2
+    assert "install attempt-kernel[web]" in capsys.readouterr().err
+
+
+def test_serve_of_a_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(tmp_path / "none.jsonl")]) == 2
+    assert "no run log file" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------
+# PostgreSQL
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
+    from attempt_kernel.postgres import PgJournal
+
+    async def go() -> None:
+        with PgJournal(db) as journal:
+            report = await Executor(journal, let_go_after=0).run(APPROVER, "p-1")
+            assert report.status == "waiting"
+
+    asyncio.run(go())
+    journal = PgJournal(db)
+    try:
+        with serving(db, journal) as url:
+            client = Client(url)
+            assert run_ids(client.get("/?status=waiting")[1]) == ["p-1"]
+            assert client.get("/runs/p-2")[0] == 404
+            status, flash = client.act("p-1", "signal", name="approve", payload="1")
+            page = client.get("/runs/p-1")[1]
+    finally:
+        journal.close()
+    assert status == 303
+    assert flash == "Signal 'approve' sent to run p-1: recorded in the journal."
+    assert "<td>not taken yet</td>" in page
