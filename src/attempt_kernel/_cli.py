@@ -52,7 +52,8 @@ from ._runlist import ListedStatus, RunFilter, parse_statuses, parse_time
 from ._store import Journal, LogSource
 from ._workflow import Workflow
 
-if TYPE_CHECKING:  # psycopg is an optional dependency: imported where a URL is opened
+if TYPE_CHECKING:  # optional dependencies: imported where a URL is opened, where --metrics-port asks
+    from . import _metrics
     from ._pgjournal import PgJournal
 
 EXIT_OK: Final = 0
@@ -315,6 +316,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
                         help="exit once no run of these workflows is left unfinished")  # fmt: skip
+    worker.add_argument("--metrics-port", type=_port, metavar="N",
+                        help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port;"
+                        " needs attempt-kernel[metrics])")  # fmt: skip
+    worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="the address --metrics-port listens on (default 127.0.0.1)")  # fmt: skip
     worker.add_argument("--log-level", choices=_LOG_LEVELS, default="info",
                         help="with a URL: the least level of the lines it prints, each with its UTC"
                         " time and level (default info: claims, takeovers, every state change;"
@@ -377,6 +383,13 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0 to 65535), got {value}")
     return value
 
 
@@ -500,12 +513,7 @@ def _pg_journal(url: str) -> PgJournal:
 
 def _redacted(url: str) -> str:
     """A URL without its password, for messages."""
-    head, at, tail = url.rpartition("@")
-    if not at or "://" not in head:
-        return url
-    scheme, _, credentials = head.partition("://")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}@{tail}"
+    return _report.redacted(url)
 
 
 def _source(log: str) -> LogSource:
@@ -1057,6 +1065,30 @@ def _worker_file(args: argparse.Namespace) -> int:
             return 128 + caught[0]
 
 
+def _metrics_served(args: argparse.Namespace) -> _metrics.WorkerExposition | None:
+    """Start serving ``/metrics`` when --metrics-port asks, before the worker claims anything."""
+    port: int | None = args.metrics_port
+    if port is None:
+        return None
+    host: str = args.metrics_host
+    try:
+        from . import _metrics
+    except ImportError as error:
+        raise _Usage(
+            f"--metrics-port needs prometheus_client ({error}); install attempt-kernel[metrics]"
+        ) from None
+    exposition = _metrics.WorkerExposition(args.url)
+    try:
+        bound_host, bound_port = exposition.serve(port, host)
+    except OSError as error:
+        raise _Usage(
+            f"--metrics-port {port}: cannot listen on {host}:{port}"
+            f" ({error.strerror or error}); choose another port (0: any free one)"
+        ) from None
+    print(f"metrics: serving http://{bound_host}:{bound_port}/metrics", flush=True)
+    return exposition
+
+
 _LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 
 
@@ -1088,8 +1120,18 @@ def _logging_to_stdout(level: str) -> Generator[None, None, None]:
         logger.setLevel(before)
 
 
+def _journal_metrics(log: str) -> Callable[[], tuple[bytes, str]] | None:
+    """The journal's gauges for `serve`'s ``/metrics``; None without the metrics extra (a 404 there)."""
+    try:
+        from . import _metrics
+    except ImportError:
+        return None
+    return _metrics.metrics_app(log)
+
+
 def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
+    exposition = _metrics_served(args)
     if not _is_url(url):
         return _worker_file(args)
     workflows = [load_target(t) for t in args.workflows]
@@ -1106,6 +1148,8 @@ def _worker(args: argparse.Namespace) -> int:
                 dead_after=args.dead_after,
                 stop_when_idle=args.until_idle,
                 stop_on_signals=True,
+                observers=() if exposition is None else (exposition.observer,),
+                watcher=None if exposition is None else exposition.watcher,
             )
     except WorkerDeclaredDead as error:
         print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
@@ -1157,8 +1201,10 @@ def _serve(args: argparse.Namespace) -> int:
         one_run: Callable[[str], Iterable[LogItem]] | None = journal.read_run
     else:
         source, one_run = _source(log), None
-    # /metrics: WebView(metrics=...) takes a callable returning (body, content type).
-    view = WebView(log, source, shown_as=_redacted(log), workflows=workflows, one_run=one_run)
+    view = WebView(
+        log, source, shown_as=_redacted(log), workflows=workflows, one_run=one_run,
+        metrics=_journal_metrics(log),
+    )  # fmt: skip
     try:
         server = open_server(view, host, port)
     except OSError as error:

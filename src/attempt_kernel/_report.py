@@ -39,6 +39,16 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def redacted(url: str) -> str:
+    """A URL without its password, for messages and labels; a path as it is."""
+    head, at, tail = url.rpartition("@")
+    if not at or "://" not in head:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user = credentials.split(":", 1)[0]
+    return f"{scheme}://{user}@{tail}"
+
+
 def _attempt_line(entry: OpenAttempt) -> str:
     keys = ", ".join(shown(k) for k in entry.outstanding) if entry.outstanding else "none left (reconciled)"
     return (

@@ -62,7 +62,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import psycopg
 from psycopg import sql
@@ -73,7 +73,7 @@ from ._errors import AttemptKernelError
 from ._coderun import WorkflowDiverged
 from ._executor import Executor, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
-from ._observe import RunObserver
+from ._observe import RunObserver, tell
 from ._pgjournal import (
     DEFAULT_SCHEMA,
     Lease,
@@ -116,6 +116,22 @@ class WorkerDeclaredDead(AttemptKernelError):
     The worker stopped: every write to those runs was refused (`LeaseLost`).
     Start a new worker process (it gets a fresh id).
     """
+
+
+class WorkerWatcher(Protocol):
+    """What a worker tells about itself as it goes (metrics count it: `_metrics.WorkerMetrics`).
+
+    Called from the worker's event loop thread; a call must return at once.
+    """
+
+    def started(self, worker: str) -> None:
+        """The worker registered under id ``worker``, before its first claim."""
+
+    def claimed(self, worker: str, run: str, taken_over: bool) -> None:
+        """The worker claimed ``run``; ``taken_over``: from a worker found dead."""
+
+    def lease_lost(self, worker: str, run: str) -> None:
+        """The worker dropped ``run``: another worker holds its lease now (`LeaseLost`)."""
 
 
 # --------------------------------------------------------------------------
@@ -398,6 +414,34 @@ class _WorkerJournal:
 
 
 @final
+class _Noted:
+    """A journal's appends, kept with their times to tell a worker's observers afterwards.
+
+    Recovery ends a taken-over run's orphans in a thread of its own; its
+    records reach the observers (metrics count the attempts it ends) once it
+    is back on the worker's loop, where observers are told (`_observe`).
+    """
+
+    def __init__(self, journal: PgJournal) -> None:
+        self._journal: Final = journal
+        self.written: Final[list[tuple[Change, int]]] = []
+
+    def append(self, run: str, change: Change) -> int:
+        seq = self._journal.append(run, change)
+        self.written.append((change, time.time_ns() // 1000))  # the executor's clock
+        return seq
+
+    def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        seq = self._journal.append_all(run, changes)
+        now = time.time_ns() // 1000
+        self.written.extend((change, now) for change in changes)
+        return seq
+
+    def flush(self) -> None:
+        self._journal.flush()
+
+
+@final
 class _OneRun:
     """A `Journal` for driving one run: it reads only that run's records
     (`PgJournal.read_run`, numbered from 1), and appends through the
@@ -427,7 +471,7 @@ class _OneRun:
 
     def __init__(
         self,
-        writer: _WorkerJournal | PgJournal,
+        writer: _WorkerJournal | PgJournal | _Noted,
         journal: PgJournal,
         run: str,
         *,
@@ -513,7 +557,10 @@ class Worker:
     ``progress`` receives one line per state change and per claim, takeover
     and lost lease. ``stop_when_idle`` returns once no run of its workflows
     is left undone in the journal (for tests and batch jobs). ``observers``
-    are handed to the executor of every run it drives (`RunObserver`).
+    are handed to the executor of every run it drives (`RunObserver`), and
+    told of what recovery writes when it takes a run up (the orphans it ends).
+    ``watcher`` is told of its start, claims, takeovers and lost leases
+    (`WorkerWatcher`).
     """
 
     def __init__(
@@ -530,6 +577,7 @@ class Worker:
         progress: Callable[[str], None] | None = None,
         grace: float = 5.0,
         observers: Sequence[RunObserver] = (),
+        watcher: WorkerWatcher | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -556,6 +604,7 @@ class Worker:
         self._pools: SlotAdmission | None = None
         self._stop_reason: str | None = None
         self._heart: _Heart | None = None
+        self._watcher: Final = watcher
 
     # ------------------------------------------------------------ public
 
@@ -649,6 +698,8 @@ class Worker:
         lease = Lease(owner=self.id, fence=claim.fence)
         self._leases[run] = lease
         workflow = self._workflows[claim.workflow]
+        if self._watcher is not None:
+            self._watcher.claimed(self.id, run, claim.previous is not None)
         if claim.previous is None:
             self._say(f"{run}: claimed at fence {claim.fence}")
         else:
@@ -659,7 +710,9 @@ class Worker:
             # A run with no record has nothing to recover and holds no slot
             # (a slot is taken after its attempt's first record).
             if claim.written:
-                recovery = await asyncio.to_thread(self._recover, run, claim.mail)
+                recovery, written = await asyncio.to_thread(self._recover, run, claim.mail)
+                for change, time_us in written:  # told here, on the loop, as an executor tells them
+                    tell(self._observers, run, change, time_us)
                 prior = next((r.steps for r in recovery.runs if r.run == run), None)
                 for orphan in recovery.orphans:
                     self._say(
@@ -706,6 +759,7 @@ class Worker:
                 raise LeaseLost(run, lease)
         except LeaseLost as lost:
             self._say(f"{run}: LeaseLost: {lost}", logging.WARNING)
+            self._lost(run)
             return False
         except WorkflowDiverged as diverged:
             # Nothing was written for the run. Its row is closed as "diverged",
@@ -717,6 +771,7 @@ class Worker:
                 _statement(_COMPLETE, self._schema), ("diverged", run, lease.owner, lease.fence)
             ).rowcount != 1:
                 self._say(f"{run}: LeaseLost: {LeaseLost(run, lease)}", logging.WARNING)
+                self._lost(run)
                 return False
             return True
         finally:
@@ -727,9 +782,14 @@ class Worker:
         self._say(f"{run}: {report.status}")
         return True
 
-    def _recover(self, run: str, mail: bool) -> Recovery:
+    def _lost(self, run: str) -> None:
+        if self._watcher is not None:
+            self._watcher.lease_lost(self.id, run)
+
+    def _recover(self, run: str, mail: bool) -> tuple[Recovery, list[tuple[Change, int]]]:
         """`recover` limited to ``run``, on a journal of its own (this runs in a thread:
-        reconcilers need an event loop, and a connection serves one thread).
+        reconcilers need an event loop, and a connection serves one thread); and
+        what it wrote, each with its time, for the worker's observers.
 
         With ``mail``, the operators' changes waiting in the inbox for the run
         are taken in first (so that a cancel sent while the run was released
@@ -739,12 +799,14 @@ class Worker:
             if mail:
                 with connect(self._url) as inbox:
                     self._take_in_at_claim(journal, inbox, run)
-            return recover(
-                _OneRun(journal, journal, run),
+            noted = _Noted(journal)
+            recovery = recover(
+                _OneRun(noted, journal, run),
                 self._workflows,
                 source=f"journal {self._schema!r}",
                 only_runs=frozenset({run}),
             )
+            return recovery, noted.written
 
     def _take_in_at_claim(
         self, journal: PgJournal, inbox: psycopg.Connection[tuple[object, ...]], run: str
@@ -885,6 +947,8 @@ class Worker:
             conn.execute(_statement(_REGISTER, schema), (self.id, socket.gethostname(), os.getpid()))
             self._heart = heart
             heart.start()
+            if self._watcher is not None:
+                self._watcher.started(self.id)
             self._say(f"worker {self.id} started")
             journal = _WorkerJournal(pg, self._verdict, heart, self._dead_after)
             for number in signals:
@@ -967,6 +1031,7 @@ def run_worker(
     progress: Callable[[str], None] | None = None,
     stop_on_signals: bool = False,
     observers: Sequence[RunObserver] = (),
+    watcher: WorkerWatcher | None = None,
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -979,6 +1044,7 @@ def run_worker(
         stop_when_idle=stop_when_idle,
         progress=progress,
         observers=observers,
+        watcher=watcher,
     )
     return worker.run(stop_on_signals=stop_on_signals)
 

@@ -1,0 +1,93 @@
+"""`attempt-kernel worker --metrics-port`: refusals that exit 2 before anything is claimed;
+`serve`'s /metrics."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from pgtools import sql_in
+
+from attempt_kernel import RunLogWriter, RunStarted
+from attempt_kernel._cli import main
+from attempt_kernel._worker import submit_run
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.postgres
+def test_a_port_in_use_exits_2_naming_it_and_claims_nothing(
+    db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The port is bound before the worker starts: a queued run stays unclaimed."""
+    submit_run(db, "blocked", "r1")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main(["worker", db, "--workflows", "waitflows:BLOCKED", "--metrics-port", str(port)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"--metrics-port {port}: cannot listen on 127.0.0.1:{port}" in err, err
+    assert sql_in(db, "attempt_kernel", "SELECT run, owner FROM {s}.runs") == [("r1", None)]
+    assert sql_in(db, "attempt_kernel", "SELECT count(*) FROM {s}.workers") == [(0,)]
+
+
+def test_a_port_outside_the_tcp_range_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse refuses 65536 (exit 2) and says which ports there are."""
+    with pytest.raises(SystemExit) as exited:
+        main(["worker", "log", "--workflows", "waitflows:BLOCKED", "--metrics-port", "65536"])
+    assert exited.value.code == 2
+    assert "expected a TCP port (0 to 65535), got 65536" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_without_prometheus_client_the_flag_exits_2_naming_the_extra(tmp_path: Path) -> None:
+    """A Python where prometheus_client cannot be imported: exit 2, install attempt-kernel[metrics]."""
+    blocker = tmp_path / "blocker"
+    (blocker / "prometheus_client").mkdir(parents=True)
+    (blocker / "prometheus_client" / "__init__.py").write_text(
+        'raise ImportError("No module named \'prometheus_client\'")\n'
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(TESTS)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "worker", str(tmp_path / "log"),
+         "--workflows", "waitflows:BLOCKED", "--metrics-port", "0"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "install attempt-kernel[metrics]" in done.stderr, done.stderr
+    assert not (tmp_path / "log").exists()  # nothing was served, nothing written
+
+
+@pytest.mark.slow
+def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
+    """`attempt-kernel serve LOG`: /metrics answers the journal's gauges (no counters)."""
+    log = tmp_path / "run.jsonl"
+    with RunLogWriter(log) as writer:
+        writer.append("r1", RunStarted(workflow="w"))  # unfinished, nobody drives it
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "serve", str(log), "--port", "0"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        found = re.search(r"http://\S+", line)
+        assert found is not None, line
+        with urllib.request.urlopen(found.group(0).rstrip("/") + "/metrics", timeout=30) as answer:
+            content_type = answer.headers["Content-Type"]
+            text = answer.read().decode()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=30)
+    assert content_type == "text/plain; version=0.0.4; charset=utf-8"
+    assert f'attempt_kernel_runs{{journal="{log}",status="interrupted"}} 1.0' in text, text
+    assert "attempt_kernel_attempts_total" not in text
