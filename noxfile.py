@@ -116,7 +116,7 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def dist(session: nox.Session) -> None:
-    """Build the sdist and the wheel, `twine check` them, and find py.typed and LICENSE in the wheel."""
+    """Build the sdist and the wheel, `twine check` them, and find py.typed, LICENSE and the alerting rules in the wheel."""
     session.install("build", "twine")
     if session.run("python", "--version", silent=True) is None:
         return  # nox --install-only: nothing runs, so there is nothing to check
@@ -133,6 +133,8 @@ def dist(session: nox.Session) -> None:
             session.error(f"{wheels[0]} has no attempt_kernel/py.typed: type checkers would ignore it")
         if not any(name.endswith(".dist-info/licenses/LICENSE") for name in names):
             session.error(f"{wheels[0]} has no LICENSE: the MIT license requires its notice to ship")
+        if "attempt_kernel/alerts/attempt-kernel.rules.yml" not in names:
+            session.error(f"{wheels[0]} has no alerting rules (attempt_kernel/alerts/attempt-kernel.rules.yml)")
 
 
 @nox.session
