@@ -321,27 +321,25 @@ class WebView:
         split = urlsplit(request.target)
         parts = [unquote(p) for p in split.path.split("/")[1:]]
         try:
+            # Routes are paths, not a closed union: plain comparisons, no match.
             if request.method in ("GET", "HEAD"):
-                match parts:
-                    case [""]:
-                        return self._runs_page(parse_qs(split.query), session)
-                    case ["runs", run]:
-                        return self._run_page(run, session)
-                    case ["style.css"]:
-                        return Response(status=200, body=STYLE.encode(), content_type="text/css; charset=utf-8")
-                    case ["metrics"]:
-                        return self._metrics_page(session)
-                    case _:
-                        return self._message(session, 404, "Not found", f"Nothing at {shown(split.path)}.")
+                if parts == [""]:
+                    return self._runs_page(parse_qs(split.query), session)
+                if len(parts) == 2 and parts[0] == "runs":
+                    return self._run_page(parts[1], session)
+                if parts == ["style.css"]:
+                    return Response(status=200, body=STYLE.encode(), content_type="text/css; charset=utf-8")
+                if parts == ["metrics"]:
+                    return self._metrics_page(session)
+                return self._message(session, 404, "Not found", f"Nothing at {shown(split.path)}.")
             if request.method == "POST":
-                match parts:
-                    case ["runs", run, name]:
-                        chosen = _action(name)
-                        if chosen is None:
-                            return self._message(session, 404, "Not found", f"No action {shown(name)!r}.")
-                        return self._post(run, chosen, request.body, known)
-                    case _:
-                        return self._message(session, 404, "Not found", f"No action at {shown(split.path)}.")
+                if len(parts) == 3 and parts[0] == "runs":
+                    run, name = parts[1], parts[2]
+                    chosen = _action(name)
+                    if chosen is None:
+                        return self._message(session, 404, "Not found", f"No action {shown(name)!r}.")
+                    return self._post(run, chosen, request.body, known)
+                return self._message(session, 404, "Not found", f"No action at {shown(split.path)}.")
             return self._message(session, 405, "Method not allowed", f"{shown(request.method)} is not served.")
         except AttemptKernelError as error:  # the log cannot be read (a corrupt file, a lost database)
             return self._message(session, 500, "The log cannot be read", shown(str(error)))
