@@ -306,15 +306,30 @@ def test_cli_replay_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_replay_metrics(capsys: pytest.CaptureFixture[str]) -> None:
-    """`replay --metrics` prints OpenMetrics text ending in # EOF."""
+    """`replay --metrics` prints OpenMetrics text ending in # EOF, counters as _total, a journal label."""
     assert main(["replay", "--metrics", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert 'attempt_kernel_attempts{state="Indeterminate"} 1' in out
-    assert 'attempt_kernel_attempts{state="Succeeded"} 2' in out
-    assert "attempt_kernel_indeterminate 1" in out
-    assert "attempt_kernel_unresolved_intents 1" in out
-    assert "attempt_kernel_log_violations 0" in out
+    where = f'journal="{EXAMPLE}"'
+    assert "# TYPE attempt_kernel_log_attempts counter" in out
+    assert f'attempt_kernel_log_attempts_total{{{where},state="Indeterminate"}} 1' in out
+    assert f'attempt_kernel_log_attempts_total{{{where},state="Succeeded"}} 2' in out
+    assert not [line for line in out if 'state="Pending"' in line or 'state="Running"' in line]
+    # the names a live worker serves, so the shipped alerting rules apply to a log file too
+    assert f"attempt_kernel_indeterminate_attempts{{{where}}} 1" in out
+    assert f"attempt_kernel_outstanding_intents{{{where}}} 1" in out
+    assert f"attempt_kernel_log_violations{{{where}}} 0" in out
     assert out[-1] == "# EOF"
+
+
+def test_cli_replay_metrics_exits_0_with_violations_and_escapes_the_label(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --metrics the violations are a metric, so `> f.tmp && mv f.tmp f.prom` still updates."""
+    path = write_log(tmp_path / 'we"ird\\log', simple_changes()[:1] + simple_changes()[3:])
+    assert main(["replay", "--metrics", str(path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    label = str(path).replace("\\", "\\\\").replace('"', '\\"')
+    assert f'attempt_kernel_log_violations{{journal="{label}"}} 1' in out
 
 
 def test_cli_replay_violations_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -94,13 +94,16 @@ def _parser() -> argparse.ArgumentParser:
         help="check that a run log obeys the kernel and report on it",
         description="Replay a run log through the kernel: every change must obey the "
         "transition tables. Exit 0 if valid, 1 if it has violations, 2 for usage or "
-        "I/O errors. The log is only read.",
+        "I/O errors. With --metrics, exit 0 whenever the log could be read (its violations "
+        "are a metric, attempt_kernel_log_violations), so that `replay --metrics LOG > f.tmp "
+        "&& mv f.tmp f.prom` updates a textfile collector's file. The log is only read.",
     )
     replay_cmd.add_argument("log", metavar="LOG", help="path of a run log (JSON Lines)")
     output = replay_cmd.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="print the report as JSON")
     output.add_argument(
-        "--metrics", action="store_true", help="print OpenMetrics text for a scraper"
+        "--metrics", action="store_true",
+        help="print OpenMetrics text for a scraper, every sample labelled journal=LOG",
     )
     demo = commands.add_parser(
         "demo",
@@ -1285,7 +1288,9 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.json:
             sys.stdout.write(_report.as_json(report, _redacted(args.log)))
         elif args.metrics:
-            sys.stdout.write(_report.as_metrics(report))
+            sys.stdout.write(_report.as_metrics(report, _redacted(args.log)))
+            # Violations are a metric here: a scraper's file is updated with them.
+            return EXIT_OK
         else:
             sys.stdout.write(_report.as_text(report, _redacted(args.log)))
         return EXIT_OK if report.valid else EXIT_VIOLATIONS

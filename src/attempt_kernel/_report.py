@@ -16,7 +16,7 @@ from typing import Final
 
 from typing_extensions import assert_never
 
-from ._attempt import TransitionCause
+from ._attempt import TransitionCause, is_terminal
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._outcome import RunReport
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
@@ -124,20 +124,34 @@ def as_json(report: ReplayReport, source: str) -> str:
     return json.dumps(doc, indent=2) + "\n"
 
 
-def as_metrics(report: ReplayReport) -> str:
-    """OpenMetrics text exposition, for a scraper reading a file."""
+def _label(value: str) -> str:
+    """A label value as the text exposition writes it: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def as_metrics(report: ReplayReport, journal: str) -> str:
+    """OpenMetrics text exposition of a log, for a scraper reading a file (a textfile collector).
+
+    The two gauges a live worker serves under the same names
+    (``attempt_kernel_indeterminate_attempts``, ``attempt_kernel_outstanding_intents``)
+    mean the same here, so the shipped alerting rules apply to a log file
+    too. Counts that only grow as the log grows are counters. Every sample
+    carries ``journal``: the log it was read from.
+    """
+    where = f'journal="{_label(journal)}"'
     out = [
-        "# TYPE attempt_kernel_attempts gauge",
-        "# HELP attempt_kernel_attempts Attempts in the run log, by final state.",
+        "# TYPE attempt_kernel_log_attempts counter",
+        "# HELP attempt_kernel_log_attempts Attempts in the run log that reached a final state, by state.",
     ]
     for state, n in report.final_states.items():
-        out.append(f'attempt_kernel_attempts{{state="{state_name(state)}"}} {n}')
+        if is_terminal(state):
+            out.append(f'attempt_kernel_log_attempts_total{{{where},state="{state_name(state)}"}} {n}')
     gauges = [
-        ("indeterminate", "Attempts that ended Indeterminate (alert when above zero).",
-         len(report.indeterminate)),
-        ("unresolved_intents", "Intents Dispatched with no recorded outcome.",
-         report.unresolved_intents),
-        ("to_reconcile", "Failed or TimedOut attempts with outstanding intents.",
+        ("indeterminate_attempts",
+         "Attempts now Indeterminate with an intent still outstanding: what needs a person.",
+         sum(1 for entry in report.indeterminate if entry.outstanding)),
+        ("outstanding_intents", "Intents Dispatched with no recorded outcome.", report.unresolved_intents),
+        ("log_to_reconcile", "Failed or TimedOut attempts with outstanding intents.",
          len(report.to_reconcile)),
         ("log_violations", "Records that break the kernel's rules.", report.violation_count),
         ("log_torn_tail", "1 if the log ends in a torn (crash-cut) line.",
@@ -148,7 +162,7 @@ def as_metrics(report: ReplayReport) -> str:
         out += [
             f"# TYPE attempt_kernel_{name} gauge",
             f"# HELP attempt_kernel_{name} {help_text}",
-            f"attempt_kernel_{name} {value}",
+            f"attempt_kernel_{name}{{{where}}} {value}",
         ]
     out.append("# EOF")
     return "\n".join(out) + "\n"
