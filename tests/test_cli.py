@@ -111,3 +111,31 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == MARKDOWN
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["submit", "postgresql://ak:secret@db/jobs", "m:a"],
+        ["worker", "postgresql://ak:secret@db/jobs", "--workflows", "m:a"],
+        ["pool", "postgresql://ak:secret@db/jobs", "llm", "--slots", "2"],
+        ["pools", "postgresql://ak:secret@db/jobs"],
+        ["runs", "postgresql://ak:secret@db/jobs"],
+    ],
+    ids=["submit", "worker", "pool", "pools", "runs"],
+)  # fmt: skip
+def test_a_url_without_the_postgres_extra_is_a_usage_error_naming_it(argv: list[str]) -> None:
+    """No traceback: every command that takes a URL says to install the extra, exit 2."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['psycopg'] = None\n"  # as if psycopg were not installed
+        "from attempt_kernel._cli import main\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "postgresql://ak@db/jobs" in done.stderr and "secret" not in done.stderr
+    assert done.stderr.rstrip().endswith("install attempt-kernel[postgres]"), done.stderr

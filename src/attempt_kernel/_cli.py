@@ -957,6 +957,17 @@ def _export(args: argparse.Namespace) -> int:
 def _needs_url(url: str, command: str) -> None:
     if not _is_url(url):
         raise _Usage(f"{command} works on a PostgreSQL journal: give a postgresql:// URL, not {url!r}")
+    _needs_psycopg(url)
+
+
+def _needs_psycopg(url: str) -> None:
+    """The message `runs URL` gives without the postgres extra, for every command that takes a URL."""
+    try:
+        importlib.import_module("psycopg")  # the postgres extra
+    except ImportError as error:
+        raise _Usage(
+            f"{_redacted(url)}: a PostgreSQL journal needs psycopg ({error}); install attempt-kernel[postgres]"
+        ) from None
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -1134,6 +1145,8 @@ def _journal_metrics(log: str) -> Callable[[], tuple[bytes, str]] | None:
 
 def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
+    if _is_url(url):
+        _needs_psycopg(url)
     exposition = _metrics_served(args)
     if not _is_url(url):
         return _worker_file(args)

@@ -38,6 +38,7 @@ from ._operate import (
     signal_change,
 )
 from ._records import JSON, IntentReconciled
+from ._report import redacted
 from ._runlist import RunFilter, RunRow, select
 from ._workflow import Workflow
 
@@ -291,7 +292,8 @@ def listed_runs(log: str | os.PathLike[str], only: RunFilter) -> tuple[list[RunR
             from ._pgjournal import PgJournal  # psycopg is an optional dependency
         except ImportError as error:
             raise OperationRefused(
-                f"a PostgreSQL journal needs psycopg ({error}); install attempt-kernel[postgres]"
+                f"{redacted(log)}: a PostgreSQL journal needs psycopg ({error});"
+                " install attempt-kernel[postgres]"
             ) from None
         with PgJournal(log) as journal:
             return journal.listed(only)
