@@ -8,7 +8,7 @@ operator runs it, on a two-step workflow whose second step sends an effect
 
 1. Throughput: M runs queued in an empty journal, then a worker with
    ``--until-idle`` times from its start until it exits, in three
-   variants, alternating, each one's best of `ROUNDS`: no
+   variants, alternating, each one's best of ``--rounds`` (default `ROUNDS`): no
    ``--metrics-port`` (the baseline), with ``--metrics-port`` and nobody
    scraping, and with a scrape every second. Target: with a scrape every
    second, within 5% of the baseline.
@@ -17,7 +17,7 @@ operator runs it, on a two-step workflow whose second step sends an effect
    process times a GET of ``/metrics`` every second (the first, which
    reads the whole journal, is reported apart). Target: p99 <= 50 ms.
 
-Usage: python benchmarks/bench_metrics.py [--runs M] [--seconds D]
+Usage: python benchmarks/bench_metrics.py [--runs M] [--rounds R] [--seconds D]
 """
 
 from __future__ import annotations
@@ -151,6 +151,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=600, help="runs per throughput round (default 600)")
     parser.add_argument("--seconds", type=int, default=60, help="seconds of part 2 (default 60)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of each variant (default {ROUNDS})")
     args = parser.parse_args()
     bindir = find_server_bin()
     if bindir is None:
@@ -163,7 +164,7 @@ def main() -> int:
         print(f"PostgreSQL {bindir} (fsync off); {os.cpu_count()} cores; {args.runs} runs per round")
         best: dict[str, float] = {}
         first = 1
-        for _ in range(ROUNDS):
+        for _ in range(args.rounds):
             for variant in ("baseline", "served", "scraped"):
                 rate = drain(url, args.runs, first, variant)
                 first += args.runs
