@@ -13,7 +13,7 @@ codec's lines, fenced): the start with the attempt's creation and
 admission, the result with its ``Succeed`` (both committed
 asynchronously), then the run's end with the close of its row, committed
 synchronously: one durable commit per run. Four statements per run in
-all. Targets (issue 9): workers >= 50% of the bare loop, and >= 1,000
+all. Targets: workers >= 50% of the bare loop, and >= 1,000
 attempts/s.
 
 Then, in one process, the latency that the synchronous ``Dispatched``

@@ -26,7 +26,7 @@ def pg_url() -> Iterator[str]:
     """The URL of a real PostgreSQL started for this session, stopped and removed after it.
 
     Without server binaries the PostgreSQL tests are skipped, except when CI
-    is set: there they must run (issue 9), so a missing server fails them.
+    is set: there they must run (the gate never skips them), so a missing server fails them.
     """
     bindir = find_server_bin()
     if bindir is None:

@@ -1,6 +1,7 @@
 """A throwaway PostgreSQL cluster for the test suite: found, started, removed.
 
-The gate starts a real server (issue 9: no mocks of the database anywhere).
+The gate starts a real server: no mocks of the database anywhere, since
+only a real server shows how leases, fences and commits behave.
 `find_server_bin` looks for the server binaries (``initdb``, ``pg_ctl``,
 ``postgres``); `ThrowawayServer` runs ``initdb`` into a fresh temporary
 folder, starts the cluster on a free port of 127.0.0.1 with a private unix

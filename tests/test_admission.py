@@ -1,4 +1,4 @@
-"""Admission across workers: pools of slots shared by every worker (spec §10).
+"""Admission across workers: pools of slots shared by every worker (docs/contracts.md, "Admission across workers").
 
 Against the session's real server (`pg_url`), each test in a schema of its
 own. Worker processes serve ``workerflows.pooled``, whose step does its work

@@ -1,4 +1,4 @@
-"""The kernel against spec §2, with every expected value written out by hand."""
+"""The kernel against the README's transition table, with every expected value written out by hand."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from attempt_kernel import (
 )
 from attempt_kernel._attempt import ALL_CAUSES, ALL_STATES
 
-# Hand-written from spec §2. Nothing below is produced by the code under test.
+# Hand-written from the README's transition table. Nothing below is produced by the code under test.
 STATES: Final[list[AttemptState]] = [
     Pending(), Running(), Succeeded(), Failed(), Indeterminate(), Cancelled(), TimedOut(),
 ]  # fmt: skip
@@ -270,7 +270,7 @@ def test_terminal_state_with_non_cause_still_raises() -> None:
 
 
 @pytest.mark.parametrize("state", STATES, ids=lambda s: type(s).__name__)
-def test_is_terminal_matches_the_spec(state: AttemptState) -> None:
+def test_is_terminal_matches_the_contract(state: AttemptState) -> None:
     """Terminal: all but Pending and Running."""
     assert is_terminal(state) is (state in TERMINAL)
 

@@ -1,4 +1,4 @@
-"""The command line, with expected output written out by hand from spec §2."""
+"""The command line, with expected output written out by hand from the README's transition table."""
 
 from __future__ import annotations
 

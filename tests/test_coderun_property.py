@@ -131,7 +131,7 @@ class Downstream:
     async def send(self, ctx: StepContext, effect: str, key: str, *, refuse_first: bool) -> JSON:
         held = records(self.log)
         last = held[-1]
-        # spec §3, the write-ahead rule: the Dispatched record is in the log first
+        # docs/contracts.md, "The write-ahead rule": the Dispatched record is in the log first
         assert (last["type"], last["step"], last["intent"], last["to"]) == (
             "intent", ctx.step, effect, "Dispatched",
         ), last  # fmt: skip

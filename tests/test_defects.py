@@ -1,4 +1,4 @@
-"""Regression tests for the defects that adversarial testing found (issue 7).
+"""Regression tests for the defects that adversarial testing found.
 
 Each test names the defect it guards against. They drive the public API or
 the command line in a subprocess, as a user (or an attacker) would: forged

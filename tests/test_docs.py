@@ -232,3 +232,44 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
         "executor.md": 5,
         "tracing.md": 1,
     }
+
+
+def _tracked_text_files() -> list[Path]:
+    """The tracked files the references check reads: src/, tests/, docs/ and the top-level docs."""
+    root = README.parent
+    tops = ["src", "tests", "docs", "README.md", "CHANGELOG.md", "pyproject.toml", "noxfile.py"]
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", *tops], cwd=root, capture_output=True, text=True, check=False
+    )
+    if listed.returncode == 0 and listed.stdout:
+        paths = [root / name for name in listed.stdout.split("\0") if name]
+    else:  # not a git checkout (an unpacked sdist): every file under the same roots
+        paths = [p for top in tops for p in ([root / top] if (root / top).is_file() else (root / top).rglob("*"))]
+    return [p for p in paths if p.is_file() and "__pycache__" not in p.parts]
+
+
+def test_no_file_cites_a_document_or_tracker_outside_the_repository() -> None:
+    """The repository stands alone: no file points at an outside design's sections or an issue number."""
+    # Built from pieces so that this file does not match itself.
+    outside = re.compile(
+        "|".join(["spec" + " \N{SECTION SIGN}", re.escape(".." + "/shared"), r"\bissue" + " [0-9]"]), re.IGNORECASE
+    )
+    found = [
+        f"{path.relative_to(README.parent)}:{number}: {line.strip()}"
+        for path in _tracked_text_files()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if outside.search(line)
+    ]
+    assert found == [], "cite docs/contracts.md (or the repository's own doc) instead:\n" + "\n".join(found)
+
+
+def test_contracts_doc_has_the_headings_code_comments_cite() -> None:
+    """Every docs/contracts.md heading a src/ comment names in quotes exists, word for word."""
+    doc = (README.parent / "docs" / "contracts.md").read_text()
+    headings = set(re.findall(r"^#+ (.+)$", doc, re.MULTILINE))
+    cited: set[str] = set()
+    for path in sorted((README.parent / "src").rglob("*.py")):
+        text = re.sub(r"\s*\n\s*(?:# )?", " ", path.read_text())  # join wrapped comment lines
+        cited.update(re.findall(r'docs/contracts\.md, "([^"]+)"', text))
+    assert cited, "src/ cites docs/contracts.md"
+    assert sorted(cited - headings) == []

@@ -150,7 +150,7 @@ LEDGER_RULES = ("counts_as_try", "needs_reconciliation", "may_run_again", "has_s
 
 @pytest.mark.slow
 def test_eighth_state_fails_mypy_in_every_ledger_rule(tmp_path: Path) -> None:
-    """The derived rules of the ledger (spec §8) are exhaustive too: each one fails."""
+    """The derived rules of the ledger (docs/design.md, "The ledger") are exhaustive too: each one fails."""
     kernel = _copy_package(tmp_path)
     _add_member(kernel, "AttemptState", EIGHTH_STATE, "Paused")
     result = _mypy(tmp_path)

@@ -12,18 +12,18 @@ import attempt_kernel
 # from the package fails this test, so growth is a decision, not an accident.
 EXPECTED_PUBLIC = {
     "__version__",
-    # the kernel (spec §2)
+    # the kernel (the attempt state machine)
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",
     "TimedOut", "AttemptState",
     "Admit", "Succeed", "Fail", "Cancel", "QueueDeadlinePassed",
     "StepDeadlinePassed", "TransitionCause",
     "transition", "IllegalTransition", "is_terminal", "AttemptKernelError",
-    # the intent record (spec §3)
+    # the intent record
     "Planned", "Dispatched", "Confirmed", "Rejected", "Abandoned", "IntentState",
     "Dispatch", "Confirm", "Reject", "Abandon", "IntentCause", "intent_transition",
     "IllegalIntentTransition", "is_outstanding", "intent_dispatched", "idempotency_key",
     "cancel_cause",
-    # records and the storage seam (spec §4)
+    # records and the storage seam
     "JSON", "Change", "RunStarted", "RunCancelRequested", "AttemptCreated",
     "AttemptTransitioned", "IntentPlanned", "IntentChanged", "StepResult",
     "RunFinished", "Record", "CorruptLine", "TornTail", "LogItem", "SCHEMA_VERSION",
@@ -31,20 +31,20 @@ EXPECTED_PUBLIC = {
     "RunLogError", "LogOpenError", "LogReadError", "LogLocked", "LogNeedsRecovery",
     "LogWriteFailed", "UnencodableRecord", "RecordTooLarge", "MAX_RECORD_BYTES",
     "DispatchRefused",
-    # replay (spec §5)
+    # replay
     "replay", "ReplayReport", "Violation", "OpenAttempt",
-    # workflows, the step context, the executor (spec §6)
+    # workflows, the step context, the executor
     "Workflow", "Step", "RetryPolicy", "StepFunction", "load_workflow", "WorkflowError",
     "StepContext", "Perform", "EffectRejected", "StepError",
     "Executor", "Job", "RunControl", "RunReport", "RunStatus", "StepOutcome", "run_jobs",
     # recovery
     "recover", "recover_log", "Recovery", "RecoveredRun", "PriorStep", "OrphanEnded",
     "RecoveryError", "Asked", "RECONCILER_DEADLINE",
-    # operating runs (spec §7, §9)
+    # operating runs
     "IntentReconciled", "DomainStateSet", "RunStopRequested", "RunResumed",
     "EffectFinding", "EffectHappened", "EffectNotHappened", "EffectUnknown", "Reconciler",
     "RunRefused", "RunsStopped", "RunStanding", "resume_log", "Resumed", "Supervisor",
-    # many workers (spec §10): the executor's seam for shared pools
+    # many workers: the executor's seam for shared pools
     "PoolAdmission",
     # workflows as code
     "workflow", "RunContext", "WorkflowFunction", "StepOptions", "StepCalled",
@@ -138,7 +138,7 @@ def test_errors_are_one_family() -> None:
     assert getattr(attempt_kernel.IllegalTransition, "__final__", False) is True
 
 
-# Hand-written, exact: the optional PostgreSQL doorway (issue 9).
+# Hand-written, exact: the optional PostgreSQL doorway.
 EXPECTED_POSTGRES = {
     "DEFAULT_SCHEMA", "PG_SCHEMA_VERSION", "PgJournal", "Lease", "LeaseLost",
     "PgJournalError", "PgConnectFailed", "PgSchemaTooNew", "PgWriteFailed",

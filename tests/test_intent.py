@@ -1,4 +1,4 @@
-"""The intent record against spec §3, with every expected value written by hand."""
+"""The intent record against docs/contracts.md, "The intent record", with every expected value written by hand."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def test_every_cell_of_the_intent_grid(state: IntentState, column: int) -> None:
 
 
 def test_grid_has_exactly_four_legal_cells() -> None:
-    """Spec §3 has four rows; the other sixteen cells are rejections."""
+    """The intent table has four rows; the other sixteen cells are rejections."""
     cells = [cell for row in GRID.values() for cell in row]
     assert len(cells) == 20 and sum(c is not None for c in cells) == 4
 

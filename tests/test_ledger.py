@@ -1,7 +1,8 @@
-"""The ledger's derived rules, written out by hand from spec §2, §6 and §8.
+"""The ledger's derived rules, written out by hand from docs/contracts.md
+and docs/design.md, "The ledger".
 
 Each rule is a function of states and causes; the expected answers below
-are typed in from the spec's tables, never computed by the code under test.
+are typed in from the contracts' tables, never computed by the code under test.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ def test_may_run_again(
     outstanding: tuple[str, ...],
     expected: bool,
 ) -> None:
-    """Spec §6: retry policy, outstanding intents and idempotent effects decide."""
+    """Retry policy, outstanding intents and idempotent effects decide."""
     assert may_run_again(policy, state, cause, tries, outstanding) is expected
 
 
@@ -183,7 +184,7 @@ def test_a_cancelled_run_that_finished_is_cancelled(tmp_path: Path) -> None:
 
 
 def test_an_attempt_created_after_the_cancel_is_a_violation(tmp_path: Path) -> None:
-    """Spec §4: a cancelled run starts no attempt; the ledger names the line."""
+    """A cancelled run starts no attempt (a decision is a record); the ledger names the line."""
     changes = [RunStarted(workflow="wf"), RunCancelRequested(), *simple_changes()]
     ledger = Ledger()
     feed(ledger, read_log(write_log(tmp_path / "log", changes)))

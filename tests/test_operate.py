@@ -1,4 +1,4 @@
-"""Operating a user's own workflow through the command line (issue 8, spec §6, §7, §9).
+"""Operating a user's own workflow through the command line.
 
 Every test drives ``python -m attempt_kernel`` in a subprocess whose current
 folder is a temporary copy of ``tests/flows/orders.py`` (the CLI imports
@@ -245,7 +245,7 @@ def test_default_log_is_the_workflow_name_dot_jsonl(flow: Path) -> None:
 
 
 # --------------------------------------------------------------------------
-# Run ids are unique in a log (spec §6)
+# Run ids are unique in a log (docs/contracts.md)
 # --------------------------------------------------------------------------
 
 
@@ -534,7 +534,7 @@ def test_reconcile_keeps_replay_valid_and_show_lists_who_decided(indeterminate: 
     assert after.returncode == 0, after.stdout
     assert "verdict: valid" in after.stdout
     first = attempt(show_json(indeterminate, "orders-1"), "send-receipt", 1)
-    assert first["state"] == "Indeterminate"  # spec §9: never rewritten
+    assert first["state"] == "Indeterminate"  # docs/contracts.md, "Reconciliation": never rewritten
     [intent] = first["intents"]
     assert (intent["key"], intent["state"]) == (key, "Rejected")
     last = intent["changes"][-1]
@@ -588,7 +588,7 @@ def test_recover_after_a_confirmation_reuses_the_result_and_never_calls_again(
 
 
 # --------------------------------------------------------------------------
-# Reconcilers (spec §9)
+# Reconcilers (docs/contracts.md, "Recovery")
 # --------------------------------------------------------------------------
 
 
@@ -660,7 +660,7 @@ def test_a_reconciler_that_hangs_past_its_deadline_counts_as_unknown(
 
 
 # --------------------------------------------------------------------------
-# Domain step states (spec §7)
+# Domain step states (docs/contracts.md)
 # --------------------------------------------------------------------------
 
 

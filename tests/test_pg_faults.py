@@ -1,4 +1,4 @@
-"""Database faults under a running worker: its sessions killed, the server restarted (issue 9).
+"""Database faults under a running worker: its sessions killed, the server restarted.
 
 Against a PostgreSQL server of this module's own (restarting it must not
 disturb the session's server that the other tests share). The worker is

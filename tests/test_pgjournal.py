@@ -230,7 +230,7 @@ def test_rows_hold_the_lines_the_file_store_writes(pg_url: str, schema: str, tmp
 
 
 def test_records_are_stamped_by_the_database_clock_by_default(pg_url: str, schema: str) -> None:
-    """Without a clock, time_us comes from the server (spec §10: client clocks skew)."""
+    """Without a clock, time_us comes from the server (client clocks skew)."""
     [(before,)] = sql_in(pg_url, schema, "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
     with PgJournal(pg_url, schema=schema) as journal:
         journal.append("r", RunFinished())

@@ -1,4 +1,4 @@
-"""Graceful stops (spec §9): SIGINT and SIGTERM sent to `attempt-kernel run` mid-run.
+"""Graceful stops (docs/contracts.md, "A graceful stop is not a cancel"): SIGINT and SIGTERM sent to `attempt-kernel run` mid-run.
 
 Each case runs a workflow from ``tests/propflows/signalflows.py`` in a
 subprocess, waits (by reading the log) until an attempt is live, sends the
@@ -278,7 +278,7 @@ def test_a_crash_during_an_effect_is_settled_by_the_steps_reconciler(tmp_path: P
 
 
 def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_path: Path) -> None:
-    """SIGINT mid-effect, then `recover`: the step's reconciler is asked (spec §9: only what
+    """SIGINT mid-effect, then `recover`: the step's reconciler is asked (only what
     nobody could answer is Indeterminate), so the run succeeds as it does after a SIGKILL."""
     child, err, _ = stop(tmp_path, "asked_charges", signal.SIGINT, in_flight(tmp_path))
     assert child.returncode == 130, err

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 An *attempt* is one try of one workflow step. Its life is a closed state
-machine of seven states (spec §2, normative)::
+machine of seven states (docs/contracts.md, "The attempt state machine")::
 
     Pending --Admit--> Running --Succeed--> Succeeded
                                --Fail--> Failed
@@ -42,7 +42,7 @@ from typing_extensions import TypeAlias, assert_never, final
 from ._errors import AttemptKernelError
 
 # --------------------------------------------------------------------------
-# States (spec §2: exactly seven)
+# States (docs/contracts.md, "The attempt state machine": exactly seven)
 # --------------------------------------------------------------------------
 
 
@@ -109,7 +109,7 @@ CANCELLED: Final = Cancelled()
 TIMED_OUT: Final = TimedOut()
 
 # --------------------------------------------------------------------------
-# Causes (spec §2: exactly six kinds; Cancel carries the intent fact)
+# Causes (exactly six kinds; Cancel carries the intent fact)
 # --------------------------------------------------------------------------
 
 
@@ -177,7 +177,8 @@ TransitionCause: TypeAlias = Union[
 
 @final
 class IllegalTransition(AttemptKernelError):
-    """``cause`` is not a legal move from ``from_state`` (spec §2's table).
+    """``cause`` is not a legal move from ``from_state`` (the README's
+    transition table).
 
     Attributes ``from_state`` and ``cause`` keep both inputs; ``reason`` says
     why the pair is rejected. The message is formatted only when read, so
@@ -228,10 +229,10 @@ _REFUSED: Final[dict[tuple[type, type, bool], str]] = {}
 def transition(from_state: AttemptState, cause: TransitionCause) -> AttemptState:
     """Return the state that ``cause`` moves ``from_state`` to.
 
-    The legal rows are exactly those of spec §2; every other pair raises
-    `IllegalTransition` and changes nothing. Passing something that is not an
-    `AttemptState` or a `TransitionCause` (a type error that mypy reports)
-    raises ``AssertionError`` naming the value.
+    The legal rows are exactly those of the README's transition table; every
+    other pair raises `IllegalTransition` and changes nothing. Passing
+    something that is not an `AttemptState` or a `TransitionCause` (a type
+    error that mypy reports) raises ``AssertionError`` naming the value.
     """
     # The remembered answers (see _NEXT). Mutating a lookup line cannot change
     # a result, only skip the shortcut, so mutation testing leaves those four.
@@ -243,7 +244,8 @@ def transition(from_state: AttemptState, cause: TransitionCause) -> AttemptState
     reason = _REFUSED.get(key)  # pragma: no mutate
     if reason is not None:
         raise IllegalTransition(from_state, cause, reason)
-    # The match: legal rows of spec §2 return, every other pair raises.
+    # The match: legal rows of the transition table return, every other pair
+    # raises.
     match from_state:
         # State: Pending
         case Pending():
@@ -263,7 +265,8 @@ def transition(from_state: AttemptState, cause: TransitionCause) -> AttemptState
                     return RUNNING
                 case Cancel():
                     if cause.intent_dispatched:
-                        # spec §2: Pending cannot have dispatched anything
+                        # docs/contracts.md: Pending cannot have dispatched
+                        # anything
                         raise IllegalTransition(
                             from_state,
                             cause,
@@ -297,7 +300,9 @@ def transition(from_state: AttemptState, cause: TransitionCause) -> AttemptState
                 case StepDeadlinePassed():
                     return TIMED_OUT
                 case Cancel():
-                    # spec §2: the split is decided by the intent record alone
+                    # docs/contracts.md, "Cancelled or Indeterminate: the
+                    # intent record decides": the split is decided by the
+                    # intent record alone
                     return INDETERMINATE if cause.intent_dispatched else CANCELLED
                 case _:
                     assert_never(cause)
@@ -319,9 +324,9 @@ def is_terminal(state: AttemptState) -> bool:
             assert_never(state)
 
 
-# Every state and every cause value, in the order of spec §2. The CLI and the
-# diagrams walk these; tests prove them complete against hand-written lists
-# and against the unions themselves.
+# Every state and every cause value, in the order of docs/contracts.md, "The
+# attempt state machine". The CLI and the diagrams walk these; tests prove them
+# complete against hand-written lists and against the unions themselves.
 ALL_STATES: Final[tuple[AttemptState, ...]] = (
     PENDING,
     RUNNING,

@@ -710,8 +710,8 @@ def _recover(args: argparse.Namespace) -> int:
     supervisors: dict[str, Supervisor] = {TRIP_PLANNER: demo.supervise}
 
     extra = "".join(f" --workflows {t}" for t in targets)
-    # spec §10: a run a live worker drives is that worker's; recovering it
-    # here would end its live attempts as orphans.
+    # docs/contracts.md, "Fenced appends": a run a live worker drives is that
+    # worker's; recovering it here would end its live attempts as orphans.
     held = held_runs(log_path) if _is_url(log_path) else None
 
     def print_recovery(recovery: Recovery) -> None:

@@ -1,4 +1,5 @@
-"""The run-log codec: one line of JSON per record, checksummed (spec §4).
+"""The run-log codec: one line of JSON per record, checksummed
+(docs/contracts.md, "Append-only and checksummed").
 
 Owns the wire form and nothing else: no file, no lock, no kernel rule. The
 format is documented in ``docs/run-log.md``.

@@ -22,15 +22,15 @@ Perform = Callable[[str], Awaitable[JSON]]
 class StepContext(Protocol):
     """Handed to a step's function: its identity, its inputs, and effects.
 
-    The executor's context makes every effect write-ahead logged (spec §3):
-    ``effect`` records the intent `Planned`, then `Dispatched`, makes the log
-    durable, and only then awaits ``perform(idempotency_key)``. If that
-    returns, the intent is `Confirmed` with the value as its result; if it
-    raises `EffectRejected`, the intent is `Rejected` and the error
-    propagates; anything else (another exception, a deadline, a
-    cancellation) leaves it `Dispatched`: the effect may have happened, and
-    the run log says so. An effect that an earlier attempt of the step
-    confirmed is not sent again: ``effect`` returns its recorded result.
+    The executor's context makes every effect write-ahead logged
+    (docs/contracts.md, "The write-ahead rule"): ``effect`` records the intent
+    `Planned`, then `Dispatched`, makes the log durable, and only then awaits
+    ``perform(idempotency_key)``. If that returns, the intent is `Confirmed`
+    with the value as its result; if it raises `EffectRejected`, the intent is
+    `Rejected` and the error propagates; anything else (another exception, a
+    deadline, a cancellation) leaves it `Dispatched`: the effect may have
+    happened, and the run log says so. An effect that an earlier attempt of the
+    step confirmed is not sent again: ``effect`` returns its recorded result.
     """
 
     @property
@@ -67,9 +67,9 @@ class StepContext(Protocol):
         ...
 
     def set_state(self, name: str) -> None:
-        """Set the run's domain step state (spec §7) to ``name``, a state the
-        workflow declares; the executor logs it, and an undeclared name fails
-        the attempt (`StepError`)."""
+        """Set the run's domain step state (docs/contracts.md, "Domain step
+        states") to ``name``, a state the workflow declares; the executor logs
+        it, and an undeclared name fails the attempt (`StepError`)."""
         ...
 
     async def run_blocking(self, function: Callable[[], T]) -> T:

@@ -1,11 +1,14 @@
 """The executor: runs a workflow's steps as attempts and writes the run log.
 
-The only library module that imports asyncio. It keeps no run state of its
-own: it asks the ledger (`_ledger`) where an attempt stands, builds the
-change through the kernel (`transition`, `intent_transition`), appends it to
-the run log, and only then applies it to the ledger (spec §8); side effects happen only through
-`StepContext.effect`, which makes the ``Dispatched`` record durable (fsync)
-before it calls the effect (spec §3's write-ahead rule).
+The event loop's side of the kernel (other modules use asyncio too: the
+code-workflow runner, the worker, pools, reconcilers' findings, and recovery,
+which runs reconcilers under ``asyncio.run``). It keeps no run state of its own:
+it asks the ledger (`_ledger`) where an attempt stands, builds the change
+through the kernel (`transition`, `intent_transition`), appends it to the run
+log, and only then applies it to the ledger (docs/design.md, "The ledger");
+side effects happen only through `StepContext.effect`, which makes the
+``Dispatched`` record durable (fsync) before it calls the effect
+(docs/contracts.md, "The write-ahead rule").
 
 Cancellation is cooperative. Log appends are synchronous calls with no
 ``await`` inside, so a cancellation can never land in the middle of one: the
@@ -16,12 +19,13 @@ cancellation until it returns. Run blocking work with
 stopped: when the deadline passes the attempt ends `TimedOut` while the
 thread finishes on its own).
 
-A run id is unique in a log: the executor reads the log it appends to (when
-the store can be read) into its ledger, refuses to start an unfinished run
-again, and answers a finished one with its recorded report. A graceful stop
-(`Executor.stop`, which `run_jobs` wires to SIGINT and SIGTERM) is not a
-cancel (spec §9): no new attempt starts, live attempts get a grace period
-and then end as recovery would end them, and the run stays unfinished.
+A run id is unique in a log: the executor reads the log it appends to (when the
+store can be read) into its ledger, refuses to start an unfinished run again,
+and answers a finished one with its recorded report. A graceful stop
+(`Executor.stop`, which `run_jobs` wires to SIGINT and SIGTERM) is not a cancel
+(docs/contracts.md, "A graceful stop is not a cancel"): no new attempt starts,
+live attempts get a grace period and then end as recovery would end them, and
+the run stays unfinished.
 """
 
 from __future__ import annotations
@@ -169,8 +173,9 @@ class RunControl:
 
 
 class PoolAdmission(Protocol):
-    """Admits the attempts of steps that name a ``pool`` (spec §10), in place of
-    the executor's own ``admission_limit``.
+    """Admits the attempts of steps that name a ``pool`` (docs/contracts.md,
+    "Admission across workers"), in place of the executor's own
+    ``admission_limit``.
 
     The executor calls `acquire` while the attempt is ``Pending`` and appends
     ``Admit`` only once it returned True; it calls `release` exactly once per
@@ -509,10 +514,12 @@ class Executor:
         )
 
     async def _effect(self, run: str, step: str, number: int, name: str, perform: Perform) -> JSON:
-        """`StepContext.effect`: Planned, Dispatched and durable, then sent (spec §3).
+        """`StepContext.effect`: Planned, Dispatched and durable, then sent
+        (the write-ahead rule).
 
         An effect an earlier attempt of the step confirmed is not sent again:
-        its recorded result is returned (spec §6: at most once per key).
+        its recorded result is returned (docs/contracts.md, "Effects happen at
+        most once per key").
         """
         view = self._ledger.runs[run].steps[step]
         if name in view.attempt.intents:
@@ -528,12 +535,14 @@ class Executor:
             self._intent(run, step, name, Dispatch())
         except DispatchRefused as refused:
             # Nothing was written or sent: not the step's failure. The executor
-            # stops (spec §9), and this attempt, waiting here until the stop
+            # stops, and this attempt, waiting here until the stop
             # cancels it, ends as recovery would end it.
             self.stop(f"the log refused to dispatch {name!r} of {run}/{step}#{number}: {refused}", grace=0.0)
             await asyncio.Event().wait()
             raise AssertionError("a stopped executor left an attempt waiting") from refused
-        self._log.flush()  # spec §3: Dispatched is durable before the effect is sent
+        # docs/contracts.md, "The write-ahead rule": Dispatched is durable
+        # before the effect is sent
+        self._log.flush()
         try:
             value = await perform(key)
         except EffectRejected:
@@ -561,7 +570,8 @@ class Executor:
         return idempotency_key(run, step, name, nonce=view.nonce)
 
     def _set_state(self, run: str, step: str, number: int, name: str) -> None:
-        """`StepContext.set_state`: a declared domain state, into the log (spec §7)."""
+        """`StepContext.set_state`: a declared domain state, into the log
+        (docs/contracts.md, "Domain step states")."""
         declared = self._ledger.runs[run].domain_states
         if name not in declared:
             raise StepError(
@@ -674,7 +684,8 @@ class Executor:
             self._write(run, RunCancelRequested(reason=reason))
 
     def _cancel(self, run: str, step: str) -> None:
-        # spec §2: the flag comes from the intent record, never from where the
+        # docs/contracts.md, "Cancelled or Indeterminate: the intent record
+        # decides": the flag comes from the intent record, never from where the
         # cancellation was caught
         self._move(run, step, self._ledger.cancel_cause(run, step))
 
@@ -686,7 +697,8 @@ class Executor:
     # ------------------------------------------------------------ stopping
 
     def stop(self, reason: str, *, grace: float = 5.0) -> None:
-        """Stop gracefully (spec §9): not a cancel.
+        """Stop gracefully: not a cancel (docs/contracts.md, "A graceful stop
+        is not a cancel").
 
         Each run this executor drives records ``run_stop_requested``; no new
         attempt starts; live attempts get ``grace`` seconds to end, then end
@@ -759,8 +771,9 @@ class Executor:
                 return
             except asyncio.CancelledError:
                 if self._ledger.runs[run].stop_requested:
-                    # spec §9: a stop ends the attempt as recovery would,
-                    # reconcilers first
+                    # docs/contracts.md, "A graceful stop is not a cancel": a
+                    # stop ends the attempt as recovery would, reconcilers
+                    # first
                     await self._ask_reconcilers(run, step)
                 self._cancel(run, name)
                 raise
@@ -798,8 +811,9 @@ class Executor:
             if pools is None:
                 admission.release()
             else:
-                # spec §10: the slot is freed after the terminal record, never
-                # before (a sampler must never see more Running than slots)
+                # docs/contracts.md, "Admission across workers": the slot is
+                # freed after the terminal record, never before (a sampler must
+                # never see more Running than slots)
                 ended = is_terminal(self._ledger.attempt(run, name).state)
                 pools.release(run, step, number, ended=ended)
 
@@ -849,7 +863,8 @@ class Executor:
                 await self._wait_to_retry(run, step, view)
             if not self._may_start(run):
                 # A step started just before a stop (or cancel) was recorded
-                # creates no attempt after it (spec §9).
+                # creates no attempt after it (docs/contracts.md, "Decisions
+                # are records").
                 return outcome(step.name, view)
             number = 1 if view is None else view.attempt.number + 1
             context = _Context(self._effect, self._set_state, self._key, run, step.name, number, input, inputs)
@@ -1000,14 +1015,16 @@ class Executor:
                 done = await finished.get()
                 if done == "":
                     cancelled = True
-                    # spec §4: the decision is a record before any attempt ends for it
+                    # docs/contracts.md, "Decisions are records": the decision
+                    # is a record before any attempt ends for it
                     self._cancel_decided(run, control.reason or "RunControl.cancel()")
                     break
                 if done is None:
                     stopped = True
                     self._write(run, RunStopRequested(reason=self._stop_reason))
-                    # spec §9: live attempts get a grace period, then end as
-                    # recovery would end them; nothing new starts meanwhile.
+                    # docs/contracts.md, "A graceful stop is not a cancel":
+                    # live attempts get a grace period, then end as recovery
+                    # would end them; nothing new starts meanwhile.
                     await asyncio.wait(list(tasks.values()), timeout=self._grace)
                     break
                 outcomes[done] = tasks.pop(done).result()

@@ -1,4 +1,5 @@
-"""What a reconciler can find out about an effect (spec §9), as closed values.
+"""What a reconciler can find out about an effect (docs/contracts.md,
+"Recovery"), as closed values.
 
 A reconciler is an async function of an idempotency key that asks the
 downstream system whether the effect under that key happened. It answers

@@ -1,7 +1,8 @@
 """The intent record: a write-ahead record of each external side effect.
 
-An *intent* is one side effect that a running attempt means to perform (send
-an email, charge a card). Its life is a closed state machine (spec §3)::
+An *intent* is one side effect that a running attempt means to perform (send an
+email, charge a card). Its life is a closed state machine (docs/contracts.md,
+"The intent record")::
 
     Planned --Dispatch--> Dispatched --Confirm--> Confirmed
                                      --Reject--> Rejected
@@ -9,10 +10,11 @@ an email, charge a card). Its life is a closed state machine (spec §3)::
 
 Confirmed, Rejected and Abandoned are terminal. An intent is *outstanding*
 while it is `Dispatched`: the effect may have happened and nobody knows yet.
-The write-ahead rule (spec §3, normative): the `Dispatched` record is durable
-in the run log before the effect is sent. Hence `intent_dispatched` below,
-the only source of ``Cancel(intent_dispatched=...)``, is true exactly when
-one of an attempt's intents is outstanding.
+The write-ahead rule (docs/contracts.md, "The write-ahead rule"): the
+`Dispatched` record is durable in the run log before the effect is sent. Hence
+`intent_dispatched` below, the only source of
+``Cancel(intent_dispatched=...)``, is true exactly when one of an attempt's
+intents is outstanding.
 
 Rules of the intent machine live here, in `intent_transition`, and nowhere
 else. Like the kernel, this module does no I/O, reads no clock and makes no
@@ -33,7 +35,7 @@ from ._attempt import Cancel
 from ._errors import AttemptKernelError
 
 # --------------------------------------------------------------------------
-# Intent states (spec §3: exactly five)
+# Intent states (docs/contracts.md, "The intent record": exactly five)
 # --------------------------------------------------------------------------
 
 
@@ -125,7 +127,7 @@ ALL_INTENT_CAUSES: Final[tuple[IntentCause, ...]] = (
 
 @final
 class IllegalIntentTransition(AttemptKernelError):
-    """``cause`` is not a legal move from the intent state ``from_state`` (spec §3)."""
+    """``cause`` is not a legal move from the intent state ``from_state``."""
 
     __slots__ = ("from_state", "cause", "reason")
 
@@ -150,8 +152,8 @@ _INTENT_TERMINAL_REASON: Final = (
 def intent_transition(from_state: IntentState, cause: IntentCause) -> IntentState:
     """Return the intent state that ``cause`` moves ``from_state`` to.
 
-    The four legal rows of spec §3 return; every other pair raises
-    `IllegalIntentTransition` and changes nothing.
+    The four legal rows of docs/contracts.md, "The intent record", return;
+    every other pair raises `IllegalIntentTransition` and changes nothing.
     """
     match from_state:
         # State: Planned
@@ -218,7 +220,9 @@ def intent_dispatched(intents: Iterable[IntentState]) -> bool:
 
 
 def cancel_cause(intents: Iterable[IntentState]) -> Cancel:
-    """The Cancel that ends an attempt with these intent states (spec §2, §3).
+    """The Cancel that ends an attempt with these intent states
+    (docs/contracts.md, "Cancelled or Indeterminate: the intent record
+    decides").
 
     Executor and recovery both cancel through this one function, so the flag
     always comes from the intent record, never from where a cancellation was

@@ -1,4 +1,5 @@
-"""When a worker's lease is live, expiring or expired (spec §10): pure decisions.
+"""When a worker's lease is live, expiring or expired (docs/contracts.md, "A
+worker presumed dead never writes again"): pure decisions.
 
 Owns the one rule that judges a heartbeat's age; nothing else. No I/O, no
 clock: every function is handed the times it judges, so the worker (its own
@@ -69,9 +70,8 @@ def may_take_over(verdict: LeaseVerdict) -> bool:
 def check_timing(heartbeat: float, dead_after: float) -> float:
     """The margin for ``heartbeat`` and ``dead_after``, or ValueError naming the fix.
 
-    ``dead_after`` must span at least three heartbeat periods (issue 9:
-    several), so that one late beat never kills a worker; the margin is one
-    period.
+    ``dead_after`` must span at least three heartbeat periods, so that one late
+    beat never kills a worker; the margin is one period.
     """
     if not heartbeat > 0:
         raise ValueError(f"heartbeat must be a positive number of seconds, got {heartbeat!r}")

@@ -1,4 +1,5 @@
-"""The ledger: where every run, step, attempt and intent stands (spec §8).
+"""The ledger: where every run, step, attempt and intent stands
+(docs/design.md, "The ledger").
 
 Theory of operation
 -------------------
@@ -169,8 +170,9 @@ def needs_reconciliation(state: AttemptState, outstanding: tuple[str, ...]) -> b
     """Must an operator ask the downstream systems before this step goes on?
 
     An ended attempt while one of its intents is still outstanding: an
-    `Indeterminate` one always is until reconciled (spec §2, §9), another one
-    may be (spec §6: the effect may have happened). A live attempt is not
+    `Indeterminate` one always is until reconciled (docs/contracts.md,
+    "Reconciliation"), another one may be (docs/contracts.md, "Retries and
+    outstanding intents": the effect may have happened). A live attempt is not
     judged yet.
     """
     match state:
@@ -191,7 +193,8 @@ def may_run_again(
     *,
     retryable: bool = True,
 ) -> bool:
-    """May a new attempt of a step start after one that ended in ``state``? (spec §6)
+    """May a new attempt of a step start after one that ended in ``state``?
+    (docs/contracts.md, "Retries and outstanding intents")
 
     ``cause`` moved the attempt into ``state``; ``tries`` counts the step's
     attempts that `counts_as_try`; ``outstanding`` are the ended attempt's
@@ -204,10 +207,10 @@ def may_run_again(
         case Succeeded():
             return False
         case Indeterminate():
-            # spec §9: never retried while an intent is outstanding; once every
-            # one is reconciled the step gets a new attempt. The Indeterminate
-            # attempt does not count against max_attempts (it was stopped from
-            # outside, like a cancel).
+            # docs/contracts.md, "Reconciliation": never retried while an
+            # intent is outstanding; once every one is reconciled the step gets
+            # a new attempt. The Indeterminate attempt does not count against
+            # max_attempts (it was stopped from outside, like a cancel).
             return retryable and not outstanding
         case Cancelled():
             # Stopped with nothing outstanding (by the table): may run again,
@@ -372,7 +375,8 @@ class StepView:
     """Idempotency key of each intent name, stable across attempts."""
     confirmed: dict[str, JSON] = field(default_factory=dict[str, JSON])
     """The result of each effect known to have happened, by intent name, from
-    any attempt (spec §6: a later attempt reuses it instead of sending again)."""
+    any attempt (docs/contracts.md, "Effects happen at most once per key": a
+    later attempt reuses it instead of sending again)."""
     superseded: dict[str, int] = field(default_factory=dict[str, int])
     """Intents earlier attempts left outstanding, by name (how many): an
     idempotent step retries past them under the same key, so they stay
@@ -450,7 +454,8 @@ class RunView:
     """From its run_started record (None if the log has none)."""
     input: JSON = None
     domain_states: tuple[str, ...] = ()
-    """The domain step state names its workflow declares (spec §7)."""
+    """The domain step state names its workflow declares (docs/contracts.md,
+    "Domain step states")."""
     domain_state: str | None = None
     """The domain state a step set last."""
     cancel_requested: bool = False
@@ -524,7 +529,8 @@ class RunView:
         assert status is not None  # set by run_finished
         if status == "needs-reconciliation" and not self.outstanding():
             # reconciled: recovery resumes it, unless its cancel was decided
-            # (spec §4: a cancel is never undone)
+            # (docs/contracts.md, "Decisions are records": a cancel is never
+            # undone)
             return "cancelled" if self.cancel_requested else "interrupted"
         return status
 
@@ -654,7 +660,8 @@ class Ledger:
     # ------------------------------------------------------------ questions
 
     def final_states(self) -> dict[AttemptState, int]:
-        """How many attempts are in each state now, in the order of spec §2."""
+        """How many attempts are in each state now, in the order of
+        docs/contracts.md, "The attempt state machine"."""
         return {s: self._counts[type(s)] for s in ALL_STATES}
 
     def run(self, run: str) -> RunView | None:
@@ -676,7 +683,8 @@ class Ledger:
 
     def cancel_cause(self, run: str, step: str) -> Cancel:
         """The Cancel that ends the step's latest attempt: its flag comes from
-        the intent record (spec §2), never from where a cancel was caught."""
+        the intent record (docs/contracts.md, "Cancelled or Indeterminate: the
+        intent record decides"), never from where a cancel was caught."""
         return cancel_cause(self.attempt(run, step).intents.values())
 
     # ------------------------------------------------------------ seeding
@@ -810,8 +818,9 @@ class Ledger:
     def _change(self, run: str, change: Change) -> None:
         view = self.runs.get(run)
         if view is not None and view.finished:
-            # spec §9: a run that ended needing reconciliation takes its
-            # reconciliations, then may be resumed; nothing else follows an end.
+            # docs/contracts.md, "Reconciliation": a run that ended needing
+            # reconciliation takes its reconciliations, then may be resumed;
+            # nothing else follows an end.
             kind = type(change)
             if not ((kind is IntentReconciled and view.steps) or kind is RunResumed):
                 self._violate(f"record for run {run!r} after the run finished")
@@ -1115,7 +1124,8 @@ class Ledger:
         self._move(run, step, change.cause, change.to_state)
 
     def _check_cancel(self, cause: Cancel, attempt: AttemptView) -> None:
-        # spec §3: intent_dispatched is true exactly when an intent is outstanding
+        # docs/contracts.md, "The write-ahead rule": intent_dispatched is true
+        # exactly when an intent is outstanding
         actual = intent_dispatched(attempt.intents.values())
         if cause.intent_dispatched == actual:
             return
@@ -1200,7 +1210,8 @@ class Ledger:
     def _settle(
         self, run: str, step: StepView, name: str, state: IntentState, result: JSON
     ) -> None:
-        """Remember what is known of an effect across attempts (spec §6)."""
+        """Remember what is known of an effect across attempts
+        (docs/contracts.md, "Effects happen at most once per key")."""
         match state:
             case Confirmed():
                 step.confirmed[name] = result
@@ -1283,7 +1294,9 @@ class Ledger:
         self._check_intent_move(
             current, change, f"reconciliation of intent {change.name!r}", "the reconciliation"
         )
-        if not left_behind:  # the attempt keeps its state (spec §9), its intent moves
+        # The attempt keeps its state, its intent moves (docs/contracts.md,
+        # "Reconciliation").
+        if not left_behind:
             self.unresolved_intents += is_outstanding(change.to_state) - is_outstanding(current)
             intents[change.name] = change.to_state
         self._settle(run, step, change.name, change.to_state, change.result)

@@ -1,4 +1,4 @@
-"""The PostgreSQL store: the run log as rows, behind the same seam as the file (spec §10).
+"""The PostgreSQL store: the run log as rows, behind the same seam as the file.
 
 Owns the journal's tables in one PostgreSQL schema, their versioned
 migrations, and the statements that append and read records; nothing else.
@@ -21,7 +21,7 @@ the next, so in any snapshot each run's records are a prefix of the run:
 `read` reads the journal in one snapshot, checks that each run's numbers
 go up by one, and hands the records on numbered 1, 2, 3, ... in ``pos``
 order, the gapless journal-wide sequence that a file has and the ledger
-checks (spec §5). Rows written before version 4 keep their journal-wide
+checks. Rows written before version 4 keep their journal-wide
 numbers (``head.per_run_after`` is the last of them); they are checked
 as they were written, and a run that spans the upgrade continues from its
 last number.
@@ -34,10 +34,10 @@ and an operator's change to a run that a live worker holds goes to the
 take in. Delivering (`_pgdeliver`) and taking in (`_worker`) live
 elsewhere; here are only the tables.
 
-Durability (spec §10): a ``Dispatched`` intent change commits with
-``synchronous_commit = on`` before `PgJournal.append` returns (the
-write-ahead rule); every other append commits asynchronously, which
-survives a crash of this process but not of the server until `flush`, or
+Durability: a ``Dispatched`` intent change commits with ``synchronous_commit =
+on`` before `PgJournal.append` returns (docs/contracts.md, "The write-ahead
+rule"); every other append commits asynchronously,
+which survives a crash of this process but not of the server until `flush`, or
 any later synchronous commit, makes it durable.
 """
 
@@ -160,8 +160,8 @@ class LeaseLost(PgJournalError):
 class Lease:
     """Who may write a run: the ``owner`` named in its ``runs`` row, at ``fence``.
 
-    A takeover raises the fence by one (spec §10); an append that carries
-    an older fence, or another owner, writes nothing.
+    A takeover raises the fence by one (docs/contracts.md, "Fenced appends");
+    an append that carries an older fence, or another owner, writes nothing.
     """
 
     owner: str
@@ -179,7 +179,8 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
         1,
         (
-            # One row: the last sequence number handed out (spec §4: gapless).
+            # One row: the last sequence number handed out (gapless, as a
+            # file's are).
             "CREATE TABLE {s}.head ("
             " one boolean PRIMARY KEY DEFAULT true CHECK (one),"
             " last_seq bigint NOT NULL)",
@@ -190,7 +191,8 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             " line bytea NOT NULL,"
             " PRIMARY KEY (run, seq),"
             " UNIQUE (seq))",
-            # Who may write a run, checked by every fenced append (spec §10).
+            # Who may write a run, checked by every fenced append
+            # (docs/contracts.md, "Fenced appends").
             "CREATE TABLE {s}.runs ("
             " run text PRIMARY KEY,"
             " owner text,"
@@ -200,7 +202,7 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
         2,
         (
-            # The queue (spec §10): a submitted run waits with its workflow and
+            # The queue: a submitted run waits with its workflow and
             # input (strict JSON text) until a worker claims it; ``done`` once
             # its driver wrote its end, with the run's status as ``outcome``.
             "ALTER TABLE {s}.runs"
@@ -226,10 +228,11 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
     (
         3,
         (
-            # Admission across workers (spec §10): a pool is a name and a size;
-            # its slots are rows, each held by at most one attempt (run, step,
-            # attempt), taken by a worker under the run's fence. Claims lock a
-            # free row FOR UPDATE SKIP LOCKED; nothing ever counts rows.
+            # Admission across workers (docs/contracts.md, "Admission across
+            # workers"): a pool is a name and a size; its slots are rows, each
+            # held by at most one attempt (run, step, attempt), taken by a
+            # worker under the run's fence. Claims lock a free row FOR UPDATE
+            # SKIP LOCKED; nothing ever counts rows.
             "CREATE TABLE {s}.pools ("
             " name text PRIMARY KEY,"
             " slots integer NOT NULL CHECK (slots >= 0),"
@@ -386,9 +389,10 @@ def _int_of(row: tuple[object, ...] | None) -> int:
 def commits_synchronously(change: Change) -> bool:
     """True for a change that must be durable before `append` returns.
 
-    spec §10: ``Dispatched`` commits synchronously before the effect is sent
-    (the write-ahead rule); the others may commit asynchronously, since a
-    later synchronous commit makes them durable too.
+    ``Dispatched`` commits synchronously before the effect is sent
+    (docs/contracts.md, "The write-ahead rule"); the others
+    may commit asynchronously, since a later synchronous commit makes them
+    durable too.
     """
     match change:
         case IntentChanged():
@@ -1017,7 +1021,7 @@ class PgJournal:
                     raise PgWriteFailed(f"{self._broken}; nothing was written") from error
                 first = numbering.last.get(run, 0) + 1
                 self._known(run, first, fold)
-            # spec §10: client clocks skew; by default the database's clock stamps records.
+            # Client clocks skew: by default the database's clock stamps records.
             times = [self._now() for _ in changes]
             lines = [
                 encode_record(first + i, times[i], run, change) for i, change in enumerate(changes)
@@ -1073,11 +1077,11 @@ class PgJournal:
 
         One statement, its own transaction: set_config(..., true) sets
         synchronous_commit for its commit only. Rows come as VALUES, so that
-        nothing is adapted as an array. Fenced, the lease check and the
-        write are one statement (spec §10): FOR SHARE makes a takeover's
-        update of the runs row wait for this commit, or this append see the
-        new owner and fence. ``summarized``: the run's summary changes, and
-        the same statement upserts it (`summary_upsert_after`).
+        nothing is adapted as an array. Fenced, the lease check and the write
+        are one statement (docs/contracts.md, "Fenced appends"): FOR SHARE
+        makes a takeover's update of the runs row wait for this commit, or this
+        append see the new owner and fence. ``summarized``: the run's summary
+        changes, and the same statement upserts it (`summary_upsert_after`).
         """
         statement = self._inserts.get((count, fenced, summarized))
         if statement is None:

@@ -1,4 +1,5 @@
-"""Admission across workers: pools of slots in the PostgreSQL journal (spec §10).
+"""Admission across workers: pools of slots in the PostgreSQL journal
+(docs/contracts.md, "Admission across workers").
 
 Owns the ``pools`` and ``slots`` tables (migration 3 of `_pgjournal`):
 making and resizing a pool (`set_pool`, `list_pools`), and the statements a
@@ -10,11 +11,11 @@ judges no lease (it only checks, in each claim, the fence the worker holds).
 Theory of operation:
 
 - A pool of N slots is N rows ``(pool, slot)``, slot 0 to N - 1. A row is
-  free or held by exactly one attempt (run, step, attempt), with the worker
-  and the run's fence that took it. Nothing ever counts held rows to decide
-  admission (spec §10: a limit counted under SKIP LOCKED is exceeded); a
-  claim locks one free row ``FOR UPDATE SKIP LOCKED`` and writes the holder
-  into it, so two claims can never hold one row.
+  free or held by exactly one attempt (run, step, attempt), with the worker and
+  the run's fence that took it. Nothing ever counts held rows to decide
+  admission (a limit counted under SKIP LOCKED is exceeded: a reported bug
+  elsewhere); a claim locks one free row ``FOR UPDATE SKIP LOCKED`` and writes
+  the holder into it, so two claims can never hold one row.
 - The executor takes a slot while the attempt is ``Pending``, before it
   appends ``Admit``, and frees it after the terminal record: so at every
   moment the attempts ``Running`` in the journal hold distinct slots, and
@@ -29,8 +30,8 @@ Theory of operation:
   every slot of the run taken under an older fence, checking in the same
   statement that it holds the run at the new fence.
 - Waiting is polling with a growing pause (10 ms to 200 ms), up to the
-  step's ``queue_deadline``; ``LISTEN/NOTIFY`` would serialise commits
-  (spec §10's lessons). Waiters are not served in order.
+  step's ``queue_deadline``; ``LISTEN/NOTIFY`` would serialise commits (what
+  the systems that do this today got wrong). Waiters are not served in order.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ Pure data, and nothing else: no encoding (that is `_codec`), no storage
 (`_logfile`), no rule of the kernel (`_ledger`). Every class is a closed,
 frozen value, so the ledger can ``match`` over `Change` exhaustively.
 
-Run-level decisions are records too (spec §4): a run's start (its workflow
-and input), a decision to cancel it, a graceful stop, its resumption, an
-operator's reconciliation, and its end. Whatever recovery decides, it
-decides from these alone.
+Run-level decisions are records too (docs/contracts.md, "Decisions are
+records"): a run's start (its workflow and input), a decision to cancel it, a
+graceful stop, its resumption, an operator's reconciliation, and its end.
+Whatever recovery decides, it decides from these alone.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ carry (a set, NaN, an object) is refused when it is written.
 class RunStarted:
     """A run of the workflow named ``workflow`` started with ``input``.
 
-    Recovery resumes the run by that name; steps see ``input`` as ``ctx.input``.
-    ``domain_states`` are the domain step state names the workflow declares
-    (spec §7); a `DomainStateSet` naming another one is a violation.
+    Recovery resumes the run by that name; steps see ``input`` as
+    ``ctx.input``. ``domain_states`` are the domain step state names the
+    workflow declares (docs/contracts.md, "Domain step states"); a
+    `DomainStateSet` naming another one is a violation.
     """
 
     workflow: str
@@ -63,7 +64,8 @@ class RunStarted:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunStopRequested:
-    """A graceful stop was asked (a signal): not a cancel (spec §9).
+    """A graceful stop was asked (a signal): not a cancel (docs/contracts.md,
+    "A graceful stop is not a cancel").
 
     No new attempt starts; live ones end as recovery would end them; the run
     stays unfinished, and `RunResumed` takes it up again.
@@ -82,7 +84,8 @@ class RunResumed:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RunCancelRequested:
-    """Someone decided to cancel the run (spec §4: a decision is a record).
+    """Someone decided to cancel the run (docs/contracts.md, "Decisions are
+    records").
 
     Written before any attempt is ended for it, so a crash after this record
     can never resume the run: recovery ends its live attempts and closes it.
@@ -208,7 +211,8 @@ class IntentChanged:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class IntentReconciled:
-    """Someone asked the downstream system about an outstanding intent (spec §9).
+    """Someone asked the downstream system about an outstanding intent
+    (docs/contracts.md, "Reconciliation").
 
     The intent moves ``from_state`` (``Dispatched``) --``cause``
     (``Confirm`` or ``Reject``)--> ``to_state``, whatever its attempt's state:
@@ -232,7 +236,8 @@ class IntentReconciled:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DomainStateSet:
-    """The running attempt set its workflow's domain step state to ``state`` (spec §7)."""
+    """The running attempt set its workflow's domain step state to ``state``
+    (docs/contracts.md, "Domain step states")."""
 
     step: str
     attempt: int

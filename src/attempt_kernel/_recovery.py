@@ -7,18 +7,18 @@ divergence is found first, and the options of its unfinished steps
 whose cancel was decided is closed here, its orphans ended without asking
 reconcilers (the code that names them is not run for a cancelled run).
 
-Spec §6 (normative in spirit): reopen the log, cut a torn tail (its bytes
-are kept in a side file, never silently dropped), rebuild the state (the
-ledger, `_ledger`), and end each orphaned attempt: a `Running` one with
-``Cancel(intent_dispatched=<is an intent outstanding?>)``, a `Pending` one
-with ``Cancel(intent_dispatched=False)``, both asked of the ledger. Before
-that, each outstanding intent of an orphan whose step names a reconciler
-for it is asked about (spec §9): an answer is recorded as a reconciliation
-first, so the attempt ends `Cancelled` and only what nobody could answer
-ends `Indeterminate`. A run whose cancel was decided is then closed, never
-resumed (spec §4); every other unfinished run, and every run that ended
-needing reconciliation and has been reconciled since, is handed back as
-resume points (`PriorStep` per step) for the executor.
+docs/contracts.md, "Recovery": reopen the log, cut a torn tail (its bytes are
+kept in a side file, never silently dropped), rebuild the state (the ledger,
+`_ledger`), and end each orphaned attempt: a `Running` one with
+``Cancel(intent_dispatched=<is an intent outstanding?>)``, a `Pending` one with
+``Cancel(intent_dispatched=False)``, both asked of the ledger. Before that,
+each outstanding intent of an orphan whose step names a reconciler for it is
+asked about: an answer is recorded as a reconciliation first, so the attempt
+ends `Cancelled` and only what nobody could answer ends `Indeterminate`. A run
+whose cancel was decided is then closed, never resumed (docs/contracts.md,
+"Decisions are records"); every other unfinished run, and every run that ended
+needing reconciliation and has been reconciled since, is handed back as resume
+points (`PriorStep` per step) for the executor.
 
 Recovery refuses a log the ledger finds violations in: resuming from a state
 the log does not prove would write more records on top of a lie. It is
@@ -141,7 +141,8 @@ def recover(
     skip_runs: Collection[str] = frozenset(),
     include_waiting: bool = False,
 ) -> Recovery:
-    """Recover a journal already held by this writer (any store, spec §4).
+    """Recover a journal already held by this writer (any store, through the
+    storage seam).
 
     Reads it into a ledger and refuses it if there is a violation or a run to
     resume whose workflow is not in ``workflows`` (by name; nothing is
@@ -206,7 +207,8 @@ def recover(
                 f" {view.workflow!r}, but the workflow given by that name is"
                 f" {kinds[given_code]}; pass the workflow the run started with"
             )
-    # spec §9: ask before ending; what is answered is recorded first.
+    # docs/contracts.md, "Recovery": ask before ending; what is answered is
+    # recorded first.
     questions: list[tuple[str, str, int, str, str, Reconciler]] = []
     for view in todo:
         workflow = workflows.get(view.workflow) if view.workflow is not None else None
@@ -267,7 +269,8 @@ def recover(
             before = attempt.state
             if is_terminal(before):
                 continue
-            # spec §6: the flag is what the intent record says
+            # docs/contracts.md, "Cancelled or Indeterminate: the intent record
+            # decides": the flag is what the intent record says
             ended = ledger.propose_move(run, name, ledger.cancel_cause(run, name))
             journal.append(run, ended)
             ledger.apply_change(run, ended)
@@ -282,7 +285,8 @@ def recover(
                 )
             )
         if view.cancel_requested:
-            # spec §4: a cancel that was decided is never undone by a crash
+            # docs/contracts.md, "Decisions are records": a cancel that was
+            # decided is never undone by a crash
             journal.append(run, RunFinished())
             ledger.apply_change(run, RunFinished())
             closed.append(run)

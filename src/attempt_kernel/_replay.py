@@ -1,14 +1,14 @@
 """The replayer: the ledger fed a whole log, plus the report of what it found.
 
-It proves a recorded log obeys the kernel (spec §5). Every rule is the
-ledger's (`_ledger`): each attempt change goes through `transition` and must
-give the recorded ``to``; the recorded from-state must be the tracked one;
-nothing follows a terminal state; intent changes obey `intent_transition`
-and belong to a `Running` attempt; a ``Cancel``'s ``intent_dispatched``
-equals what the log's own intent records say; sequence numbers go up by
-one; a run starts at most once and nothing of it follows its run_finished;
-no attempt starts after the run's cancel was requested. This module only
-feeds the ledger and freezes what it found into a `ReplayReport`.
+It proves a recorded log obeys the kernel (docs/contracts.md, "Replay proves a
+log"). Every rule is the ledger's (`_ledger`): each attempt change goes through
+`transition` and must give the recorded ``to``; the recorded from-state must be
+the tracked one; nothing follows a terminal state; intent changes obey
+`intent_transition` and belong to a `Running` attempt; a ``Cancel``'s
+``intent_dispatched`` equals what the log's own intent records say; sequence
+numbers go up by one; a run starts at most once and nothing of it follows its
+run_finished; no attempt starts after the run's cancel was requested. This
+module only feeds the ledger and freezes what it found into a `ReplayReport`.
 
 It streams: memory holds the steps of runs that have not finished, not the
 log. It never writes to the log.
@@ -43,7 +43,8 @@ class ReplayReport:
 
     records: int
     final_states: Mapping[AttemptState, int]
-    """Attempts by the state they are in at the end of the log, in spec order."""
+    """Attempts by the state they are in at the end of the log, in the order of
+    the transition table (`ALL_STATES`)."""
     indeterminate: tuple[OpenAttempt, ...]
     to_reconcile: tuple[OpenAttempt, ...]
     """Attempts that ended in another state with intents still outstanding."""

@@ -74,7 +74,8 @@ def resume_log(
     With ``stop_on_signals``, SIGINT and SIGTERM stop the resumed runs
     gracefully (`RunsStopped`), as `run_jobs` says. ``skip_runs`` are left
     alone: neither recovered nor resumed (on a PostgreSQL journal, the runs
-    a live worker drives: `attempt_kernel.postgres.held_runs`).
+    a live worker drives, those `attempt-kernel runs URL` lists as
+    ``running``; the CLI's ``recover`` passes them here).
     """
     by_name = {workflow.name: workflow for workflow in workflows}
     if isinstance(log, (str, os.PathLike)):

@@ -1,4 +1,5 @@
-"""The storage seam (spec §4): what the runtime needs from any journal.
+"""The storage seam (docs/contracts.md, "The storage seam"): what the runtime
+needs from any journal.
 
 Reading as well as appending goes through it, so that recovery and replay
 can later read a journal that is not a file. `RunLogWriter` and `FileLog`

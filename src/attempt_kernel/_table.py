@@ -29,13 +29,15 @@ def state_label(state: AttemptState) -> str:
 
 
 def cause_label(cause: TransitionCause) -> str:
-    """The cause as written in the spec, e.g. ``Cancel(intent_dispatched=True)``."""
+    """The cause as the transition table writes it, e.g.
+    ``Cancel(intent_dispatched=True)``."""
     text = repr(cause)
     return text[:-2] if text.endswith("()") else text
 
 
 def legal_moves() -> list[tuple[AttemptState, TransitionCause, AttemptState]]:
-    """Every (from, cause, to) that `transition` accepts, in spec order."""
+    """Every (from, cause, to) that `transition` accepts, in the order of
+    `ALL_STATES`."""
     moves: list[tuple[AttemptState, TransitionCause, AttemptState]] = []
     for state in ALL_STATES:
         for cause in ALL_CAUSES:

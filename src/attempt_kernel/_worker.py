@@ -1,4 +1,5 @@
-"""Workers sharing one PostgreSQL journal: submit, claim, heartbeat, take over (spec §10).
+"""Workers sharing one PostgreSQL journal: submit, claim, heartbeat, take over
+(docs/contracts.md, "Many workers").
 
 Owns the queue and the leases in the journal's ``runs`` and ``workers``
 tables (migration 2 of `_pgjournal`), and a worker's loop; it applies no
@@ -44,7 +45,7 @@ Theory of operation:
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
-  heartbeat is expired it stops its executors (spec §9's stop) and exits.
+  heartbeat is expired it stops its executors (a graceful stop) and exits.
 """
 
 from __future__ import annotations
@@ -154,9 +155,10 @@ _FIND_DEAD: Final[LiteralString] = (
     " WHERE NOT dead AND id <> %s AND heartbeat_at < now() - make_interval(secs => %s)"
     " RETURNING id"
 )
-# The fenced claim: owner and fence must still be the ones read (spec §10).
-# Only a run claimable now: queued, signalled, or its wake time come (the
-# runs_ready index is in this order and ends the scan at now()).
+# The fenced claim: owner and fence must still be the ones read
+# (docs/contracts.md, "Fenced appends"). Only a run claimable now: queued,
+# signalled, or its wake time come (the runs_ready index is in this order and
+# ends the scan at now()).
 _CLAIM: Final[LiteralString] = (
     "UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1, wake_at = NULL"
     " FROM (SELECT run, owner, fence FROM {s}.runs"
@@ -396,7 +398,7 @@ class _WorkerJournal:
         effect). Every other record a run's executor flushes is made durable
         by the statement that closes or releases the run's row, which
         commits synchronously, and a synchronous commit flushes the WAL up
-        to it: every earlier commit of every run (spec §10). A worker that
+        to it: every earlier commit of every run. A worker that
         stops otherwise flushes as it closes its journal.
         """
 
@@ -614,7 +616,7 @@ class Worker:
         Raises `WorkerDeclaredDead` when another worker took its runs over
         (its heartbeat expired), and `PgJournalError` when the database
         fails. With ``stop_on_signals``, SIGINT and SIGTERM stop it
-        gracefully: its runs are stopped (spec §9) and handed back to the
+        gracefully: its runs are stopped and handed back to the
         queue for another worker.
         """
         try:
@@ -720,8 +722,9 @@ class Worker:
                         f" {type(orphan.to_state).__name__}",
                         logging.WARNING,
                     )
-                # spec §10: only now that no attempt of an older fence is Running
-                # in the journal may the slots it held be taken again.
+                # docs/contracts.md, "Admission across workers": only now that
+                # no attempt of an older fence is Running in the journal may
+                # the slots it held be taken again.
                 for freed in free_slots_of_taken_over_run(conn, self._schema, run, lease):
                     self._say(
                         f"{run}: freed slot {freed.slot} of pool {freed.pool!r}"
@@ -915,7 +918,7 @@ class Worker:
         closed = 0
         try:
             conn = connect(url)
-            # Claims commit asynchronously (spec §10): the run's synchronous
+            # Claims commit asynchronously: the run's synchronous
             # commits (Dispatched, its closing) come later in the WAL and make
             # them durable too.
             conn.execute("SET synchronous_commit = off")

@@ -52,10 +52,11 @@ class RetryPolicy:
     (if ``retry_on_timeout``); never a queue timeout, a cancel or an
     `Indeterminate` attempt. An attempt that ended with an intent still
     outstanding is retried only if ``effects_idempotent`` says the step's
-    effects may be sent again under the same idempotency key (spec §6);
-    otherwise the run stops there for reconciliation. An attempt whose step
-    raised an instance of one of the ``non_retryable`` exception types is
-    never retried (the log records it, so recovery knows too).
+    effects may be sent again under the same idempotency key
+    (docs/contracts.md, "Retries and outstanding intents"); otherwise the run
+    stops there for reconciliation. An attempt whose step raised an instance of
+    one of the ``non_retryable`` exception types is never retried (the log
+    records it, so recovery knows too).
 
     **When a retry starts.** After ``tries`` attempts that counted (Failed,
     or TimedOut by the step deadline), the next one waits
@@ -103,23 +104,23 @@ class RetryPolicy:
 class Step:
     """One step: its name, what it runs, what it waits for, and its limits.
 
-    ``after`` names the steps whose results this one needs; it starts when
-    all of them have succeeded and receives their results in
-    ``ctx.inputs``. ``queue_deadline`` (seconds a `Pending` attempt may wait
-    for admission) and ``step_deadline`` (seconds a `Running` attempt may
-    take) must be positive. ``domain_states`` names the workflow's domain
-    states this step may set (``ctx.set_state``); each must be declared by
-    the workflow. ``reconcilers`` maps an effect's name to the function that
-    asks the downstream system about it (spec §9): recovery calls it for an
-    effect a crash left outstanding, before it ends the attempt.
+    ``after`` names the steps whose results this one needs; it starts when all
+    of them have succeeded and receives their results in ``ctx.inputs``.
+    ``queue_deadline`` (seconds a `Pending` attempt may wait for admission) and
+    ``step_deadline`` (seconds a `Running` attempt may take) must be positive.
+    ``domain_states`` names the workflow's domain states this step may set
+    (``ctx.set_state``); each must be declared by the workflow. ``reconcilers``
+    maps an effect's name to the function that asks the downstream system about
+    it (docs/contracts.md, "Recovery"): recovery calls it for an effect a crash
+    left outstanding, before it ends the attempt.
 
-    ``pool`` names the shared pool whose slot each attempt of the step needs
-    to run (spec §10: never more than the pool's size running at once,
-    across every worker); None (the default) needs none. Workers on
-    PostgreSQL honour it (the pool is made and sized by `set_pool`); an
-    executor given no pool admission (``Executor(pools=...)``) admits the
-    step under its ``admission_limit`` like any other. A pooled attempt
-    waits ``Pending`` for a slot up to ``queue_deadline``, then ends
+    ``pool`` names the shared pool whose slot each attempt of the step needs to
+    run (docs/contracts.md, "Admission across workers": never more than the
+    pool's size running at once, across every worker); None (the default) needs
+    none. Workers on PostgreSQL honour it (the pool is made and sized by
+    `set_pool`); an executor given no pool admission (``Executor(pools=...)``)
+    admits the step under its ``admission_limit`` like any other. A pooled
+    attempt waits ``Pending`` for a slot up to ``queue_deadline``, then ends
     ``TimedOut``.
     """
 
@@ -494,12 +495,12 @@ def load_workflow(
     """Check ``steps`` and return them as a `Workflow` (dependencies first).
 
     ``domain_states`` declares the workflow's domain step state names
-    (spec §7). Raises `WorkflowError` naming the culprit: an empty or
-    duplicate step name, an unknown dependency, a cycle (listed in order), a
-    non-positive deadline or attempt limit, a retry interval, factor, jitter
-    or non-retryable type out of range (`check_step`), an empty pool name,
-    an empty or repeated domain state name, a step naming a domain state the
-    workflow does not declare.
+    (docs/contracts.md, "Domain step states"). Raises `WorkflowError` naming
+    the culprit: an empty or duplicate step name, an unknown dependency, a
+    cycle (listed in order), a non-positive deadline or attempt limit, a retry
+    interval, factor, jitter or non-retryable type out of range (`check_step`),
+    an empty pool name, an empty or repeated domain state name, a step naming a
+    domain state the workflow does not declare.
     """
     if not name:
         raise WorkflowError("a workflow needs a non-empty name")

@@ -1,4 +1,6 @@
-"""attempt-kernel on PostgreSQL: the journal, its leases, and the workers (spec §10).
+"""attempt-kernel on PostgreSQL: the journal, its leases, and the workers.
+
+The contracts they keep are docs/contracts.md, "Many workers".
 
 Needs the ``postgres`` extra (``pip install 'attempt-kernel[postgres]'``, which
 brings psycopg 3); the rest of the library does not, and the embedded
