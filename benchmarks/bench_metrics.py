@@ -182,6 +182,7 @@ def main() -> int:
         process = worker(url, port=port, until_idle=False)
         try:
             deadline = time.monotonic() + 60
+            whole = 0.0
             while True:
                 try:
                     whole = scrape(port)
