@@ -124,6 +124,7 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     ],
     ids=["submit", "worker", "pool", "pools", "runs"],
 )  # fmt: skip
+@pytest.mark.slow  # a subprocess
 def test_a_url_without_the_postgres_extra_is_a_usage_error_naming_it(argv: list[str]) -> None:
     """No traceback: every command that takes a URL says to install the extra, exit 2."""
     import subprocess

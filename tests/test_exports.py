@@ -6,6 +6,8 @@ import dataclasses
 import inspect
 import types
 
+import pytest
+
 import attempt_kernel
 
 # Hand-written, exact: the whole public surface. A name added to or dropped
@@ -71,6 +73,7 @@ STATES_AND_CAUSES = [
 ]  # fmt: skip
 
 
+@pytest.mark.slow  # the installed distribution, and a subprocess
 def test_the_version_is_the_installed_distributions_and_the_command_lines() -> None:
     """``__version__``, the installed metadata and ``attempt-kernel --version`` say one version."""
     import importlib.metadata

@@ -113,6 +113,7 @@ def test_next_run_id_counts_the_workflows_runs_and_skips_ids_taken(tmp_path: Pat
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.postgres
 def test_a_queued_run_is_made_claimable_and_an_unknown_one_refused(pg_url: str, schema: str) -> None:
     submit_run(pg_url, "approver", "q-1", schema=schema)
     with psycopg.connect(pg_url, autocommit=True) as conn:
@@ -126,6 +127,7 @@ def test_a_queued_run_is_made_claimable_and_an_unknown_one_refused(pg_url: str, 
         resume_pg(pg_url, "zz", schema=schema)
 
 
+@pytest.mark.postgres
 def test_a_run_held_by_a_live_worker_is_refused(pg_url: str, schema: str) -> None:
     submit_run(pg_url, "approver", "q-1", schema=schema)
     with psycopg.connect(pg_url, autocommit=True) as conn:

@@ -219,6 +219,7 @@ def approvals(tmp_path: Path) -> Path:
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
 def test_the_list_shows_each_run_newest_first_with_workflow_status_and_attempts(trip_log: Path) -> None:
     add_waiting_runs(trip_log, "a-1")
     with serving(str(trip_log)) as url:
@@ -230,6 +231,7 @@ def test_the_list_shows_each_run_newest_first_with_workflow_status_and_attempts(
     assert "<td>approver</td>" in page and "<td>trip-planner</td>" in page
 
 
+@pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
 def test_the_list_filters_by_status_workflow_and_start_time(trip_log: Path) -> None:
     add_waiting_runs(trip_log, "a-1")
     with serving(str(trip_log)) as url:
@@ -429,6 +431,7 @@ def test_cancel_through_the_page_records_the_decision(approvals: Path) -> None:
     assert (status, flash) == (303, "Cancel of run a-3: recorded in the log.")
 
 
+@pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
 def test_an_indeterminate_intent_is_reconciled_by_its_button(trip_log: Path) -> None:
     with serving(str(trip_log)) as url:
         client = Client(url)
@@ -445,6 +448,7 @@ def test_an_indeterminate_intent_is_reconciled_by_its_button(trip_log: Path) -> 
     assert "Rejected" in after
 
 
+@pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
 def test_a_second_reconcile_of_one_key_is_refused(trip_log: Path) -> None:
     with serving(str(trip_log)) as url:
         client = Client(url)
