@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 from typing_extensions import assert_never, final
 
 from . import _report, _table
-from ._codec import RunLogError, encode_record
+from ._codec import RunLogError, encode_record, strict_json
 from ._version import __version__
 from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from ._errors import AttemptKernelError
@@ -446,12 +446,8 @@ def _progress() -> Callable[[str], None] | None:
 
 def _json_argument(text: str, flag: str) -> JSON:
     """Strict JSON from the command line, or a usage error naming the position."""
-
-    def no_constant(name: str) -> JSON:
-        raise ValueError(f"{name} is not a JSON number")
-
     try:
-        value: JSON = json.loads(text, parse_constant=no_constant)
+        value = strict_json(text)
     except json.JSONDecodeError as error:
         raise _Usage(
             f"{flag} is not JSON: {error.msg} at line {error.lineno} column {error.colno}"

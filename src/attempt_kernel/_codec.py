@@ -881,6 +881,13 @@ def _new_record(line: int, seq: int, time_us: int, run: str, change: Change) -> 
     return record
 
 
+def strict_json(text: str) -> JSON:
+    """A value an operator typed, as strict JSON: `json.JSONDecodeError` where it does not
+    parse, `ValueError` for NaN and Infinity (no record could carry them), as the decoder refuses them."""
+    value: JSON = json.loads(text, parse_constant=_no_constant)
+    return value
+
+
 def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
     """Decode one complete line (with its newline) into a record, or say why not."""
     if len(raw) < _TAIL_LEN or raw[-_TAIL_LEN:_CRC_OPEN_END] != _CRC_OPEN:

@@ -42,7 +42,7 @@ from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 import jinja2
 from typing_extensions import TypeAlias, assert_never, final
 
-from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
+from ._codec import cause_name, intent_cause_name, intent_state_name, state_name, strict_json
 from ._errors import AttemptKernelError
 from ._history import IntentEvent, RunHistory, run_history
 from ._ledger import Ledger, RunStanding
@@ -140,12 +140,8 @@ def _names_loopback(host_header: str) -> bool:
 
 def _json_field(text: str, field: str) -> JSON:
     """Strict JSON from a form field (NaN and Infinity refused), or `OperationRefused`."""
-
-    def no_constant(name: str) -> JSON:
-        raise ValueError(f"{name} is not a JSON number")
-
     try:
-        value: JSON = json.loads(text, parse_constant=no_constant)
+        value = strict_json(text)
     except json.JSONDecodeError as error:
         raise OperationRefused(
             f"the {field} is not JSON: {error.msg} at line {error.lineno} column {error.colno};"
