@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))  # the checkout: tests/ is importable
 from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import JSON, Step, StepContext, load_workflow  # noqa: E402
-from attempt_kernel._pgjournal import PgJournal  # noqa: E402
+from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
 
 ROUNDS: Final = 2
 RATE: Final = 4.0

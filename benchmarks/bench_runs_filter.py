@@ -41,7 +41,7 @@ from attempt_kernel import _report  # noqa: E402
 from attempt_kernel._operations import listed_runs  # noqa: E402
 from attempt_kernel._ledger import Ledger  # noqa: E402
 from attempt_kernel._runlist import RunFilter, RunRow, select  # noqa: E402
-from attempt_kernel._pgjournal import held_runs  # noqa: E402
+from attempt_kernel.postgres._journal import held_runs  # noqa: E402
 from attempt_kernel.postgres import DEFAULT_SCHEMA, PgJournal  # noqa: E402
 
 FILTERED_ROUNDS: Final = 20

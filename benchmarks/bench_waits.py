@@ -43,9 +43,9 @@ from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import JSON, RunContext, workflow  # noqa: E402
 from attempt_kernel._operate import signal_change  # noqa: E402
-from attempt_kernel._pgdeliver import deliver_pg  # noqa: E402
-from attempt_kernel._pgjournal import PgJournal  # noqa: E402
-from attempt_kernel._worker import _CLAIM, _statement, run_worker  # noqa: E402
+from attempt_kernel.postgres._deliver import deliver_pg  # noqa: E402
+from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
+from attempt_kernel.postgres._worker import _CLAIM, _statement, run_worker  # noqa: E402
 
 BUSY: Final = "attempt_kernel"
 EMPTY: Final = "empty_journal"

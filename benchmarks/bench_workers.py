@@ -74,8 +74,8 @@ from attempt_kernel import (  # noqa: E402
     load_workflow,
 )
 from attempt_kernel._codec import encode_record  # noqa: E402  # the journal's own line encoder
-from attempt_kernel._pgjournal import PgJournal  # noqa: E402
-from attempt_kernel._worker import _CLAIM, _FIND_DEAD, _statement, run_worker  # noqa: E402
+from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
+from attempt_kernel.postgres._worker import _CLAIM, _FIND_DEAD, _statement, run_worker  # noqa: E402
 
 PROCESSES: Final = 4
 ROUNDS: Final = 3  # each side's best, alternating: the machine is shared, and other load hits one side at a time

@@ -67,7 +67,7 @@ def _lines(runs: int, attempts: int) -> Iterator[tuple[str, int, bytes]]:
 
 def bulk_journal(url: str, schema: str, runs: int, *, attempts: int = 1) -> int:
     """Make the journal of ``runs`` runs in ``schema`` at version 5; return how many records it holds."""
-    from attempt_kernel._pgjournal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 5 as it was
+    from attempt_kernel.postgres._journal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 5 as it was
 
     s = sql.Identifier(schema)
     count = 0

@@ -43,8 +43,8 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel._codec import decode_line
-from attempt_kernel._pgjournal import Lease, LeaseLost, PgJournal
-from attempt_kernel._pools import (
+from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal
+from attempt_kernel.postgres._pools import (
     PoolMissing,
     PoolState,
     SlotAdmission,
@@ -52,7 +52,7 @@ from attempt_kernel._pools import (
     list_pools,
     set_pool,
 )
-from attempt_kernel._worker import run_worker, submit_run
+from attempt_kernel.postgres._worker import run_worker, submit_run
 
 TESTS = Path(__file__).parent
 START = "from workerflows.start import main; main()"

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 
 MARKDOWN = """\
 | From \\ Cause | Admit | Succeed | Fail | Cancel(intent_dispatched=False) | Cancel(intent_dispatched=True) | QueueDeadlinePassed | StepDeadlinePassed |
@@ -132,7 +132,7 @@ def test_a_url_without_the_postgres_extra_is_a_usage_error_naming_it(argv: list[
 
     code = (
         "import sys; sys.modules['psycopg'] = None\n"  # as if psycopg were not installed
-        "from attempt_kernel._cli import main\n"
+        "from attempt_kernel.cli._main import main\n"
         f"sys.exit(main({argv!r}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from attempt_kernel import Indeterminate, RunLogWriter, Succeeded, replay
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 
 
 def test_demo_runs_the_workflow_and_replays_it(

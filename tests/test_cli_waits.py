@@ -35,7 +35,7 @@ from attempt_kernel import (
     WaitStarted,
     read_log,
 )
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 from waitflows import APPROVER
 
 TESTS = Path(__file__).parent

@@ -78,7 +78,7 @@ def test_readme_replay_output_is_what_the_command_prints(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The replay report quoted in the README is today's output for the example."""
-    from attempt_kernel._cli import main
+    from attempt_kernel.cli._main import main
 
     monkeypatch.chdir(README.parent)
     assert main(["replay", "examples/checkout.jsonl"]) == 0
@@ -152,7 +152,7 @@ def test_readme_demo_output_is_what_the_demo_prints(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The main job's output quoted in the README is what `demo` prints in a fresh folder."""
-    from attempt_kernel._cli import main
+    from attempt_kernel.cli._main import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["demo"]) == 0

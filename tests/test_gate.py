@@ -17,7 +17,7 @@ def test_every_module_is_either_mutated_or_excluded() -> None:
     tomllib = pytest.importorskip("tomllib", reason="tomllib arrived in Python 3.11")
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     excluded = set(config["do_not_mutate"])
-    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "src" / "attempt_kernel").glob("*.py")}
+    modules = {str(p.relative_to(ROOT)) for p in (ROOT / "src" / "attempt_kernel").rglob("*.py")}
     assert modules - excluded == MUTATED
     assert excluded <= modules  # no stale entries
     nox_text = (ROOT / "noxfile.py").read_text()

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from attempt_kernel import Executor, RunControl, RunLogWriter, StepContext
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 from attempt_kernel._metrics import (
     JournalCollector,
     RunMetrics,

@@ -16,8 +16,8 @@ import pytest
 from pgtools import sql_in
 
 from attempt_kernel import RunLogWriter, RunStarted
-from attempt_kernel._cli import main
-from attempt_kernel._worker import submit_run
+from attempt_kernel.cli._main import main
+from attempt_kernel.postgres._worker import submit_run
 
 TESTS = Path(__file__).parent
 

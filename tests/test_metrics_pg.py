@@ -16,9 +16,9 @@ from workerflows.pay import PAY
 
 from attempt_kernel._codec import encode_record
 from attempt_kernel._metrics import JournalCollector, WorkerExposition
-from attempt_kernel._pgjournal import PgJournal
+from attempt_kernel.postgres._journal import PgJournal
 from attempt_kernel._records import RunStarted
-from attempt_kernel._worker import Worker, submit_run
+from attempt_kernel.postgres._worker import Worker, submit_run
 
 pytestmark = pytest.mark.postgres
 

@@ -151,7 +151,7 @@ def test_bookkeeping_records_have_no_progress_line(tmp_path: Path) -> None:
 
 
 def test_the_command_lines_log_lines_carry_utc_time_and_level_and_escape_names() -> None:
-    from attempt_kernel._cli import LogLines
+    from attempt_kernel.cli._main import LogLines
 
     record = logging.LogRecord(
         "attempt_kernel.worker", logging.WARNING, __file__, 1, "%s", ("r\x1b[31m-1: taken over",), None

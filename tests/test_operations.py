@@ -22,11 +22,11 @@ from attempt_kernel import (
     resume_run,
     send_signal,
 )
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._operations import held_runs, next_run_id
-from attempt_kernel._pgdeliver import resume_pg
-from attempt_kernel._worker import submit_run
+from attempt_kernel.postgres._deliver import resume_pg
+from attempt_kernel.postgres._worker import submit_run
 from test_cli_waits import waiting_log
 from waitflows import APPROVER, NAPPER
 

@@ -43,8 +43,8 @@ from attempt_kernel import (
     Succeeded,
     replay,
 )
-from attempt_kernel._pgjournal import DEFAULT_SCHEMA, PgJournal
-from attempt_kernel._worker import submit_run
+from attempt_kernel.postgres._journal import DEFAULT_SCHEMA, PgJournal
+from attempt_kernel.postgres._worker import submit_run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

@@ -60,7 +60,7 @@ from attempt_kernel import (
     replay,
     run_jobs,
 )
-from attempt_kernel._pgjournal import (
+from attempt_kernel.postgres._journal import (
     Lease,
     LeaseLost,
     PgConnectFailed,
@@ -407,7 +407,7 @@ def test_read_is_one_snapshot_and_appends_go_on_during_it(pg: PgJournal) -> None
 def version_3_journal(url: str, schema: str, rows: list[tuple[str, Change]]) -> None:
     """A journal as version 3 left it: migrations 1 to 3, rows numbered journal-wide, head at the last."""
     from attempt_kernel._codec import encode_record
-    from attempt_kernel._pgjournal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 3 as it was created
+    from attempt_kernel.postgres._journal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 3 as it was created
 
     s = sql.Identifier(schema)
     clock = fixed_clock()

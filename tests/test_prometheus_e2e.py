@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from attempt_kernel._worker import submit_run
+from attempt_kernel.postgres._worker import submit_run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

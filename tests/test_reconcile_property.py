@@ -67,7 +67,7 @@ from attempt_kernel import (
     replay,
     run_jobs,
 )
-from attempt_kernel._cli import main as cli_main
+from attempt_kernel.cli._main import main as cli_main
 from logs import key_in, nonce_in
 
 RUN = "order-1"

@@ -50,9 +50,9 @@ from attempt_kernel import (
     replay,
     run_jobs,
 )
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 from attempt_kernel._codec import decode_line, encode_record
-from attempt_kernel._pgjournal import PgJournal
+from attempt_kernel.postgres._journal import PgJournal
 
 MIB = 1 << 20
 LIMIT = 67_108_864

@@ -41,7 +41,7 @@ from attempt_kernel import (
     Violation,
     replay,
 )
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "checkout.jsonl"

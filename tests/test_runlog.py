@@ -536,7 +536,7 @@ def _random_without_newline(n: int) -> bytes:
 def test_a_file_whose_first_bytes_cannot_begin_a_record_is_refused_and_left_as_it_was(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, shown: str
 ) -> None:
-    from attempt_kernel._cli import main
+    from attempt_kernel.cli._main import main
 
     log = tmp_path / "x.jsonl"
     log.write_bytes(content)

@@ -41,7 +41,7 @@ from attempt_kernel import (
     RunStarted,
     WaitStarted,
 )
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 from attempt_kernel._operations import listed_runs
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._runlist import LISTED_STATUSES, ListedStatus, RunFilter, RunRow, parse_time, select
@@ -359,7 +359,7 @@ def test_a_lease_lost_append_leaves_the_summary_as_it_was(pg_url: str, schema: s
 @pytest.mark.postgres
 def test_a_submitted_run_no_worker_claimed_is_queued(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     """`runs` lists it queued with its workflow and submit time; `show` says it is queued."""
-    from attempt_kernel._worker import submit_run
+    from attempt_kernel.postgres._worker import submit_run
 
     write_pg(db, "attempt_kernel")
     submit_run(db, "pay", "later-1")
@@ -407,7 +407,7 @@ def test_show_on_postgresql_reads_only_the_run(db: str, capsys: pytest.CaptureFi
 def version_5_journal(url: str, schema: str) -> None:
     """`JOURNAL` as version 5 wrote it: migrations 1 to 5, rows numbered per run, no summaries."""
     from attempt_kernel._codec import encode_record
-    from attempt_kernel._pgjournal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 5 as it was created
+    from attempt_kernel.postgres._journal import _MIGRATIONS  # pyright: ignore[reportPrivateUsage]  # version 5 as it was created
 
     s = sql.Identifier(schema)
     clock = fixed_clock()

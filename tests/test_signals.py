@@ -44,7 +44,7 @@ from attempt_kernel import (
     replay,
     run_jobs,
 )
-from attempt_kernel._cli import GRACE
+from attempt_kernel.cli._main import GRACE
 from logs import key_in
 
 pytestmark = pytest.mark.slow

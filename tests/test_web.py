@@ -50,7 +50,7 @@ from attempt_kernel import (
     Workflow,
     read_log,
 )
-from attempt_kernel._cli import main
+from attempt_kernel.cli._main import main
 from attempt_kernel._logfile import FileLog
 from attempt_kernel._operations import cancel_run, resume_run
 from attempt_kernel._store import LogSource

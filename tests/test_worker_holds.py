@@ -43,8 +43,8 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel._codec import decode_line, encode_record
-from attempt_kernel._pgjournal import Lease, PgJournal
-from attempt_kernel._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]
+from attempt_kernel.postgres._journal import Lease, PgJournal
+from attempt_kernel.postgres._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]
 from attempt_kernel.postgres import set_pool
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

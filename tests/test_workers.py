@@ -42,9 +42,9 @@ from attempt_kernel import (
     UnencodableRecord,
     replay,
 )
-from attempt_kernel._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
-from attempt_kernel._pgjournal import Lease, LeaseLost, PgJournal
-from attempt_kernel._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
+from attempt_kernel.postgres._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
+from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal
+from attempt_kernel.postgres._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
 
 pytestmark = pytest.mark.postgres
 

@@ -29,10 +29,10 @@ from psycopg import sql
 from attempt_kernel import Record, RunFinished, RunStarted, SignalSent, replay
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._operate import OperationRefused, cancel_change, reconcile_change, signal_change
-from attempt_kernel._pgdeliver import deliver_pg
-from attempt_kernel._pgjournal import PgJournal
+from attempt_kernel.postgres._deliver import deliver_pg
+from attempt_kernel.postgres._journal import PgJournal
 from attempt_kernel._records import JSON, RunResumed, WaitStarted
-from attempt_kernel._worker import _LOCK_HELD, _RELEASE_WAITING, _statement, submit_run  # pyright: ignore[reportPrivateUsage]  # the release's statements are under test
+from attempt_kernel.postgres._worker import _LOCK_HELD, _RELEASE_WAITING, _statement, submit_run  # pyright: ignore[reportPrivateUsage]  # the release's statements are under test
 from attempt_kernel.postgres import set_pool
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]

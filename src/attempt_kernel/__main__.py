@@ -1,5 +1,5 @@
 """``python -m attempt_kernel``: the same CLI as the ``attempt-kernel`` script."""
 
-from ._cli import main
+from .cli import main
 
 raise SystemExit(main())

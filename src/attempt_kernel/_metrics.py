@@ -369,7 +369,7 @@ class _PgSource:
         import psycopg
         from psycopg import sql
 
-        from ._pgjournal import connect
+        from .postgres._journal import connect
 
         self._conn: Final = connect(url)
         self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -551,7 +551,7 @@ class JournalCollector:
             self._standings.apply(items)
             return
         if self._pg is None:
-            from ._pgjournal import DEFAULT_SCHEMA
+            from .postgres._journal import DEFAULT_SCHEMA
 
             self._pg = _PgSource(self._journal, self._schema or DEFAULT_SCHEMA)
         try:

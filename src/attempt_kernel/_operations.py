@@ -9,7 +9,7 @@ the runs' summaries, never a read of the journal) and the next free run id
 The transports: `deliver_to_file` for a file log (recorded at once when no
 other process writes the log, else left in its inbox, which that process
 takes in within about a second), and, for a ``postgresql://`` URL, the
-PostgreSQL journal's own (``attempt_kernel._pgdeliver``, which needs the
+PostgreSQL journal's own (``attempt_kernel.postgres._deliver``, which needs the
 postgres extra). What is recorded is built by `_operate` from a ledger of
 the log as it is; a refusal (`OperationRefused`) leaves no trace.
 
@@ -114,7 +114,7 @@ def deliver(log: str | os.PathLike[str], build: Build, *, run: str | None = None
     if _is_url(log):
         assert isinstance(log, str)
         try:
-            from ._pgdeliver import deliver_pg  # psycopg is an optional dependency
+            from .postgres._deliver import deliver_pg  # psycopg is an optional dependency
         except ImportError as error:
             raise _needs_postgres(log, error) from None
         return deliver_pg(log, build, run=run)
@@ -215,7 +215,7 @@ def held_runs(log: str | os.PathLike[str]) -> frozenset[str] | None:
     if _is_url(log):
         assert isinstance(log, str)
         try:
-            from ._pgjournal import held_runs as pg_held_runs  # psycopg is optional
+            from .postgres._journal import held_runs as pg_held_runs  # psycopg is optional
         except ImportError as error:
             raise _needs_postgres(log, error) from None
         return pg_held_runs(log)
@@ -237,7 +237,7 @@ def resume_run(log: str | os.PathLike[str], run: str, workflows: Iterable[Workfl
     if _is_url(log):
         assert isinstance(log, str)
         try:
-            from ._pgdeliver import resume_pg  # psycopg is an optional dependency
+            from .postgres._deliver import resume_pg  # psycopg is an optional dependency
         except ImportError as error:
             raise _needs_postgres(log, error) from None
         return resume_pg(log, run)
@@ -289,7 +289,7 @@ def listed_runs(log: str | os.PathLike[str], only: RunFilter) -> tuple[list[RunR
     if _is_url(log):
         assert isinstance(log, str)
         try:
-            from ._pgjournal import PgJournal  # psycopg is an optional dependency
+            from .postgres._journal import PgJournal  # psycopg is an optional dependency
         except ImportError as error:
             raise OperationRefused(
                 f"{redacted(log)}: a PostgreSQL journal needs psycopg ({error});"

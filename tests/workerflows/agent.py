@@ -55,7 +55,7 @@ from attempt_kernel import (
     Workflow,
     workflow,
 )
-from attempt_kernel._cli import main as cli
+from attempt_kernel.cli._main import main as cli
 
 # --------------------------------------------------------------------------
 # The fake downstream service

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from workerflows.pay import PAY
 from workerflows.pooled import HURRY, THINK
 
-from attempt_kernel._pgjournal import PgJournal
+from attempt_kernel.postgres._journal import PgJournal
 from attempt_kernel._records import Change
-from attempt_kernel._worker import WorkerDeclaredDead, run_worker
+from attempt_kernel.postgres._worker import WorkerDeclaredDead, run_worker
 
 HEARTBEAT = 0.2
 DEAD_AFTER = 0.8

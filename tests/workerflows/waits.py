@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from attempt_kernel import JSON, RunContext, StepContext, workflow
-from attempt_kernel._worker import run_worker
+from attempt_kernel.postgres._worker import run_worker
 
 HEARTBEAT = 0.2
 DEAD_AFTER = 0.8

@@ -2,7 +2,7 @@
 (docs/contracts.md, "Many workers").
 
 Owns the queue and the leases in the journal's ``runs`` and ``workers``
-tables (migration 2 of `_pgjournal`), and a worker's loop; it applies no
+tables (migration 2 of `_journal`), and a worker's loop; it applies no
 kernel rule (the executor, ledger and recovery do, exactly as for a file)
 and judges no heartbeat itself (`_lease` does).
 
@@ -38,7 +38,7 @@ Theory of operation:
 - A run that only waits is let go by its executor (`LET_GO_AFTER`) and
   released with its wake time in ``runs.wake_at`` (see `_RELEASE_WAITING`):
   it holds no lease and no slot until a claim finds it due, or an
-  operator's change (`_pgdeliver`) clears the wake time. While a worker
+  operator's change (`_deliver`) clears the wake time. While a worker
   drives runs it takes in the operators' changes the ``inbox`` holds for
   them (`INBOX_POLL`), through each run's executor; on a claim, those
   already waiting are recorded before the run's recovery.
@@ -69,13 +69,13 @@ import psycopg
 from psycopg import sql
 from typing_extensions import LiteralString, final
 
-from ._codec import encode_record
-from ._errors import AttemptKernelError
-from ._coderun import WorkflowDiverged
-from ._executor import Executor, RunRefused
+from .._codec import encode_record
+from .._errors import AttemptKernelError
+from .._coderun import WorkflowDiverged
+from .._executor import Executor, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
-from ._observe import RunObserver, tell
-from ._pgjournal import (
+from .._observe import RunObserver, tell
+from ._journal import (
     DEFAULT_SCHEMA,
     Lease,
     LeaseLost,
@@ -84,14 +84,14 @@ from ._pgjournal import (
     commits_synchronously,
     connect,
 )
-from ._ledger import Ledger
-from ._operate import refusal
-from ._pgdeliver import inbox_change
+from .._ledger import Ledger
+from .._operate import refusal
+from ._deliver import inbox_change
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
-from ._records import JSON, Change, LogItem, RunFinished, RunStarted
-from ._recovery import Recovery, recover
-from ._store import DispatchRefused
-from ._workflow import Workflow
+from .._records import JSON, Change, LogItem, RunFinished, RunStarted
+from .._recovery import Recovery, recover
+from .._store import DispatchRefused
+from .._workflow import Workflow
 
 _LOGGER: Final = logging.getLogger("attempt_kernel.worker")
 """A worker's own lines: claims, takeovers, lost leases, each run's end."""

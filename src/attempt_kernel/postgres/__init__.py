@@ -10,15 +10,15 @@ only binds names (from private modules) and lists them once in ``__all__``.
 
 from ._lease import LeaseVerdict as LeaseVerdict
 from ._lease import lease_decision as lease_decision
-from ._pgjournal import DEFAULT_SCHEMA as DEFAULT_SCHEMA
-from ._pgjournal import PG_SCHEMA_VERSION as PG_SCHEMA_VERSION
-from ._pgjournal import Lease as Lease
-from ._pgjournal import LeaseLost as LeaseLost
-from ._pgjournal import PgConnectFailed as PgConnectFailed
-from ._pgjournal import PgJournal as PgJournal
-from ._pgjournal import PgJournalError as PgJournalError
-from ._pgjournal import PgSchemaTooNew as PgSchemaTooNew
-from ._pgjournal import PgWriteFailed as PgWriteFailed
+from ._journal import DEFAULT_SCHEMA as DEFAULT_SCHEMA
+from ._journal import PG_SCHEMA_VERSION as PG_SCHEMA_VERSION
+from ._journal import Lease as Lease
+from ._journal import LeaseLost as LeaseLost
+from ._journal import PgConnectFailed as PgConnectFailed
+from ._journal import PgJournal as PgJournal
+from ._journal import PgJournalError as PgJournalError
+from ._journal import PgSchemaTooNew as PgSchemaTooNew
+from ._journal import PgWriteFailed as PgWriteFailed
 from ._pools import PoolMissing as PoolMissing
 from ._pools import PoolState as PoolState
 from ._pools import list_pools as list_pools

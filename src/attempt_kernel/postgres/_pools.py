@@ -1,7 +1,7 @@
 """Admission across workers: pools of slots in the PostgreSQL journal
 (docs/contracts.md, "Admission across workers").
 
-Owns the ``pools`` and ``slots`` tables (migration 3 of `_pgjournal`):
+Owns the ``pools`` and ``slots`` tables (migration 3 of `_journal`):
 making and resizing a pool (`set_pool`, `list_pools`), and the statements a
 worker takes, frees and takes back slots with (`SlotAdmission`,
 `free_slots_of_taken_over_run`). It applies no kernel rule (the executor
@@ -47,9 +47,9 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 from typing_extensions import LiteralString, final
 
-from ._errors import AttemptKernelError
-from ._pgjournal import DEFAULT_SCHEMA, Lease, LeaseLost, PgJournal, PgJournalError, connect
-from ._workflow import Step, Workflow
+from .._errors import AttemptKernelError
+from ._journal import DEFAULT_SCHEMA, Lease, LeaseLost, PgJournal, PgJournalError, connect
+from .._workflow import Step, Workflow
 
 FIRST_PAUSE: Final = 0.01
 """Seconds a waiting attempt sleeps after its first refused claim (doubling each time)."""

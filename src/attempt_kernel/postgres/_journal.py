@@ -31,7 +31,7 @@ waits, setting its row's ``wake_at`` to the earliest wake time of its
 waits ('infinity' when only a signal wakes it; NULL means claimable now),
 and an operator's change to a run that a live worker holds goes to the
 ``inbox`` table (one checksummed record line per row) for that worker to
-take in. Delivering (`_pgdeliver`) and taking in (`_worker`) live
+take in. Delivering (`_deliver`) and taking in (`_worker`) live
 elsewhere; here are only the tables.
 
 Durability: a ``Dispatched`` intent change commits with ``synchronous_commit =
@@ -56,10 +56,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 from typing_extensions import LiteralString, Self, assert_never, final
 
-from ._codec import RunLogError, decode_line, encode_record
-from ._intent import is_outstanding
-from ._ledger import Ledger, RunStanding
-from ._records import (
+from .._codec import RunLogError, decode_line, encode_record
+from .._intent import is_outstanding
+from .._ledger import Ledger, RunStanding
+from .._records import (
     AttemptCreated,
     AttemptTransitioned,
     Change,
@@ -81,7 +81,7 @@ from ._records import (
     WaitEnded,
     WaitStarted,
 )
-from ._runlist import RunFilter, RunRow, WaitOn, listed_status
+from .._runlist import RunFilter, RunRow, WaitOn, listed_status
 
 PG_SCHEMA_VERSION: Final = 6
 """The newest version of the journal's tables this library knows; it refuses a newer one."""
@@ -797,7 +797,7 @@ class PgJournal:
         """`read_run` on the caller's ``conn`` (inside its transaction, after its locks).
 
         For a caller that must read a run in the same transaction as it
-        writes it (`_pgdeliver` locks the run's row first); this journal's
+        writes it (`_deliver` locks the run's row first); this journal's
         own numbering of the run is left as it was.
         """
         numbering = _Numbering(self._per_run_after, journal=False)

@@ -41,11 +41,11 @@ import psycopg
 from psycopg import sql
 from typing_extensions import LiteralString
 
-from ._codec import decode_line, encode_record
-from ._ledger import Ledger
-from ._operate import Build, Delivered, Delivery, OperationRefused, refusal
-from ._pgjournal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect, summary_of, summary_upsert_after
-from ._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent
+from .._codec import decode_line, encode_record
+from .._ledger import Ledger
+from .._operate import Build, Delivered, Delivery, OperationRefused, refusal
+from ._journal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect, summary_of, summary_upsert_after
+from .._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent
 
 # {s} is the schema.
 _LOCK: Final[LiteralString] = (

@@ -28,33 +28,33 @@ from typing import TYPE_CHECKING, Final
 
 from typing_extensions import assert_never, final
 
-from . import _report, _table
-from ._codec import RunLogError, encode_record, strict_json
-from ._version import __version__
-from ._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
-from ._errors import AttemptKernelError
-from ._executor import Job, RunsStopped, recorded_report, run_jobs
-from ._history import run_history
-from ._ledger import Ledger
-from ._observe import utc
-from ._logfile import FileLog, RunLogWriter
-from ._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
-from ._inbox import inbox_path, inbox_size, settle_inbox
-from ._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
-from ._records import (
+from .. import _report, _table
+from .._codec import RunLogError, encode_record, strict_json
+from .._version import __version__
+from .._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
+from .._errors import AttemptKernelError
+from .._executor import Job, RunsStopped, recorded_report, run_jobs
+from .._history import run_history
+from .._ledger import Ledger
+from .._observe import utc
+from .._logfile import FileLog, RunLogWriter
+from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
+from .._inbox import inbox_path, inbox_size, settle_inbox
+from .._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
+from .._records import (
     JSON, CorruptLine, IntentReconciled, LogItem, Record, RunStarted, SignalSent, TornTail, WaitStarted,
 )  # fmt: skip
-from ._recovery import Recovery
-from ._replay import replay
-from ._report import shown
-from ._resume import Supervisor, resume_log
-from ._runlist import ListedStatus, RunFilter, parse_statuses, parse_time
-from ._store import Journal, LogSource
-from ._workflow import Workflow
+from .._recovery import Recovery
+from .._replay import replay
+from .._report import shown
+from .._resume import Supervisor, resume_log
+from .._runlist import ListedStatus, RunFilter, parse_statuses, parse_time
+from .._store import Journal, LogSource
+from .._workflow import Workflow
 
 if TYPE_CHECKING:  # optional dependencies: imported where a URL is opened, where --metrics-port asks
-    from . import _metrics
-    from ._pgjournal import PgJournal
+    from .. import _metrics
+    from ..postgres._journal import PgJournal
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
@@ -501,7 +501,7 @@ def _pg(url: str) -> Journal:
 
 def _pg_journal(url: str) -> PgJournal:
     try:
-        from ._pgjournal import PgJournal
+        from ..postgres._journal import PgJournal
     except ImportError as error:
         raise _Usage(
             f"{_redacted(url)}: a PostgreSQL journal needs psycopg ({error});"
@@ -729,7 +729,7 @@ def _recover(args: argparse.Namespace) -> int:
         print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
     if _is_url(log_path):
         # What operators sent while a worker that has died drove its run.
-        from ._pgdeliver import take_in_pg
+        from ..postgres._deliver import take_in_pg
 
         for line in take_in_pg(log_path, skip=held or frozenset()):
             print(f"recover: {shown(line)}")
@@ -971,7 +971,7 @@ def _submit(args: argparse.Namespace) -> int:
     _needs_url(url, "submit")
     workflow = load_target(args.target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
-    from ._worker import submit_run
+    from ..postgres._worker import submit_run
 
     print(submit_run(url, workflow.name, args.run_id, run_input))
     return EXIT_OK
@@ -1082,7 +1082,7 @@ def _metrics_served(args: argparse.Namespace) -> _metrics.WorkerExposition | Non
         return None
     host: str = args.metrics_host
     try:
-        from . import _metrics
+        from .. import _metrics
     except ImportError as error:
         raise _Usage(
             f"--metrics-port needs prometheus_client ({error}); install attempt-kernel[metrics]"
@@ -1133,7 +1133,7 @@ def _logging_to_stdout(level: str) -> Generator[None, None, None]:
 def _journal_metrics(log: str) -> Callable[[], tuple[bytes, str]] | None:
     """The journal's gauges for `serve`'s ``/metrics``; None without the metrics extra (a 404 there)."""
     try:
-        from . import _metrics
+        from .. import _metrics
     except ImportError:
         return None
     return _metrics.metrics_app(log)
@@ -1147,7 +1147,7 @@ def _worker(args: argparse.Namespace) -> int:
     if not _is_url(url):
         return _worker_file(args)
     workflows = [load_target(t) for t in args.workflows]
-    from ._worker import WorkerDeclaredDead, run_worker
+    from ..postgres._worker import WorkerDeclaredDead, run_worker
 
     try:
         # Its lines (claims, takeovers, each state change) are log lines.
@@ -1173,7 +1173,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _pool(args: argparse.Namespace) -> int:
     url: str = args.url
     _needs_url(url, "pool")
-    from ._pools import set_pool
+    from ..postgres._pools import set_pool
 
     try:
         state = set_pool(url, args.name, args.slots)
@@ -1186,7 +1186,7 @@ def _pool(args: argparse.Namespace) -> int:
 def _pools(args: argparse.Namespace) -> int:
     url: str = args.url
     _needs_url(url, "pools")
-    from ._pools import list_pools
+    from ..postgres._pools import list_pools
 
     states = list_pools(url)
     if not states:
@@ -1201,7 +1201,7 @@ def _serve(args: argparse.Namespace) -> int:
     host: str = args.host
     port: int = args.port
     try:
-        from ._web import WebView, is_loopback, open_server, serve_until_stopped
+        from .._web import WebView, is_loopback, open_server, serve_until_stopped
     except ImportError as error:
         raise _Usage(f"serve needs Jinja2 ({error}); install attempt-kernel[web]") from None
     workflows = [load_target(t) for t in args.workflows]
