@@ -356,7 +356,7 @@ def test_reconcile_through_the_inbox_then_a_worker_finishes_the_run(tmp_path: Pa
 
     (gate / "open").touch()
     worker = cli(
-        tmp_path, "worker", LOG, "--workflows", "waitflows:BLOCKED", "waitflows:APPROVER",
+        tmp_path, "worker", LOG, "--workflows", "waitflows:BLOCKED", "--workflows", "waitflows:APPROVER",
         "--until-idle", WAIT_GATE=str(gate), WAIT_BOOK="book",
     )  # fmt: skip
     assert worker.returncode == 0, worker.stdout + worker.stderr

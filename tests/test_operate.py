@@ -306,7 +306,7 @@ def test_two_demos_started_together_never_pick_the_same_run_id(tmp_path: Path) -
 
 
 # --------------------------------------------------------------------------
-# recover LOG [--workflows MODULE:ATTR ...]
+# recover LOG [--workflows MODULE:ATTR]...
 # --------------------------------------------------------------------------
 
 

@@ -24,26 +24,29 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Generator, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from typing_extensions import assert_never, final
 
 from .. import _report, _table
-from .._codec import RunLogError, encode_record, strict_json
+from .._codec import RunLogError, encode_record, state_name, strict_json
 from .._version import __version__
 from .._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from .._errors import AttemptKernelError
+from .._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from .._executor import Job, RunsStopped, recorded_report, run_jobs
 from .._history import run_history
 from .._ledger import Ledger
 from .._observe import utc
-from .._logfile import FileLog, RunLogWriter
+from .._logfile import FileLog, RunLogWriter, open_regular
 from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
 from .._inbox import inbox_path, inbox_size, settle_inbox
 from .._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
 from .._records import (
     JSON, CorruptLine, IntentReconciled, LogItem, Record, RunStarted, SignalSent, TornTail, WaitStarted,
 )  # fmt: skip
+from .._outcome import RunReport
 from .._recovery import Recovery
 from .._replay import replay
 from .._report import shown
@@ -98,9 +101,9 @@ def _parser() -> argparse.ArgumentParser:
         "are a metric, attempt_kernel_log_violations), so that `replay --metrics LOG > f.tmp "
         "&& mv f.tmp f.prom` updates a textfile collector's file. The log is only read.",
     )
-    replay_cmd.add_argument("log", metavar="LOG", help="path of a run log (JSON Lines)")
+    replay_cmd.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     output = replay_cmd.add_mutually_exclusive_group()
-    output.add_argument("--json", action="store_true", help="print the report as JSON")
+    output.add_argument("--json", action="store_true", help=_JSON_HELP)
     output.add_argument(
         "--metrics", action="store_true",
         help="print OpenMetrics text for a scraper, every sample labelled journal=LOG",
@@ -115,12 +118,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--log", default="demo-run.jsonl", metavar="PATH",
-        help="run log to append to (default: demo-run.jsonl; created if missing)",
+        help="run log file to append to (default: demo-run.jsonl; created if missing; a file,"
+        " not a postgresql:// URL)",
     )  # fmt: skip
     demo.add_argument(
         "--crash-after", type=_positive_int, metavar="N",
         help="die abruptly (SIGKILL) right after the N-th record is written, as a crash would",
     )  # fmt: skip
+    demo.add_argument("--json", action="store_true", help=_JSON_HELP)
     demo.add_argument(
         "--seed", type=int, default=0, metavar="S",
         help="seed for the simulated tools' latencies (default 0)",
@@ -138,8 +143,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("target", metavar="MODULE:ATTR", help="the workflow, e.g. flows:orders")
     run.add_argument(
-        "--log", metavar="PATH",
-        help="run log to append to (default: <workflow name>.jsonl; created if missing)",
+        "--log", metavar="LOG|URL",
+        help="run log file to append to (default: <workflow name>.jsonl; created if missing),"
+        " or a PostgreSQL journal's postgresql:// URL",
     )  # fmt: skip
     run.add_argument(
         "--run", metavar="ID", dest="run_id",
@@ -148,6 +154,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--input", metavar="JSON", help="the run's input, as JSON (steps see it as ctx.input)"
     )
+    run.add_argument("--json", action="store_true", help=_JSON_HELP)
     recover = commands.add_parser(
         "recover",
         help="recover a log after a crash and resume its unfinished runs",
@@ -160,11 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         "valid, 1 if not, 2 for usage or I/O errors or a log that cannot be recovered, "
         "130/143 when stopped by SIGINT/SIGTERM.",
     )
-    recover.add_argument("log", metavar="LOG", help="path of the run log to recover")
+    recover.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     recover.add_argument(
-        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
-        help="your workflows, beside the built-in demo's",
+        "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
+        help="your workflows, beside the built-in demo's" + _REPEAT,
     )  # fmt: skip
+    recover.add_argument("--json", action="store_true", help=_JSON_HELP)
     runs = commands.add_parser(
         "runs",
         help="list the runs in a log and where each stands",
@@ -177,8 +185,8 @@ def _parser() -> argparse.ArgumentParser:
         "runs' summaries answer, not a read of the whole journal. The log is only read. "
         "Exit 0, or 2 for usage or I/O errors (a bad filter reads nothing).",
     )
-    runs.add_argument("log", metavar="LOG|URL", help="path of a run log, or postgresql://...")
-    runs.add_argument("--json", action="store_true", help="print one JSON object")
+    runs.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
+    runs.add_argument("--json", action="store_true", help=_JSON_HELP)
     runs.add_argument(
         "--status", type=_statuses, action="append", metavar="STATUS",
         help="only runs with this status; repeat it or give a comma list (failed,cancelled)",
@@ -204,9 +212,9 @@ def _parser() -> argparse.ArgumentParser:
         "(shortened) and errors, intents with their keys and states, and who reconciled "
         "what. The log is only read. Exit 0, or 2 for usage or I/O errors or an unknown run.",
     )
-    show.add_argument("log", metavar="LOG", help="path of a run log")
+    show.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     show.add_argument("run", metavar="RUN", help="the run's id")
-    show.add_argument("--json", action="store_true", help="print one JSON object")
+    show.add_argument("--json", action="store_true", help=_JSON_HELP)
     reconcile = commands.add_parser(
         "reconcile",
         help="resolve an outstanding intent after asking the downstream system",
@@ -219,7 +227,7 @@ def _parser() -> argparse.ArgumentParser:
         "process is writing the log file, the reconciliation waits in the log's inbox "
         "(LOG.inbox) and that process takes it in within about a second.",
     )
-    reconcile.add_argument("log", metavar="LOG", help="path of the run log")
+    reconcile.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     reconcile.add_argument("--key", required=True, metavar="KEY", help="the intent's idempotency key")
     answer = reconcile.add_mutually_exclusive_group(required=True)
     answer.add_argument("--confirmed", action="store_true", help="the effect happened")
@@ -228,6 +236,7 @@ def _parser() -> argparse.ArgumentParser:
         "--result", metavar="JSON", help="with --confirmed: the effect's result, as JSON"
     )
     reconcile.add_argument("--note", default="", metavar="TEXT", help="why, for the record")
+    reconcile.add_argument("--json", action="store_true", help=_JSON_HELP)
     signal_cmd = commands.add_parser(
         "signal",
         help="send a signal to a run (it may wait for it with run.wait_for_signal)",
@@ -237,10 +246,11 @@ def _parser() -> argparse.ArgumentParser:
         "Durable when this returns. Exit 0, or 2 for an unknown or finished run, a bad name "
         "or payload, or other usage or I/O errors (nothing is written then).",
     )
-    signal_cmd.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
+    signal_cmd.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     signal_cmd.add_argument("run", metavar="RUN", help="the run's id")
     signal_cmd.add_argument("name", metavar="NAME", help="the signal's name")
     signal_cmd.add_argument("--payload", metavar="JSON", help="the signal's value, as JSON (default {})")
+    signal_cmd.add_argument("--json", action="store_true", help=_JSON_HELP)
     cancel = commands.add_parser(
         "cancel",
         help="cancel a run from outside",
@@ -251,9 +261,10 @@ def _parser() -> argparse.ArgumentParser:
         "and that process takes it in within about a second. Exit 0, or 2 for an unknown "
         "or finished run, or other usage or I/O errors (nothing is written then).",
     )
-    cancel.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
+    cancel.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     cancel.add_argument("run", metavar="RUN", help="the run's id")
     cancel.add_argument("--reason", default="", metavar="TEXT", help="why, for the record")
+    cancel.add_argument("--json", action="store_true", help=_JSON_HELP)
     resume = commands.add_parser(
         "resume",
         help="resume one unfinished run that no process drives",
@@ -264,12 +275,13 @@ def _parser() -> argparse.ArgumentParser:
         "reconciliation first, one a process drives already, or other usage or I/O errors "
         "(nothing is written then).",
     )
-    resume.add_argument("log", metavar="LOG", help="path of the run log, or postgresql://...")
+    resume.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     resume.add_argument("run", metavar="RUN", help="the run's id")
     resume.add_argument(
-        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
-        help="on a log file: the run's workflow (beside the built-in demo's)",
+        "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
+        help="on a log file: the run's workflow (beside the built-in demo's)" + _REPEAT,
     )  # fmt: skip
+    resume.add_argument("--json", action="store_true", help=_JSON_HELP)
     export = commands.add_parser(
         "export",
         help="write a journal (a PostgreSQL URL, or a log file) as a JSON Lines run log",
@@ -278,7 +290,7 @@ def _parser() -> argparse.ArgumentParser:
         "numbered 1, 2, ... in journal order, each with its checksum. Exit 0, or 2 for "
         "usage or I/O errors (a corrupt record is refused, naming it).",
     )
-    export.add_argument("log", metavar="URL", help="postgresql://... (or a log file)")
+    export.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     export.add_argument("--run", metavar="ID", help="only this run's records")
     submit = commands.add_parser(
         "submit",
@@ -287,10 +299,11 @@ def _parser() -> argparse.ArgumentParser:
         "the PostgreSQL journal at URL; a worker claims it. Prints the run id. Exit 0, or 2 "
         "for usage or I/O errors (an id already in the journal is refused).",
     )
-    submit.add_argument("url", metavar="URL", help="postgresql://...")
+    submit.add_argument("url", metavar="URL", help=_URL_HELP)
     submit.add_argument("target", metavar="MODULE:ATTR", help="the workflow, e.g. flows:orders")
     submit.add_argument("--run", metavar="ID", dest="run_id", help="the run's id (default: <workflow>-<random>)")
     submit.add_argument("--input", metavar="JSON", help="the run's input, as JSON")
+    submit.add_argument("--json", action="store_true", help=_JSON_HELP)
     worker = commands.add_parser(
         "worker",
         help="serve the runs of a PostgreSQL journal (beside other workers), or of a log file",
@@ -306,10 +319,10 @@ def _parser() -> argparse.ArgumentParser:
         "and hand its runs back. Exit 0 when stopped or idle (--until-idle), 1 when it was "
         "declared dead (another worker took its runs over), 2 for usage or I/O errors.",
     )
-    worker.add_argument("url", metavar="URL|LOG", help="postgresql://..., or a run log file")
+    worker.add_argument("url", metavar="LOG|URL", help=_LOG_HELP)
     worker.add_argument(
-        "--workflows", nargs="+", action="extend", required=True, metavar="MODULE:ATTR",
-        help="the workflows this worker can run",
+        "--workflows", type=_targets, action="extend", required=True, metavar="MODULE:ATTR",
+        help="the workflows this worker can run" + _REPEAT,
     )  # fmt: skip
     worker.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
                         help="runs driven at once (default 4)")  # fmt: skip
@@ -336,16 +349,18 @@ def _parser() -> argparse.ArgumentParser:
         "whatever the number of workers. 0 pauses the pool; shrinking stops no running "
         "attempt. Prints the pool. Exit 0, or 2 for usage or I/O errors.",
     )
-    pool.add_argument("url", metavar="URL", help="postgresql://...")
+    pool.add_argument("url", metavar="URL", help=_URL_HELP)
     pool.add_argument("name", metavar="NAME", help="the pool's name")
     pool.add_argument("--slots", type=_non_negative_int, required=True, metavar="N",
                       help="how many attempts of the pool may run at once")  # fmt: skip
+    pool.add_argument("--json", action="store_true", help=_JSON_HELP)
     pools = commands.add_parser(
         "pools",
         help="list the pools of a PostgreSQL journal",
         description="One line per pool: its name, its size and how many slots are held now.",
     )
-    pools.add_argument("url", metavar="URL", help="postgresql://...")
+    pools.add_argument("url", metavar="URL", help=_URL_HELP)
+    pools.add_argument("--json", action="store_true", help=_JSON_HELP)
     serve = commands.add_parser(
         "serve",
         help="a web view of the runs, with the operator's actions (needs attempt-kernel[web])",
@@ -358,15 +373,35 @@ def _parser() -> argparse.ArgumentParser:
         "when stopped, 2 for usage or I/O errors (a port in use, no Jinja2: install "
         "attempt-kernel[web]).",
     )
-    serve.add_argument("log", metavar="LOG|URL", help="a run log file, or postgresql://...")
+    serve.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_non_negative_int, default=8421, metavar="N",
                        help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
     serve.add_argument(
-        "--workflows", nargs="+", action="extend", default=[], metavar="MODULE:ATTR",
-        help="workflows that resume may drive in this process (a file log)",
+        "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
+        help="workflows that resume may drive in this process (a file log)" + _REPEAT,
     )  # fmt: skip
     return parser
+
+
+_LOG_HELP: Final = "a run log file, or a PostgreSQL journal's postgresql:// URL"
+_URL_HELP: Final = "a PostgreSQL journal's postgresql:// URL (this command has no log file form)"
+_JSON_HELP: Final = "print one JSON object on stdout (its keys: docs/cli.md, \"JSON output\")"
+_REPEAT: Final = "; one MODULE:ATTR a flag, repeat it for more (or a comma list: a:x,b:y)"
+
+
+def _targets(text: str) -> list[str]:
+    """One ``--workflows`` value: MODULE:ATTR, or several joined by commas (each checked
+    for its shape here; imported by `load_target` once the arguments are parsed)."""
+    targets = [part.strip() for part in text.split(",")]
+    for target in targets:
+        module_name, sep, attr = target.partition(":")
+        if not sep or not module_name or not attr:
+            raise argparse.ArgumentTypeError(
+                f"{target!r} is not MODULE:ATTR (for example flows:orders; give one a flag:"
+                " --workflows a:x --workflows b:y)"
+            )
+    return targets
 
 
 def _positive_float(text: str) -> float:
@@ -596,6 +631,75 @@ def _replay_and_print(log: str) -> int:
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
 
 
+# --------------------------------------------------------------------------
+# --json: one JSON object on stdout (its keys are listed in docs/cli.md,
+# "JSON output"); errors still go to stderr, with the same exit codes.
+# --------------------------------------------------------------------------
+
+
+def _print_json(doc: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def _replay_json(log: str) -> tuple[dict[str, object], int]:
+    """`replay --json`'s object for the log as it is now, and the exit code `replay` gives."""
+    report = replay(_source(log))
+    doc: dict[str, object] = json.loads(_report.as_json(report, _redacted(log)))
+    return doc, EXIT_OK if report.valid else EXIT_VIOLATIONS
+
+
+def _run_json(report: RunReport) -> dict[str, object]:
+    """A run's report: what `run_text` prints, as keys."""
+    return {
+        "run": report.run,
+        "workflow": report.workflow,
+        "status": report.status,
+        "steps": [
+            {
+                "step": step.step,
+                "state": None if step.state is None else state_name(step.state),
+                "attempts": step.attempts,
+                "error": step.error,
+                "outstanding_keys": list(step.outstanding),
+            }
+            for step in report.steps
+        ],
+        "result": report.result,
+        "error": report.error,
+    }
+
+
+def _asked_json(recovery: Recovery) -> list[dict[str, object]]:
+    out: list[dict[str, object]] = []
+    for asked in recovery.asked:
+        finding = asked.finding
+        match finding:
+            case EffectHappened():
+                found, reason = "happened", None
+            case EffectNotHappened():
+                found, reason = "not-happened", None
+            case EffectUnknown():
+                found, reason = "unknown", finding.reason or None
+            case _:
+                assert_never(finding)
+        out.append({
+            "run": asked.run, "step": asked.step, "attempt": asked.attempt, "intent": asked.intent,
+            "key": asked.key, "finding": found, "reason": reason,
+        })  # fmt: skip
+    return out
+
+
+def _orphans_json(recovery: Recovery) -> list[dict[str, object]]:
+    return [
+        {
+            "run": o.run, "step": o.step, "attempt": o.attempt, "from": state_name(o.from_state),
+            "to": state_name(o.to_state), "outstanding_keys": list(o.outstanding),
+        }
+        for o in recovery.orphans
+    ]  # fmt: skip
+
+
 def _stopped(command: str, error: RunsStopped, resume: str) -> int:
     runs = ", ".join(shown(r.run) for r in error.reports) or "none"
     name = signal.Signals(error.signal).name
@@ -609,6 +713,9 @@ def _stopped(command: str, error: RunsStopped, resume: str) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     log_path: str = args.log
+    as_json: bool = args.json
+    if _is_url(log_path):
+        raise _Usage(f"demo writes a run log file, not a PostgreSQL journal: {_redacted(log_path)!r}")
     ops = _CrashAfter(args.crash_after) if args.crash_after is not None else None
     blueprint = WORKFLOWS[TRIP_PLANNER](args.seed)
     with RunLogWriter(log_path, ops=ops) as log, _settled(log_path):
@@ -618,10 +725,11 @@ def _demo(args: argparse.Namespace) -> int:
             if isinstance(item, Record) and isinstance(item.change, RunStarted)
         )  # fmt: skip
         run = f"trip-{existing + 1}"
-        print(
-            f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(_redacted(log_path))}",
-            flush=True,
-        )
+        if not as_json:
+            print(
+                f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(_redacted(log_path))}",
+                flush=True,
+            )
         try:
             [outcome] = run_jobs(
                 log,
@@ -632,6 +740,10 @@ def _demo(args: argparse.Namespace) -> int:
             )
         except RunsStopped as error:
             return _stopped("demo", error, f"attempt-kernel recover {_redacted(log_path)}")
+    if as_json:
+        checked, code = _replay_json(log_path)
+        _print_json({"log": log_path, **_run_json(outcome), "replay": checked})
+        return code
     sys.stdout.write(_report.run_text(outcome))
     return _replay_and_print(log_path)
 
@@ -644,6 +756,7 @@ def _folded(log: Journal) -> Ledger:
 
 def _run(args: argparse.Namespace) -> int:
     target: str = args.target
+    as_json: bool = args.json
     workflow = load_target(target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
@@ -665,19 +778,23 @@ def _run(args: argparse.Namespace) -> int:
                     f"run {run!r} in {_redacted(log_path)} belongs to workflow {known.workflow!r},"
                     f" not {workflow.name!r}; pick another --run"
                 )
+            report = recorded_report(log, workflow, run)
+            if as_json:
+                _print_json({"log": _redacted(log_path), "ran": False, **_run_json(report)})
+            else:
+                print(
+                    f"run {shown(run)} already finished in {shown(_redacted(log_path))}; nothing was"
+                    " run again. Its recorded report:",
+                    flush=True,
+                )
+                sys.stdout.write(_report.run_text(report))
+            return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
+        if not as_json:
             print(
-                f"run {shown(run)} already finished in {shown(_redacted(log_path))}; nothing was run"
-                " again. Its recorded report:",
+                f"starting run {shown(run)} of workflow {shown(workflow.name)},"
+                f" appending to {shown(_redacted(log_path))}",
                 flush=True,
             )
-            report = recorded_report(log, workflow, run)
-            sys.stdout.write(_report.run_text(report))
-            return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
-        print(
-            f"starting run {shown(run)} of workflow {shown(workflow.name)},"
-            f" appending to {shown(_redacted(log_path))}",
-            flush=True,
-        )
         try:
             [report] = run_jobs(
                 log,
@@ -685,11 +802,14 @@ def _run(args: argparse.Namespace) -> int:
                 progress=_progress(),
                 stop_on_signals=True,
                 grace=GRACE,
-                on_wait=_announce_waits(log_path),
+                on_wait=None if as_json else _announce_waits(log_path),
             )
         except RunsStopped as error:
             return _stopped("run", error, f"attempt-kernel recover {_redacted(log_path)} --workflows {target}")
-    sys.stdout.write(_report.run_text(report))
+    if as_json:
+        _print_json({"log": _redacted(log_path), "ran": True, **_run_json(report)})
+    else:
+        sys.stdout.write(_report.run_text(report))
     return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
 
 
@@ -710,7 +830,12 @@ def _recover(args: argparse.Namespace) -> int:
     # worker's; recovering it here would end its live attempts as orphans.
     held = held_runs(log_path) if _is_url(log_path) else None
 
+    as_json: bool = args.json
+    taken_up: list[Recovery] = []
+
     def print_recovery(recovery: Recovery) -> None:
+        if as_json:
+            return
         if held and recovery.changed_nothing:  # "every run has finished" would be false
             sys.stdout.write(
                 f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live worker"
@@ -722,17 +847,23 @@ def _recover(args: argparse.Namespace) -> int:
         _announce_resumed_waits(log_path, recovery)
 
     def print_taken_up(done: Recovery) -> None:
-        sys.stdout.write(_report.taken_up_text(done))
-        sys.stdout.flush()
+        taken_up.append(done)
+        if not as_json:
+            sys.stdout.write(_report.taken_up_text(done))
+            sys.stdout.flush()
 
-    for run in sorted(held or ()):
-        print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
+    if not as_json:
+        for run in sorted(held or ()):
+            print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
+    taken_in: list[str] = []
     if _is_url(log_path):
         # What operators sent while a worker that has died drove its run.
         from ..postgres._deliver import take_in_pg
 
-        for line in take_in_pg(log_path, skip=held or frozenset()):
-            print(f"recover: {shown(line)}")
+        taken_in = list(take_in_pg(log_path, skip=held or frozenset()))
+        if not as_json:
+            for line in taken_in:
+                print(f"recover: {shown(line)}")
     try:
         resumed = resume_log(
             _pg(log_path) if _is_url(log_path) else log_path,
@@ -744,10 +875,34 @@ def _recover(args: argparse.Namespace) -> int:
             grace=GRACE,
             on_recovered=print_recovery,
             on_taken_up=print_taken_up,
-            on_wait=_announce_waits(log_path),
+            on_wait=None if as_json else _announce_waits(log_path),
         )
     except RunsStopped as error:
         return _stopped("recover", error, f"attempt-kernel recover {_redacted(log_path)}{extra}")
+    if as_json:
+        recovery = resumed.recovery
+        tail = recovery.torn_tail
+        checked, code = _replay_json(log_path)
+        _print_json({
+            "log": _redacted(log_path),
+            "changed_nothing": recovery.changed_nothing and not taken_up,
+            "left_alone": sorted(held or ()),
+            "taken_in": taken_in,
+            "torn_tail": None if tail is None else {
+                "line": tail.line, "offset": tail.offset, "length": tail.length,
+                "side_file": None if recovery.side_file is None else str(recovery.side_file),
+            },
+            "asked": [a for done in (recovery, *taken_up) for a in _asked_json(done)],
+            "orphans_ended": [o for done in (recovery, *taken_up) for o in _orphans_json(done)],
+            "closed": list(recovery.closed),
+            "resumed": [{"run": r.run, "workflow": r.workflow} for r in recovery.runs],
+            "reports": [_run_json(report) for report in resumed.reports],
+            "diverged": [{"run": d.run, "error": str(d)} for d in resumed.diverged],
+            "replay": checked,
+        })  # fmt: skip
+        for diverged in resumed.diverged:
+            sys.stderr.write(f"attempt-kernel recover: error: {shown(str(diverged))}\n")
+        return EXIT_USAGE if resumed.diverged else code
     for report in resumed.reports:
         sys.stdout.write(_report.run_text(report))
     code = _replay_and_print(log_path)
@@ -773,10 +928,10 @@ def _runs(args: argparse.Namespace) -> int:
     only = _run_filter(args)
     rows, violations = listed_runs(log_path, only)
     if args.json:
-        sys.stdout.write(_report.runs_json(rows, log_path, violations))
+        sys.stdout.write(_report.runs_json(rows, _redacted(log_path), violations))
     else:
         filtered = only != RunFilter()
-        sys.stdout.write(_report.runs_text(rows, log_path, violations, filtered=filtered))
+        sys.stdout.write(_report.runs_text(rows, _redacted(log_path), violations, filtered=filtered))
     return EXIT_OK
 
 
@@ -864,6 +1019,12 @@ def _signal(args: argparse.Namespace) -> int:
     )
     change = delivered.change
     assert isinstance(change, SignalSent)
+    if args.json:
+        _print_json({
+            "log": _redacted(log), "run": run, "signal": name, "payload": change.payload,
+            "recorded": delivered.recorded,
+        })  # fmt: skip
+        return EXIT_OK
     print(
         f"signal: signal {shown(repr(name))} for run {shown(run)}"
         f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered)}"
@@ -878,6 +1039,9 @@ def _cancel(args: argparse.Namespace) -> int:
     log: str = args.log
     run: str = args.run
     delivered, ledger = _deliver_cli(log, lambda ledger: (run, cancel_change(ledger, run, args.reason)), run)
+    if args.json:
+        _print_json({"log": _redacted(log), "run": run, "reason": args.reason, "recorded": delivered.recorded})
+        return EXIT_OK
     print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered)}")
     if delivered.recorded and not _is_url(log):
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
@@ -889,7 +1053,11 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     run: str = args.run
     targets: list[str] = args.workflows
     workflows = [WORKFLOWS[TRIP_PLANNER](0).workflow, *(load_target(t) for t in targets)]
-    print(f"resume: {shown(resume_run(log, run, workflows))}")
+    done = resume_run(log, run, workflows)
+    if args.json:
+        _print_json({"log": _redacted(log), "run": run, "resumed": done})
+    else:
+        print(f"resume: {shown(done)}")
     return EXIT_OK
 
 
@@ -911,11 +1079,18 @@ def _reconcile(args: argparse.Namespace) -> int:
     verdict = "Confirmed (it happened)" if confirmed else "Rejected (it did not happen)"
     where = f"intent {shown(change.name)} of run {shown(view.run)} / step {shown(change.step)}"
     where += f" #{change.attempt} ({shown(key)})"
+    left = [k for k in view.outstanding() if k != key]
+    if args.json:
+        _print_json({
+            "log": _redacted(log_path), "run": view.run, "step": change.step, "attempt": change.attempt,
+            "intent": change.name, "key": key, "verdict": "confirmed" if confirmed else "rejected",
+            "result": result, "recorded": delivered.recorded, "still_outstanding": left,
+        })  # fmt: skip
+        return EXIT_OK
     if not delivered.recorded:
         print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered)}")
         return EXIT_OK
     print(f"reconcile: {where} is now {verdict}")
-    left = [k for k in view.outstanding() if k != key]
     if left:
         print(f"  still outstanding in run {shown(view.run)}: {', '.join(shown(k) for k in left)}")
     else:
@@ -973,7 +1148,11 @@ def _submit(args: argparse.Namespace) -> int:
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     from ..postgres._worker import submit_run
 
-    print(submit_run(url, workflow.name, args.run_id, run_input))
+    run = submit_run(url, workflow.name, args.run_id, run_input)
+    if args.json:
+        _print_json({"log": _redacted(url), "run": run, "workflow": workflow.name})
+    else:
+        print(run)
     return EXIT_OK
 
 
@@ -1010,7 +1189,7 @@ def _worker_file(args: argparse.Namespace) -> int:
     names = {w.name for w in workflows}
     if len(names) < len(workflows):
         raise _Usage("two of the --workflows have the same name")
-    again = f"attempt-kernel worker {shlex.quote(log)} --workflows {' '.join(targets)}"
+    again = f"attempt-kernel worker {shlex.quote(log)}" + "".join(f" --workflows {shlex.quote(t)}" for t in targets)
     caught: list[int] = []
 
     def on_signal(number: int, frame: object) -> None:
@@ -1179,6 +1358,9 @@ def _pool(args: argparse.Namespace) -> int:
         state = set_pool(url, args.name, args.slots)
     except ValueError as error:
         raise _Usage(str(error)) from None
+    if args.json:
+        _print_json({"log": _redacted(url), "pool": state.name, "slots": state.slots, "held": state.held})
+        return EXIT_OK
     print(f"pool {shown(state.name)}: {state.slots} slots, {state.held} held")
     return EXIT_OK
 
@@ -1189,6 +1371,10 @@ def _pools(args: argparse.Namespace) -> int:
     from ..postgres._pools import list_pools
 
     states = list_pools(url)
+    if args.json:
+        pools = [{"pool": state.name, "slots": state.slots, "held": state.held} for state in states]
+        _print_json({"log": _redacted(url), "pools": pools})
+        return EXIT_OK
     if not states:
         print(f"no pools in {_redacted(url)} (`attempt-kernel pool URL NAME --slots N` makes one)")
     for state in states:
@@ -1205,8 +1391,10 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise _Usage(f"serve needs Jinja2 ({error}); install attempt-kernel[web]") from None
     workflows = [load_target(t) for t in args.workflows]
-    if not _is_url(log) and not os.path.isfile(log):
-        raise _Usage(f"no run log file {log!r} (serve reads a log that exists)")
+    if not _is_url(log):
+        if not os.path.exists(log):
+            raise _Usage(f"no run log file {log!r} (serve reads a log that exists)")
+        os.close(open_regular(Path(log), os.O_RDONLY, "for reading"))  # a FIFO, a folder: refused
     if _is_url(log):
         journal = _pg_journal(log)
         source: LogSource = journal
