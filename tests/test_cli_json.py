@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -25,17 +26,18 @@ ALL_STATES_ZERO = {
 }  # fmt: skip
 
 
-def one_object(capsys: pytest.CaptureFixture[str]) -> object:
+def one_object(capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
     """What the command printed: exactly one JSON object and nothing else on stdout."""
     out = capsys.readouterr().out
     assert out.startswith("{") and out.endswith("}\n"), out
-    return json.loads(out)
+    doc = json.loads(out)
+    return cast("dict[str, object]", doc)
 
 
 def test_run_json_is_the_report_and_says_it_ran(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "g.jsonl"
     assert main(["run", "cliflows:GREETER", "--log", str(log), "--input", '"ada"', "--json"]) == 0
-    report = {
+    report: dict[str, object] = {
         "run": "greeter-1",
         "workflow": "greeter",
         "status": "succeeded",
@@ -75,7 +77,7 @@ def test_signal_then_recover_json(tmp_path: Path, capsys: pytest.CaptureFixture[
         "log": str(log), "run": RUN, "signal": "approve", "payload": {"by": "ana"}, "recorded": True,
     }  # fmt: skip
     assert main(["recover", "--workflows", "waitflows:APPROVER", str(log), "--json"]) == 0
-    ok = {"error": None, "outstanding_keys": [], "state": "Succeeded", "attempts": 1}
+    ok: dict[str, object] = {"error": None, "outstanding_keys": [], "state": "Succeeded", "attempts": 1}
     assert one_object(capsys) == {
         "log": str(log),
         "changed_nothing": False,
@@ -121,7 +123,6 @@ def test_recover_json_of_a_log_with_nothing_to_do(tmp_path: Path, capsys: pytest
     log.write_bytes(b"")
     assert main(["recover", str(log), "--json"]) == 0
     doc = one_object(capsys)
-    assert isinstance(doc, dict)
     assert doc["changed_nothing"] is True
     assert doc["resumed"] == [] and doc["reports"] == []
     assert doc["replay"] == {
@@ -170,11 +171,9 @@ def test_demo_json_holds_the_run_and_the_replay(tmp_path: Path, capsys: pytest.C
     log = tmp_path / "demo.jsonl"
     assert main(["demo", "--log", str(log), "--json"]) == 0
     doc = one_object(capsys)
-    assert isinstance(doc, dict)
     assert list(doc) == ["log", "run", "workflow", "status", "steps", "result", "error", "replay"]
     assert (doc["log"], doc["run"], doc["workflow"], doc["status"]) == (str(log), "trip-1", "trip-planner", "cancelled")
-    steps = doc["steps"]
-    assert isinstance(steps, list)
+    steps = cast("list[dict[str, object]]", doc["steps"])
     assert [(s["step"], s["state"], s["attempts"]) for s in steps] == [
         ("fetch-profile", "Succeeded", 1),
         ("search-flights", "Succeeded", 2),
@@ -217,7 +216,6 @@ def test_an_error_under_json_prints_nothing_on_stdout_and_exits_2(
 def test_submit_pool_pools_and_show_json_on_postgresql(db: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["submit", db, "cliflows:GREETER", "--input", '"bo"', "--json"]) == 0
     submitted = one_object(capsys)
-    assert isinstance(submitted, dict)
     assert list(submitted) == ["log", "run", "workflow"]
     assert submitted["workflow"] == "greeter"
     run = submitted["run"]
@@ -236,7 +234,7 @@ def test_submit_pool_pools_and_show_json_on_postgresql(db: str, capsys: pytest.C
     }  # fmt: skip
     assert main(["resume", db, "mine", "--json"]) == 0
     resumed = one_object(capsys)
-    assert isinstance(resumed, dict) and list(resumed) == ["log", "run", "resumed"]
+    assert list(resumed) == ["log", "run", "resumed"]
     assert (resumed["log"], resumed["run"]) == (db, "mine")
     assert main(["submit", db, "cliflows:GREETER", "--run", "mine", "--json"]) == 2
     captured = capsys.readouterr()

@@ -381,6 +381,9 @@ def _parser() -> argparse.ArgumentParser:
         "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
         help="workflows that resume may drive in this process (a file log)" + _REPEAT,
     )  # fmt: skip
+    for command_parser in commands.choices.values():
+        # So that an error found later is told in the command's name, as argparse tells its own.
+        command_parser.set_defaults(command_parser=command_parser)
     return parser
 
 
@@ -1450,7 +1453,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BROKEN_PIPE
 
 
+def _table_cmd(args: argparse.Namespace) -> int:
+    render = {"markdown": _table.markdown, "mermaid": _table.mermaid, "dot": _table.dot}
+    sys.stdout.write(render[args.format]())
+    return EXIT_OK
+
+
+def _replay_cmd(args: argparse.Namespace) -> int:
+    log: str = args.log
+    report = replay(_source(log))  # a RunLogError is a usage or I/O error: exit 2
+    if args.json:
+        sys.stdout.write(_report.as_json(report, _redacted(log)))
+    elif args.metrics:
+        sys.stdout.write(_report.as_metrics(report, _redacted(log)))
+        # Violations are a metric here: a scraper's file is updated with them.
+        return EXIT_OK
+    else:
+        sys.stdout.write(_report.as_text(report, _redacted(log)))
+    return EXIT_OK if report.valid else EXIT_VIOLATIONS
+
+
 _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
+    "table": _table_cmd,
+    "replay": _replay_cmd,
     "demo": _demo,
     "run": _run,
     "recover": _recover,
@@ -1470,32 +1495,20 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    args = _parser().parse_args(argv)
+    args, extra = _parser().parse_known_args(argv)
     command: str = args.command
-    if command == "table":
-        render = {"markdown": _table.markdown, "mermaid": _table.mermaid, "dot": _table.dot}
-        sys.stdout.write(render[args.format]())
-        return EXIT_OK
-    if command == "replay":
-        try:
-            report = replay(_source(args.log))
-        except RunLogError as error:
-            print(f"attempt-kernel replay: error: {shown(str(error))}", file=sys.stderr)
-            return EXIT_USAGE
-        if args.json:
-            sys.stdout.write(_report.as_json(report, _redacted(args.log)))
-        elif args.metrics:
-            sys.stdout.write(_report.as_metrics(report, _redacted(args.log)))
-            # Violations are a metric here: a scraper's file is updated with them.
-            return EXIT_OK
-        else:
-            sys.stdout.write(_report.as_text(report, _redacted(args.log)))
-        return EXIT_OK if report.valid else EXIT_VIOLATIONS
+    if extra:
+        # `attempt-kernel CMD: error: unrecognized arguments: ...`, not the top parser's
+        # `attempt-kernel: error:`, which would not say which command refused them.
+        command_parser: argparse.ArgumentParser = args.command_parser
+        command_parser.error(f"unrecognized arguments: {' '.join(extra)}")
     handler = _HANDLERS.get(command)
     if handler is None:  # argparse forbids it
         raise AssertionError(f"unhandled command {command!r}")
     try:
         return handler(args)
     except AttemptKernelError as error:
+        # One shape for every error found after parsing, as argparse's own last line:
+        # `attempt-kernel CMD: error: MESSAGE` on stderr, exit 2.
         print(f"attempt-kernel {command}: error: {shown(str(error))}", file=sys.stderr)
         return EXIT_USAGE
