@@ -304,3 +304,10 @@ def test_an_error_found_after_parsing_has_the_same_last_line(
     assert captured.out == ""
     assert last_error(captured.err, argv[0]) == message
     assert log.read_bytes() == b""
+
+
+def test_run_with_an_empty_id_creates_no_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "new.jsonl"
+    assert main(["run", FLOW, "--log", str(log), "--run", ""]) == 2
+    assert last_error(capsys.readouterr().err, "run") == "--run needs a non-empty id"
+    assert list(tmp_path.iterdir()) == []

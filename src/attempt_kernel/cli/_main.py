@@ -763,10 +763,10 @@ def _run(args: argparse.Namespace) -> int:
     workflow = load_target(target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
+    if args.run_id == "":  # refused before the log is created
+        raise _Usage("--run needs a non-empty id")
     with _journal(log_path, create=True) as log:
         run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name)
-        if not run:
-            raise _Usage("--run needs a non-empty id")
         ledger = Ledger()
         ledger.feed(log.read())
         known = ledger.run(run)
