@@ -121,8 +121,21 @@ def test_python_dash_m_runs_the_same_cli() -> None:
         ["pool", "postgresql://ak:secret@db/jobs", "llm", "--slots", "2"],
         ["pools", "postgresql://ak:secret@db/jobs"],
         ["runs", "postgresql://ak:secret@db/jobs"],
+        ["replay", "postgresql://ak:secret@db/jobs"],
+        ["recover", "postgresql://ak:secret@db/jobs", "--json"],
+        ["show", "postgresql://ak:secret@db/jobs", "r-1"],
+        ["reconcile", "postgresql://ak:secret@db/jobs", "--key", "k", "--rejected"],
+        ["signal", "postgresql://ak:secret@db/jobs", "r-1", "go"],
+        ["cancel", "postgresql://ak:secret@db/jobs", "r-1"],
+        ["resume", "postgresql://ak:secret@db/jobs", "r-1"],
+        ["export", "postgresql://ak:secret@db/jobs"],
+        ["run", "m:a", "--log", "postgresql://ak:secret@db/jobs"],
+        ["serve", "postgresql://ak:secret@db/jobs"],
     ],
-    ids=["submit", "worker", "pool", "pools", "runs"],
+    ids=[
+        "submit", "worker", "pool", "pools", "runs", "replay", "recover", "show", "reconcile", "signal",
+        "cancel", "resume", "export", "run", "serve",
+    ],
 )  # fmt: skip
 @pytest.mark.slow  # a subprocess
 def test_a_url_without_the_postgres_extra_is_a_usage_error_naming_it(argv: list[str]) -> None:

@@ -1506,6 +1506,9 @@ def _main(argv: Sequence[str] | None) -> int:
     if handler is None:  # argparse forbids it
         raise AssertionError(f"unhandled command {command!r}")
     try:
+        for journal in (getattr(args, "log", None), getattr(args, "url", None)):
+            if isinstance(journal, str) and _is_url(journal) and command != "demo":
+                _needs_psycopg(journal)  # one message for every command given a URL without the extra
         return handler(args)
     except AttemptKernelError as error:
         # One shape for every error found after parsing, as argparse's own last line:
