@@ -23,6 +23,7 @@ from pgtools import sql_in
 from psycopg import sql
 from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
+from workerflows.waits import approver
 
 from attempt_kernel import replay
 from attempt_kernel.cli import main
@@ -324,3 +325,47 @@ def test_the_migrate_command_in_a_process_of_its_own(db: str, tmp_path: Path) ->
     failed = subprocess.run([*command, nowhere], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert failed.returncode == 2  # PgConnectFailed: an I/O error
     assert "attempt-kernel migrate: error: cannot connect to PostgreSQL at 127.0.0.1:1, database none" in failed.stderr
+
+
+@pytest.fixture
+def restricted_db(db: str) -> Iterator[Role]:
+    """`restricted`, for the database `db` (the commands know only the default schema)."""
+    name = f"r_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    yield Role(name, role_url(db, name))
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS attempt_kernel CASCADE"))
+        conn.execute(sql.SQL("DROP OWNED BY {r}").format(r=sql.Identifier(name)))
+        conn.execute(sql.SQL("DROP ROLE {r}").format(r=sql.Identifier(name)))
+
+
+def test_the_operators_commands_work_under_the_granted_role(
+    db: str, restricted_db: Role, downstream: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under the documented grants only: submit, runs that wait on a pool's slots, signal and
+    cancel to released runs, the workers that finish them, then runs and show."""
+    assert main(["migrate", db]) == 0
+    assert main(["pool", db, "llm", "--slots", "1"]) == 0  # sizing pools is the owner's here
+    grant(db, "attempt_kernel", restricted_db.name)
+    url = restricted_db.url
+    capsys.readouterr()
+    assert main(["submit", url, "workerflows.pay:PAY", "--run", "r1"]) == 0
+    for run in ("a1", "a2"):
+        assert main(["submit", url, "workerflows.waits:approver", "--run", run]) == 0
+    flows = [PAY, approver]
+    assert run_worker(url, flows, heartbeat=0.2, dead_after=0.8, stop_when_idle=True) == 1  # a1, a2 wait
+    assert main(["signal", url, "a1", "approve", "--payload", '"yes"']) == 0
+    assert main(["cancel", url, "a2", "--reason", "not needed"]) == 0
+    assert run_worker(url, flows, heartbeat=0.2, dead_after=0.8, stop_when_idle=True) == 2
+    capsys.readouterr()
+    assert main(["runs", url, "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted((row["run"], row["status"]) for row in listed["runs"]) == [
+        ("a1", "succeeded"), ("a2", "cancelled"), ("r1", "succeeded"),
+    ]  # fmt: skip
+    assert main(["show", url, "a1"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert "approve" in out
+    assert sql_in(db, "attempt_kernel", "SELECT count(*) FROM {s}.slots WHERE run IS NOT NULL") == [(0,)]

@@ -501,7 +501,7 @@ def usable(conn: object, action: str) -> psycopg.Connection[Any]:
         raise TypeError(
             f"{action}: expected a postgresql:// URL or a psycopg.Connection, got {type(conn).__name__}"
         )
-    checked = cast("psycopg.Connection[Any]", conn)  # its rows may be any type: none is read here
+    checked: psycopg.Connection[Any] = cast(Any, conn)  # its rows may be of any type: a caller's
     if checked.closed:
         raise PgJournalError(f"{action}: the connection given is closed")
     status = checked.info.transaction_status

@@ -316,9 +316,11 @@ def _submitted(
         with conn.cursor(row_factory=tuple_row) as cursor:
             row = cursor.execute(_statement(_SUBMIT, schema), values).fetchone()
     except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as error:
-        raise PgMigrationNeeded(0, PG_SCHEMA_VERSION, schema, f"{_NOT_ON_CALLERS} ({error})") from None
+        why = error.diag.message_primary or type(error).__name__
+        raise PgMigrationNeeded(0, PG_SCHEMA_VERSION, schema, f"{_NOT_ON_CALLERS} ({why})") from None
     except psycopg.errors.UndefinedColumn as error:  # a version 1 runs table: no queue yet
-        raise PgMigrationNeeded(None, PG_SCHEMA_VERSION, schema, f"{_NOT_ON_CALLERS} ({error})") from None
+        why = error.diag.message_primary or type(error).__name__
+        raise PgMigrationNeeded(None, PG_SCHEMA_VERSION, schema, f"{_NOT_ON_CALLERS} ({why})") from None
     except psycopg.Error as error:
         raise PgJournalError(f"queueing run {run_id!r} failed: {error}") from error
     if row is None or type(row[0]) is not int or type(row[1]) is not int:
