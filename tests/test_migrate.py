@@ -21,11 +21,13 @@ import psycopg
 import pytest
 from pgtools import sql_in
 from psycopg import sql
+from psycopg.rows import DictRow, dict_row
 from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
 from workerflows.waits import approver
 
-from attempt_kernel import replay
+from attempt_kernel import RunStarted, replay
+from attempt_kernel._codec import encode_record
 from attempt_kernel.cli import main
 from attempt_kernel.postgres import (
     PgJournal,
@@ -154,6 +156,15 @@ def test_migrate_on_a_callers_connection_commits_with_the_callers_transaction(pg
         assert migrate(conn, schema=schema) == 6
         conn.commit()
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == ALL_VERSIONS
+
+
+def test_migrate_on_a_connection_with_dict_rows_upgrades_a_version_5_journal(pg_url: str, schema: str) -> None:
+    """The caller's row factory is the caller's: the migration (its backfill too) reads tuples."""
+    version_5_journal(pg_url, schema)
+    sql_in(pg_url, schema, "INSERT INTO {s}.records (run, seq, line) VALUES ('a', 1, %s)", encode_record(1, 5, "a", RunStarted(workflow="w")))
+    with psycopg.Connection[DictRow].connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
+        assert migrate(conn, schema=schema) == 6
+    assert sql_in(pg_url, schema, "SELECT run, workflow, status FROM {s}.summaries") == [("a", "w", "interrupted")]
 
 
 def test_migrate_refuses_a_newer_schema_unchanged(pg_url: str, schema: str) -> None:

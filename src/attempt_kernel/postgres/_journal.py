@@ -54,7 +54,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import TransactionStatus
-from psycopg.rows import TupleRow
+from psycopg.rows import TupleRow, tuple_row
 from typing_extensions import LiteralString, Self, assert_never, final
 
 from .._codec import RunLogError, decode_line, encode_record
@@ -375,20 +375,21 @@ _MIGRATE_DENIED: Final = "this role may not create tables in it"
 
 def _version_in_place(conn: psycopg.Connection[TupleRow], schema: str) -> int:
     """The schema's journal version (0: no ``schema_version`` table); reads only, creates nothing."""
-    if not _bool_of(conn.execute(_VERSION_TABLE, (schema,)).fetchone()):
-        return 0
-    try:
-        row = conn.execute(
-            sql.SQL("SELECT coalesce(max(version), 0) FROM {s}.schema_version").format(
-                s=sql.Identifier(schema)
-            )
-        ).fetchone()
-    except psycopg.errors.InsufficientPrivilege as error:
-        raise PgJournalError(
-            f"this role may not read the journal in PostgreSQL schema {schema!r} ({_reason(error)});"
-            " grant it USAGE on the schema and the privileges on its tables that docs/design.md,"
-            ' "Roles and migrations", lists'
-        ) from None
+    with conn.cursor(row_factory=tuple_row) as cursor:  # whatever rows a caller's connection makes
+        if not _bool_of(cursor.execute(_VERSION_TABLE, (schema,)).fetchone()):
+            return 0
+        try:
+            row = cursor.execute(
+                sql.SQL("SELECT coalesce(max(version), 0) FROM {s}.schema_version").format(
+                    s=sql.Identifier(schema)
+                )
+            ).fetchone()
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise PgJournalError(
+                f"this role may not read the journal in PostgreSQL schema {schema!r} ({_reason(error)});"
+                " grant it USAGE on the schema and the privileges on its tables that docs/design.md,"
+                ' "Roles and migrations", lists'
+            ) from None
     return _int_of(row)
 
 
@@ -702,7 +703,8 @@ def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: st
     version 6 lists as it did.
     """
     s = sql.Identifier(schema)
-    per_run_after = _int_of(conn.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
+    with conn.cursor(row_factory=tuple_row) as head:  # whatever rows a caller's connection makes
+        per_run_after = _int_of(head.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
     insert = sql.SQL(
         "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
         " started_us, ended_us, domain_state, waiting_on, violations)"
@@ -723,7 +725,7 @@ def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: st
     fold = Ledger()
     numbering = _Numbering(per_run_after, journal=False)
     first_pos = position = 0
-    with conn.cursor(name="attempt_kernel_backfill") as rows:
+    with conn.cursor(name="attempt_kernel_backfill", row_factory=tuple_row) as rows:
         rows.itersize = READ_BATCH
         rows.execute(sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s))
         for row in rows:
