@@ -131,10 +131,11 @@ def test_python_dash_m_runs_the_same_cli() -> None:
         ["export", "postgresql://ak:secret@db/jobs"],
         ["run", "m:a", "--log", "postgresql://ak:secret@db/jobs"],
         ["serve", "postgresql://ak:secret@db/jobs"],
+        ["migrate", "postgresql://ak:secret@db/jobs"],
     ],
     ids=[
         "submit", "worker", "pool", "pools", "runs", "replay", "recover", "show", "reconcile", "signal",
-        "cancel", "resume", "export", "run", "serve",
+        "cancel", "resume", "export", "run", "serve", "migrate",
     ],
 )  # fmt: skip
 @pytest.mark.slow  # a subprocess

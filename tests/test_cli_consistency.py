@@ -37,6 +37,7 @@ JOURNAL_ARGUMENT: dict[str, str | None] = {
     "resume": "LOG|URL",
     "export": "LOG|URL",
     "submit": "URL",
+    "migrate": "URL",
     "worker": "LOG|URL",
     "pool": "URL",
     "pools": "URL",
@@ -205,12 +206,13 @@ WITH_A_FILE: dict[str, list[str] | None] = {
     "resume": ["resume", "{f}", "r-1"],
     "export": ["export", "{f}"],
     "submit": ["submit", "{f}", FLOW],
+    "migrate": ["migrate", "{f}"],
     "worker": ["worker", "{f}", "--workflows", FLOW, "--until-idle"],
     "pool": ["pool", "{f}", "llm", "--slots", "1"],
     "pools": ["pools", "{f}"],
     "serve": ["serve", "{f}", "--port", "0"],
 }
-URL_ONLY = {"submit", "pool", "pools"}
+URL_ONLY = {"submit", "migrate", "pool", "pools"}
 
 MISSING_ARGUMENT: dict[str, tuple[list[str], str]] = {
     "table": (["table", "--format"], "argument --format: expected one argument"),
@@ -226,6 +228,7 @@ MISSING_ARGUMENT: dict[str, tuple[list[str], str]] = {
     "resume": (["resume", "a.jsonl", "--workflows", FLOW], "the following arguments are required: RUN"),
     "export": (["export", "--run", "r-1"], "the following arguments are required: LOG|URL"),
     "submit": (["submit", "postgresql://db/jobs"], "the following arguments are required: MODULE:ATTR"),
+    "migrate": (["migrate", "--schema", "s1"], "the following arguments are required: URL"),
     "worker": (["worker", "a.jsonl"], "the following arguments are required: --workflows"),
     "pool": (["pool", "postgresql://db/jobs", "llm"], "the following arguments are required: --slots"),
     "pools": (["pools"], "the following arguments are required: URL"),

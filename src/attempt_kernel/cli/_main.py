@@ -341,6 +341,23 @@ def _parser() -> argparse.ArgumentParser:
                         help="with a URL: the least level of the lines it prints, each with its UTC"
                         " time and level (default info: claims, takeovers, every state change;"
                         " warning: what may need a person)")  # fmt: skip
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade the journal's tables in a PostgreSQL database",
+        description="Bring the journal's tables in schema S of the PostgreSQL database at URL "
+        "to the version this library writes, in one transaction under the schema's advisory "
+        "lock (several at once are safe: the others wait and find it done). Run it once, as "
+        "a role that may create tables there, before workers that run under a role without "
+        "that privilege (see docs/design.md, \"Roles and migrations\"). Prints the version "
+        "before and after; a schema already up to date is only read. Exit 0, or 2 for usage "
+        "or I/O errors (an unreachable database, a role that may not create the tables, "
+        "tables newer than this library).",
+    )
+    migrate.add_argument("url", metavar="URL", help=_URL_HELP)
+    migrate.add_argument("--schema", default="attempt_kernel", metavar="S",
+                         help="the PostgreSQL schema of the journal (default attempt_kernel)")  # fmt: skip
+    migrate.add_argument("--json", action="store_true",
+                         help="print one JSON object: schema, version_before, version_after")  # fmt: skip
     pool = commands.add_parser(
         "pool",
         help="create or resize a pool of slots shared by all workers",
@@ -1368,6 +1385,25 @@ def _pool(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    url: str = args.url
+    schema: str = args.schema
+    _needs_url(url, "migrate")
+    from ..postgres._journal import migrate_versions
+
+    try:
+        before, after = migrate_versions(url, schema=schema)
+    except ValueError as error:  # a schema name that is not an identifier
+        raise _Usage(f"--schema: {error}") from None
+    if args.json:
+        print(json.dumps({"schema": schema, "version_before": before, "version_after": after}))
+    elif before == after:
+        print(f"schema {shown(schema)}: at version {after}, up to date (nothing changed)")
+    else:
+        print(f"schema {shown(schema)}: migrated from version {before} to version {after}")
+    return EXIT_OK
+
+
 def _pools(args: argparse.Namespace) -> int:
     url: str = args.url
     _needs_url(url, "pools")
@@ -1488,6 +1524,7 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "export": _export,
     "submit": _submit,
     "worker": _worker,
+    "migrate": _migrate,
     "pool": _pool,
     "pools": _pools,
     "serve": _serve,
