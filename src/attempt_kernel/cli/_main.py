@@ -533,8 +533,21 @@ def _redacted(url: str) -> str:
 
 
 def _source(log: str) -> LogSource:
-    """What a reading command reads: a file, or the journal a URL names."""
+    """What a reading command reads: a file, or the journal a URL names (see `_reading`)."""
     return _pg(log) if _is_url(log) else FileLog(log)
+
+
+@contextlib.contextmanager
+def _reading(log: str) -> Generator[LogSource, None, None]:
+    """`_source` for one command: a journal's connections are closed when it is done."""
+    if not _is_url(log):
+        yield FileLog(log)
+        return
+    journal = _pg_journal(log)
+    try:
+        yield journal
+    finally:
+        journal.close()
 
 
 @contextlib.contextmanager
@@ -608,7 +621,8 @@ def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
 
 
 def _replay_and_print(log: str) -> int:
-    report = replay(_source(log))
+    with _reading(log) as source:
+        report = replay(source)
     sys.stdout.write("\n" + _report.as_text(report, _redacted(log)))
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
 
@@ -948,19 +962,20 @@ def _export(args: argparse.Namespace) -> int:
     only: str | None = args.run
     seq = 0
     out = sys.stdout.buffer
-    for item in _source(log).read():
-        match item:
-            case Record():
-                if only is not None and item.run != only:
-                    continue
-                seq += 1
-                out.write(encode_record(seq, item.time_us, item.run, item.change))
-            case CorruptLine():
-                raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
-            case TornTail():
-                pass  # never acknowledged: not part of the journal
-            case _:
-                assert_never(item)
+    with _reading(log) as source:
+        for item in source.read():
+            match item:
+                case Record():
+                    if only is not None and item.run != only:
+                        continue
+                    seq += 1
+                    out.write(encode_record(seq, item.time_us, item.run, item.change))
+                case CorruptLine():
+                    raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
+                case TornTail():
+                    pass  # never acknowledged: not part of the journal
+                case _:
+                    assert_never(item)
     out.flush()
     if only is not None and seq == 0:
         raise _Usage(f"no run {only!r} in {_redacted(log)}")
@@ -1327,7 +1342,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_OK
     if command == "replay":
         try:
-            report = replay(_source(args.log))
+            with _reading(args.log) as source:
+                report = replay(source)
         except RunLogError as error:
             print(f"attempt-kernel replay: error: {shown(str(error))}", file=sys.stderr)
             return EXIT_USAGE
