@@ -190,3 +190,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_waits.py")
     session.run("python", "benchmarks/bench_waits_file.py")
     session.run("python", "benchmarks/bench_runs_filter.py")
+    session.run("python", "benchmarks/bench_submit.py")

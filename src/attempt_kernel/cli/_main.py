@@ -571,8 +571,21 @@ def _redacted(url: str) -> str:
 
 
 def _source(log: str) -> LogSource:
-    """What a reading command reads: a file, or the journal a URL names."""
+    """What a reading command reads: a file, or the journal a URL names (see `_reading`)."""
     return _pg(log) if _is_url(log) else FileLog(log)
+
+
+@contextlib.contextmanager
+def _reading(log: str) -> Generator[LogSource, None, None]:
+    """`_source` for one command: a journal's connections are closed when it is done."""
+    if not _is_url(log):
+        yield FileLog(log)
+        return
+    journal = _pg_journal(log)
+    try:
+        yield journal
+    finally:
+        journal.close()
 
 
 @contextlib.contextmanager
@@ -646,7 +659,8 @@ def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
 
 
 def _replay_and_print(log: str) -> int:
-    report = replay(_source(log))
+    with _reading(log) as source:
+        report = replay(source)
     sys.stdout.write("\n" + _report.as_text(report, _redacted(log)))
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
 
@@ -664,7 +678,8 @@ def _print_json(doc: dict[str, object]) -> None:
 
 def _replay_json(log: str) -> tuple[dict[str, object], int]:
     """`replay --json`'s object for the log as it is now, and the exit code `replay` gives."""
-    report = replay(_source(log))
+    with _reading(log) as source:
+        report = replay(source)
     doc: dict[str, object] = json.loads(_report.as_json(report, _redacted(log)))
     return doc, EXIT_OK if report.valid else EXIT_VIOLATIONS
 
@@ -1126,19 +1141,20 @@ def _export(args: argparse.Namespace) -> int:
     only: str | None = args.run
     seq = 0
     out = sys.stdout.buffer
-    for item in _source(log).read():
-        match item:
-            case Record():
-                if only is not None and item.run != only:
-                    continue
-                seq += 1
-                out.write(encode_record(seq, item.time_us, item.run, item.change))
-            case CorruptLine():
-                raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
-            case TornTail():
-                pass  # never acknowledged: not part of the journal
-            case _:
-                assert_never(item)
+    with _reading(log) as source:
+        for item in source.read():
+            match item:
+                case Record():
+                    if only is not None and item.run != only:
+                        continue
+                    seq += 1
+                    out.write(encode_record(seq, item.time_us, item.run, item.change))
+                case CorruptLine():
+                    raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
+                case TornTail():
+                    pass  # never acknowledged: not part of the journal
+                case _:
+                    assert_never(item)
     out.flush()
     if only is not None and seq == 0:
         raise _Usage(f"no run {only!r} in {_redacted(log)}")
@@ -1497,7 +1513,8 @@ def _table_cmd(args: argparse.Namespace) -> int:
 
 def _replay_cmd(args: argparse.Namespace) -> int:
     log: str = args.log
-    report = replay(_source(log))  # a RunLogError is a usage or I/O error: exit 2
+    with _reading(log) as source:
+        report = replay(source)  # a RunLogError is a usage or I/O error: exit 2
     if args.json:
         sys.stdout.write(_report.as_json(report, _redacted(log)))
     elif args.metrics:
