@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (a valid log, a run that succeeded), 1 a log with
 violations or a run that did not succeed, 2 a usage or I/O error
-(argparse's convention for usage errors), 130 and 143 when SIGINT or
+(argparse's convention for usage errors), 3 the database a URL names is
+unavailable (it cannot be reached; a worker gave up reconnecting), 130 and 143 when SIGINT or
 SIGTERM stopped runs gracefully (128 + the signal), 141 when the reader of
 the output went away (a closed pipe). Names from a log are escaped where
 they are printed. Reading commands (``replay``, ``runs``, ``show``) work on
@@ -60,6 +61,8 @@ EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
 EXIT_NOT_SUCCEEDED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_DB_UNAVAILABLE: Final = 3
+"""The PostgreSQL a URL names cannot be reached (`PgConnectFailed`): retry later, unlike a usage error."""
 EXIT_BROKEN_PIPE: Final = 141
 """128 + SIGPIPE, what a shell reports for a writer whose reader went away."""
 GRACE: Final = 5.0
@@ -319,6 +322,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
                         help="exit once no run of these workflows is left unfinished")  # fmt: skip
+    worker.add_argument("--reconnect-for", type=_seconds, default=300.0, metavar="SECONDS",
+                        help="with a URL: how long to go on reconnecting to an unreachable database"
+                        " (also at the start) before exiting 3 (default 300; 0: never)")  # fmt: skip
     worker.add_argument("--metrics-port", type=_port, metavar="N",
                         help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port;"
                         " needs attempt-kernel[metrics])")  # fmt: skip
@@ -376,6 +382,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """``--reconnect-for``: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text}")
     return value
 
 
@@ -1162,6 +1179,7 @@ def _worker(args: argparse.Namespace) -> int:
                 stop_on_signals=True,
                 observers=() if exposition is None else (exposition.observer,),
                 watcher=None if exposition is None else exposition.watcher,
+                reconnect_for=args.reconnect_for,
             )
     except WorkerDeclaredDead as error:
         print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
@@ -1292,8 +1310,7 @@ def _main(argv: Sequence[str] | None) -> int:
         try:
             report = replay(_source(args.log))
         except RunLogError as error:
-            print(f"attempt-kernel replay: error: {shown(str(error))}", file=sys.stderr)
-            return EXIT_USAGE
+            return _error_exit(command, error)
         if args.json:
             sys.stdout.write(_report.as_json(report, _redacted(args.log)))
         elif args.metrics:
@@ -1309,5 +1326,17 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         return handler(args)
     except AttemptKernelError as error:
-        print(f"attempt-kernel {command}: error: {shown(str(error))}", file=sys.stderr)
-        return EXIT_USAGE
+        return _error_exit(command, error)
+
+
+def _error_exit(command: str, error: AttemptKernelError) -> int:
+    """Where an error becomes an exit: its message on stderr, and 3 for an
+    unreachable database (`PgConnectFailed`, a worker that gave up), else 2."""
+    print(f"attempt-kernel {command}: error: {shown(str(error))}", file=sys.stderr)
+    journal = sys.modules.get(_PG_JOURNAL)  # loaded if a URL was opened (psycopg is optional)
+    if journal is not None and isinstance(error, journal.PgConnectFailed):
+        return EXIT_DB_UNAVAILABLE
+    return EXIT_USAGE
+
+
+_PG_JOURNAL: Final = __name__.rsplit(".", 2)[0] + ".postgres._journal"
