@@ -306,8 +306,12 @@ def _parser() -> argparse.ArgumentParser:
         "clock, a fenced lease on each run it drives. It claims queued runs and takes over "
         "the runs of workers whose heartbeat is older than --dead-after (reconcilers first, "
         "then their orphans end as recovery ends them). SIGINT/SIGTERM stop it gracefully "
-        "and hand its runs back. Exit 0 when stopped or idle (--until-idle), 1 when it was "
-        "declared dead (another worker took its runs over), 2 for usage or I/O errors.",
+        "and hand its runs back. When the database goes away (a restart, its sessions "
+        "terminated, not up yet at the start) it drops its runs, reconnects with jittered "
+        "backoff (0.1 s doubling to 5 s) and goes on under a fresh id, its runs taken over "
+        "fenced. Exit 0 when stopped or idle (--until-idle), 1 when it was "
+        "declared dead (another worker took its runs over), 2 for usage or I/O errors, 3 when "
+        "the database stayed unreachable for --reconnect-for seconds.",
     )
     worker.add_argument("url", metavar="URL|LOG", help="postgresql://..., or a run log file")
     worker.add_argument(
