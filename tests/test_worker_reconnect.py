@@ -34,7 +34,7 @@ from psycopg import sql
 from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
 
-from attempt_kernel import AttemptTransitioned, Record, Running, Succeeded, replay
+from attempt_kernel import AttemptTransitioned, Dispatched, IntentChanged, Record, Running, Succeeded, replay
 from attempt_kernel.cli._main import main
 from attempt_kernel.postgres import Backoff, PgConnectFailed, Worker, run_worker
 from attempt_kernel.postgres._journal import DEFAULT_SCHEMA, PgJournal
@@ -306,7 +306,8 @@ def charging(url: str, runs: list[str]) -> Callable[[], bool]:
 
 
 def assert_every_run_succeeded_once(url: str, runs: list[str], downstream: Path) -> None:
-    """Closed as succeeded in the queue, each key sent once downstream, one success per step, replays clean."""
+    """Closed as succeeded in the queue, each key sent once downstream and dispatched once in the
+    journal, one success per step, replays clean."""
     assert query(url, "SELECT run, outcome FROM {s}.runs WHERE done ORDER BY run") == [
         (run, "succeeded") for run in runs
     ]
@@ -318,6 +319,12 @@ def assert_every_run_succeeded_once(url: str, runs: list[str], downstream: Path)
         if isinstance(r.change, AttemptTransitioned) and r.change.to_state == Succeeded()
     )
     assert succeeded == Counter({(run, step): 1 for run in runs for step in ("prepare", "charge", "finish")})
+    dispatched = Counter(
+        f"{r.run}/{r.change.step}/{r.change.name}"
+        for r in records
+        if isinstance(r.change, IntentChanged) and r.change.to_state == Dispatched()
+    )
+    assert dispatched == Counter(f"{run}/charge/card" for run in runs)  # each intent dispatched once
     with PgJournal(url) as journal:
         assert replay(journal).valid
 

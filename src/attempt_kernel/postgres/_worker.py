@@ -143,7 +143,8 @@ class WorkerWatcher(Protocol):
     """
 
     def started(self, worker: str) -> None:
-        """The worker registered under id ``worker``, before its first claim."""
+        """The worker registered under id ``worker``, before its first claim (again, under a
+        fresh id, after each reconnect: see `Worker`)."""
 
     def claimed(self, worker: str, run: str, taken_over: bool) -> None:
         """The worker claimed ``run``; ``taken_over``: from a worker found dead."""
@@ -634,7 +635,7 @@ class Worker:
     When the database is unreachable (at the start too: a container may
     start before its database) the worker waits and connects again
     (`Backoff`; see the module doc), for at most ``reconnect_for`` seconds
-    (default `RECONNECT_FOR`; 0: never) from the first failure, then gives
+    (default `RECONNECT_FOR`; 0: never) from when it noticed the outage, then gives
     up with `PgConnectFailed`. Each reconnect registers it under a fresh
     `id` and the runs it dropped are taken over, fenced.
     """
@@ -1175,6 +1176,7 @@ class Worker:
                 else:
                     await asyncio.sleep(poll)
         finally:
+            noticed = self._backoff.clock()  # the outage's start, for reconnect_for
             if outage is None and expired and heart.failing:
                 outage = heart.error  # it could not beat: the database is unreachable
             reason = self._stop_reason or (
@@ -1215,7 +1217,7 @@ class Worker:
                 " starting attempts, dropped its runs, and connects again",
                 logging.WARNING,
             )
-            return self._backoff.clock()
+            return noticed
         if heart.declared_dead or expired:
             raise WorkerDeclaredDead(
                 f"worker {self.id}: its heartbeat expired"
