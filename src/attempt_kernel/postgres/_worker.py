@@ -352,10 +352,12 @@ class _Heart:
         self._changed: Final = threading.Condition()
         self.last_ok = started
         self.declared_dead = False
-        self.failing = False
-        """Whether the last beat failed (the database did not answer it)."""
+        self._timeout: Final = max(2, int(period * 2))
+        """Seconds a beat's connection attempt may take."""
+        self.failed_at: float | None = None
+        """When the last beat failed (monotonic), or None when the last beat got an answer."""
         self.error: BaseException | None = None
-        """The last beat's error, while ``failing``."""
+        """The last failed beat's error."""
         self._thread: Final = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -376,6 +378,16 @@ class _Heart:
                 self._changed.wait(left)
             return self.last_ok > after
 
+    def unreachable(self) -> BaseException | None:
+        """The error of a beat that failed lately (within two periods and a
+        connection attempt): the database does not answer now. None when the
+        last beat got an answer, or failed long ago (the process was frozen
+        since: that is no outage)."""
+        failed = self.failed_at
+        if failed is None or time.monotonic() - failed > 2 * self._period + self._timeout:
+            return None
+        return self.error
+
     def _loop(self) -> None:
         conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
@@ -384,7 +396,7 @@ class _Heart:
                 try:
                     if conn is None:
                         conn = psycopg.connect(
-                            self._url, autocommit=True, connect_timeout=max(2, int(self._period * 2))
+                            self._url, autocommit=True, connect_timeout=self._timeout
                         )
                     row = conn.execute(self._beat, (self._worker,)).fetchone()
                 except psycopg.Error as error:
@@ -392,10 +404,10 @@ class _Heart:
                         conn.close()
                     conn = None
                     self.error = error
-                    self.failing = True
+                    self.failed_at = time.monotonic()
                     continue  # the next period tries again; the lease ages meanwhile
                 with self._changed:
-                    self.failing = False
+                    self.failed_at = None
                     if row is None:
                         self.declared_dead = True
                     else:
@@ -1177,8 +1189,8 @@ class Worker:
                     await asyncio.sleep(poll)
         finally:
             noticed = self._backoff.clock()  # the outage's start, for reconnect_for
-            if outage is None and expired and heart.failing:
-                outage = heart.error  # it could not beat: the database is unreachable
+            if outage is None and expired:
+                outage = heart.unreachable()  # it could not beat lately: the database is unreachable
             reason = self._stop_reason or (
                 "the database connection failed" if outage is not None
                 else "this worker's heartbeat expired" if expired
