@@ -26,6 +26,7 @@ import re
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 PUBLIC_MODULES = ("attempt_kernel", "attempt_kernel.postgres", "attempt_kernel.cli")
 # A qualified reference in a docstring: `attempt_kernel.X.y` or ``attempt_kernel.X.y()``.
@@ -70,11 +71,13 @@ def build(output: Path) -> None:
     modules = {name: pdoc.doc.Module.from_name(name) for name in PUBLIC_MODULES}
     for name, module in modules.items():
         sources = reexported_from(name)
-        for member in module.members.values():
+        # pdoc's members are dict[str, Doc] with Doc unparametrized: typed here once.
+        members: dict[str, pdoc.doc.Doc[Any]] = getattr(module, "members")  # noqa: B009
+        for member in members.values():
             if isinstance(member, pdoc.doc.Variable) and not member.docstring and member.name in sources:
                 origin = importlib.import_module(sources[member.name])
                 member.docstring = pdoc.doc_ast.walk_tree(origin).var_docstrings.get(member.name, "")
-    pending: list[pdoc.doc.Doc[object]] = list(modules.values())
+    pending: list[pdoc.doc.Doc[Any]] = [*modules.values()]
     seen: set[str] = set()
     while pending:
         doc = pending.pop()
@@ -85,7 +88,8 @@ def build(output: Path) -> None:
             if not resolves(reference):
                 warnings.warn(f"{doc.fullname}: the docstring refers to {reference}, which does not exist")
         if isinstance(doc, (pdoc.doc.Module, pdoc.doc.Class)):
-            pending.extend(doc.members.values())
+            inner: dict[str, pdoc.doc.Doc[Any]] = getattr(doc, "members")  # noqa: B009
+            pending.extend(inner.values())
     # pdoc.pdoc finds the same (cached) Module objects, docstrings filled in.
     pdoc.pdoc(*PUBLIC_MODULES, output_directory=output)
 

@@ -220,8 +220,9 @@ def test_tracing_doc_example_prints_its_span_names(
 
 
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
-    """No example escapes running: README has two python blocks, executor.md five (run above),
-    agents.md one (run by test_agents.py), tracing.md one (run above)."""
+    """No example escapes running: README has two python blocks, executor.md six (five run above,
+    the one that submits on a connection by test_submit_conn.py), agents.md one (run by
+    test_agents.py), tracing.md one (run above)."""
     counts = {
         path.name: len(re.findall(r"```python\n", path.read_text()))
         for path in [README, *sorted((README.parent / "docs").glob("*.md"))]
@@ -229,7 +230,7 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     assert {name: n for name, n in counts.items() if n} == {
         "README.md": 2,
         "agents.md": 1,
-        "executor.md": 5,
+        "executor.md": 6,
         "tracing.md": 1,
     }
 

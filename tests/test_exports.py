@@ -148,6 +148,7 @@ EXPECTED_POSTGRES = {
     "LeaseVerdict", "lease_decision", "Worker", "WorkerDeclaredDead", "HeartbeatLate",
     "run_worker", "submit_run", "set_pool", "list_pools", "PoolState", "PoolMissing",
     "Backoff", "RECONNECT_FOR",
+    "migrate", "PgMigrationNeeded",
 }  # fmt: skip
 
 

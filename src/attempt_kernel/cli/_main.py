@@ -338,6 +338,23 @@ def _parser() -> argparse.ArgumentParser:
                         help="with a URL: the least level of the lines it prints, each with its UTC"
                         " time and level (default info: claims, takeovers, every state change;"
                         " warning: what may need a person)")  # fmt: skip
+    migrate = commands.add_parser(
+        "migrate",
+        help="create or upgrade the journal's tables in a PostgreSQL database",
+        description="Bring the journal's tables in schema S of the PostgreSQL database at URL "
+        "to the version this library writes, in one transaction under the schema's advisory "
+        "lock (several at once are safe: the others wait and find it done). Run it once, as "
+        "a role that may create tables there, before workers that run under a role without "
+        "that privilege (see docs/design.md, \"Roles and migrations\"). Prints the version "
+        "before and after; a schema already up to date is only read. Exit 0, or 2 for usage "
+        "or I/O errors (an unreachable database, a role that may not create the tables, "
+        "tables newer than this library).",
+    )
+    migrate.add_argument("url", metavar="URL", help="postgresql://...")
+    migrate.add_argument("--schema", default="attempt_kernel", metavar="S",
+                         help="the PostgreSQL schema of the journal (default attempt_kernel)")  # fmt: skip
+    migrate.add_argument("--json", action="store_true",
+                         help="print one JSON object: schema, version_before, version_after")  # fmt: skip
     pool = commands.add_parser(
         "pool",
         help="create or resize a pool of slots shared by all workers",
@@ -537,8 +554,21 @@ def _redacted(url: str) -> str:
 
 
 def _source(log: str) -> LogSource:
-    """What a reading command reads: a file, or the journal a URL names."""
+    """What a reading command reads: a file, or the journal a URL names (see `_reading`)."""
     return _pg(log) if _is_url(log) else FileLog(log)
+
+
+@contextlib.contextmanager
+def _reading(log: str) -> Generator[LogSource, None, None]:
+    """`_source` for one command: a journal's connections are closed when it is done."""
+    if not _is_url(log):
+        yield FileLog(log)
+        return
+    journal = _pg_journal(log)
+    try:
+        yield journal
+    finally:
+        journal.close()
 
 
 @contextlib.contextmanager
@@ -612,7 +642,8 @@ def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
 
 
 def _replay_and_print(log: str) -> int:
-    report = replay(_source(log))
+    with _reading(log) as source:
+        report = replay(source)
     sys.stdout.write("\n" + _report.as_text(report, _redacted(log)))
     return EXIT_OK if report.valid else EXIT_VIOLATIONS
 
@@ -952,19 +983,20 @@ def _export(args: argparse.Namespace) -> int:
     only: str | None = args.run
     seq = 0
     out = sys.stdout.buffer
-    for item in _source(log).read():
-        match item:
-            case Record():
-                if only is not None and item.run != only:
-                    continue
-                seq += 1
-                out.write(encode_record(seq, item.time_us, item.run, item.change))
-            case CorruptLine():
-                raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
-            case TornTail():
-                pass  # never acknowledged: not part of the journal
-            case _:
-                assert_never(item)
+    with _reading(log) as source:
+        for item in source.read():
+            match item:
+                case Record():
+                    if only is not None and item.run != only:
+                        continue
+                    seq += 1
+                    out.write(encode_record(seq, item.time_us, item.run, item.change))
+                case CorruptLine():
+                    raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
+                case TornTail():
+                    pass  # never acknowledged: not part of the journal
+                case _:
+                    assert_never(item)
     out.flush()
     if only is not None and seq == 0:
         raise _Usage(f"no run {only!r} in {_redacted(log)}")
@@ -1205,6 +1237,25 @@ def _pool(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    url: str = args.url
+    schema: str = args.schema
+    _needs_url(url, "migrate")
+    from ..postgres._journal import migrate_versions
+
+    try:
+        before, after = migrate_versions(url, schema=schema)
+    except ValueError as error:  # a schema name that is not an identifier
+        raise _Usage(f"--schema: {error}") from None
+    if args.json:
+        print(json.dumps({"schema": schema, "version_before": before, "version_after": after}))
+    elif before == after:
+        print(f"schema {shown(schema)}: at version {after}, up to date (nothing changed)")
+    else:
+        print(f"schema {shown(schema)}: migrated from version {before} to version {after}")
+    return EXIT_OK
+
+
 def _pools(args: argparse.Namespace) -> int:
     url: str = args.url
     _needs_url(url, "pools")
@@ -1297,6 +1348,7 @@ _HANDLERS: Final[dict[str, Callable[[argparse.Namespace], int]]] = {
     "export": _export,
     "submit": _submit,
     "worker": _worker,
+    "migrate": _migrate,
     "pool": _pool,
     "pools": _pools,
     "serve": _serve,
@@ -1312,7 +1364,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_OK
     if command == "replay":
         try:
-            report = replay(_source(args.log))
+            with _reading(args.log) as source:
+                report = replay(source)
         except RunLogError as error:
             return _error_exit(command, error)
         if args.json:

@@ -17,8 +17,10 @@ from ._journal import LeaseLost as LeaseLost
 from ._journal import PgConnectFailed as PgConnectFailed
 from ._journal import PgJournal as PgJournal
 from ._journal import PgJournalError as PgJournalError
+from ._journal import PgMigrationNeeded as PgMigrationNeeded
 from ._journal import PgSchemaTooNew as PgSchemaTooNew
 from ._journal import PgWriteFailed as PgWriteFailed
+from ._journal import migrate as migrate
 from ._pools import PoolMissing as PoolMissing
 from ._pools import PoolState as PoolState
 from ._pools import list_pools as list_pools
@@ -42,6 +44,7 @@ __all__ = [
     "PgConnectFailed",
     "PgJournal",
     "PgJournalError",
+    "PgMigrationNeeded",
     "PgSchemaTooNew",
     "PgWriteFailed",
     "PoolMissing",
@@ -51,6 +54,7 @@ __all__ = [
     "WorkerDeclaredDead",
     "lease_decision",
     "list_pools",
+    "migrate",
     "run_worker",
     "set_pool",
     "submit_run",

@@ -48,12 +48,13 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, cast
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import TupleRow
+from psycopg.pq import TransactionStatus
+from psycopg.rows import TupleRow, tuple_row
 from typing_extensions import LiteralString, Self, assert_never, final
 
 from .._codec import RunLogError, decode_line, encode_record
@@ -119,6 +120,33 @@ class PgSchemaTooNew(PgJournalError):
         super().__init__(
             f"the journal in PostgreSQL schema {schema!r} is at version {found}, but this"
             f" library knows versions up to {known}; upgrade attempt-kernel to use it"
+        )
+        self.found: Final = found
+        self.known: Final = known
+
+
+@final
+class PgMigrationNeeded(PgJournalError):
+    """The journal's tables are missing or older than this library, and nothing may migrate them here.
+
+    Raised where migrating is not this call's to do (`submit_run` on the
+    caller's connection) or not this role's (it lacks the CREATE privilege
+    the migration needs); nothing was changed. ``found`` is the version in
+    place (0: no journal tables in the schema; None: unknown, the tables
+    are too old to say). Run ``attempt-kernel migrate URL`` (or `migrate`)
+    once as the schema's owner.
+    """
+
+    def __init__(self, found: int | None, known: int, schema: str, why: str) -> None:
+        at = (
+            "has no journal tables" if found == 0
+            else "is older than this library can read" if found is None
+            else f"is at version {found}"
+        )  # fmt: skip
+        super().__init__(
+            f"the journal in PostgreSQL schema {schema!r} {at}, this library needs version"
+            f" {known}, and {why}; run `attempt-kernel migrate URL --schema {schema}` once,"
+            " as a role that may create tables in the schema (its owner)"
         )
         self.found: Final = found
         self.known: Final = known
@@ -335,11 +363,45 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
 assert [v for v, _ in _MIGRATIONS] == list(range(1, PG_SCHEMA_VERSION + 1))
 
 
-def _migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
-    """Bring the schema's tables to `PG_SCHEMA_VERSION`; a no-op when they are.
+_VERSION_TABLE: Final = (
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c"
+    " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+    " WHERE n.nspname = %s AND c.relname = 'schema_version')"
+)
+"""Whether the schema has a ``schema_version`` table: the catalog says so to any role."""
 
-    One transaction under an advisory lock, so that two processes opening a
-    new journal at once create it once. A newer schema is refused unchanged.
+_MIGRATE_DENIED: Final = "this role may not create tables in it"
+
+
+def _version_in_place(conn: psycopg.Connection[TupleRow], schema: str) -> int:
+    """The schema's journal version (0: no ``schema_version`` table); reads only, creates nothing."""
+    with conn.cursor(row_factory=tuple_row) as cursor:  # whatever rows a caller's connection makes
+        if not _bool_of(cursor.execute(_VERSION_TABLE, (schema,)).fetchone()):
+            return 0
+        try:
+            row = cursor.execute(
+                sql.SQL("SELECT coalesce(max(version), 0) FROM {s}.schema_version").format(
+                    s=sql.Identifier(schema)
+                )
+            ).fetchone()
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise PgJournalError(
+                f"this role may not read the journal in PostgreSQL schema {schema!r} ({_reason(error)});"
+                " grant it USAGE on the schema and the privileges on its tables that docs/design.md,"
+                ' "Roles and migrations", lists'
+            ) from None
+    return _int_of(row)
+
+
+def _migrate(conn: psycopg.Connection[TupleRow], schema: str) -> tuple[int, int]:
+    """Bring the schema's tables to `PG_SCHEMA_VERSION`; return the versions before and after.
+
+    One transaction (a savepoint inside a transaction the caller holds open)
+    under an advisory lock, so that two processes migrating a new journal
+    at once create it once: the second waits for the first and finds its
+    work done. A schema already at the version runs only reads (no CREATE
+    privilege needed); a newer one is refused unchanged; a role that may not
+    create the tables gets `PgMigrationNeeded`, and nothing is created.
     """
     s = sql.Identifier(schema)
     records = sql.Literal(f"{schema}.records")
@@ -347,31 +409,160 @@ def _migrate(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
         conn.execute(
             "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"attempt-kernel:{schema}",)
         )
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=s))
-        conn.execute(
-            sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {s}.schema_version ("
-                " version integer PRIMARY KEY,"
-                " applied_at timestamptz NOT NULL DEFAULT now())"
-            ).format(s=s)
-        )
-        row = conn.execute(
-            sql.SQL("SELECT coalesce(max(version), 0) FROM {s}.schema_version").format(s=s)
-        ).fetchone()
-        found = _int_of(row)
+        found = _version_in_place(conn, schema)
         if found > PG_SCHEMA_VERSION:
             raise PgSchemaTooNew(found, PG_SCHEMA_VERSION, schema)
-        for version, statements in _MIGRATIONS:
-            if version <= found:
-                continue
-            for statement in statements:
-                conn.execute(sql.SQL(statement).format(s=s, records=records))
-            if version == 6:
-                _backfill_summaries(conn, schema)
+        if found == PG_SCHEMA_VERSION:
+            return found, found
+        try:
+            # Each statement in a savepoint of its own would cost a round
+            # trip more; a denied one ends the transaction, and nothing stays.
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {s}").format(s=s))
             conn.execute(
-                sql.SQL("INSERT INTO {s}.schema_version (version) VALUES (%s)").format(s=s),
-                (version,),
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {s}.schema_version ("
+                    " version integer PRIMARY KEY,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                ).format(s=s)
             )
+            for version, statements in _MIGRATIONS:
+                if version <= found:
+                    continue
+                for statement in statements:
+                    conn.execute(sql.SQL(statement).format(s=s, records=records))
+                if version == 6:
+                    _backfill_summaries(conn, schema)
+                conn.execute(
+                    sql.SQL("INSERT INTO {s}.schema_version (version) VALUES (%s)").format(s=s),
+                    (version,),
+                )
+        except psycopg.errors.InsufficientPrivilege as error:
+            raise PgMigrationNeeded(
+                found, PG_SCHEMA_VERSION, schema, f"{_MIGRATE_DENIED} ({_reason(error)})"
+            ) from None
+    return found, PG_SCHEMA_VERSION
+
+
+def migrate(url_or_connection: str | psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> int:
+    """Create or upgrade the journal's tables in ``schema``; return the version now in place.
+
+    ``url_or_connection``: a ``postgresql://`` URL (a connection of its own,
+    closed after), or a psycopg connection the caller owns and keeps. On an
+    autocommit connection, or one with no transaction open, the migration is
+    one transaction, committed when this returns; inside a transaction the
+    caller holds open it is a savepoint, committed (and its lock released)
+    with the caller's transaction. Idempotent: a schema already at
+    `PG_SCHEMA_VERSION` is only read. Safe to call from several processes at
+    once: the migration holds an advisory lock of the schema, so the others
+    wait and find it done. Needs a role that may create the schema (or owns
+    it): `PgMigrationNeeded` otherwise, `PgSchemaTooNew` for tables newer
+    than this library, `PgConnectFailed` for a URL that reaches no server.
+    The command line's ``attempt-kernel migrate URL`` calls this.
+    """
+    return migrate_versions(url_or_connection, schema=schema)[1]
+
+
+def migrate_versions(
+    url_or_connection: str | psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA
+) -> tuple[int, int]:
+    """`migrate`, returning the versions before and after (what ``attempt-kernel migrate`` prints)."""
+    check_schema(schema)
+    if isinstance(url_or_connection, str):
+        with connect(url_or_connection) as conn:
+            return _migrated(conn, schema)
+    return _migrated(usable(url_or_connection, "migrate"), schema)
+
+
+def _migrated(conn: psycopg.Connection[Any], schema: str) -> tuple[int, int]:
+    try:
+        return _migrate(conn, schema)
+    except psycopg.Error as error:
+        raise PgJournalError(
+            f"migrating the journal in PostgreSQL schema {schema!r} failed: {_reason(error)}"
+        ) from error
+
+
+def check_schema(schema: str) -> None:
+    """Refuse a schema name that is not a lower-case SQL identifier (`ValueError`)."""
+    if not _IDENTIFIER.fullmatch(schema):
+        raise ValueError(
+            f"schema must be a lower-case SQL identifier (letters, digits, _), got {schema!r}"
+        )
+
+
+def usable(conn: object, action: str) -> psycopg.Connection[Any]:
+    """``conn`` if it is a psycopg connection that can take a statement now, else a clear error.
+
+    ``action`` names what was asked (for the message). A caller's connection
+    in a failed transaction (an earlier statement failed and nothing rolled
+    it back) takes no statement until the caller rolls back; this never does
+    it for them.
+    """
+    if not isinstance(conn, psycopg.Connection):
+        raise TypeError(
+            f"{action}: expected a postgresql:// URL or a psycopg.Connection, got {type(conn).__name__}"
+        )
+    checked: psycopg.Connection[Any] = cast(Any, conn)  # its rows may be of any type: a caller's
+    if checked.closed:
+        raise PgJournalError(f"{action}: the connection given is closed")
+    status = checked.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise PgJournalError(
+            f"{action}: the connection given is in a failed transaction (an earlier statement"
+            " failed); roll it back first (conn.rollback()): nothing was written"
+        )
+    if status in (TransactionStatus.ACTIVE, TransactionStatus.UNKNOWN):
+        raise PgJournalError(
+            f"{action}: the connection given cannot take a statement now"
+            f" (its transaction status is {status.name}): nothing was written"
+        )
+    return checked
+
+
+def _bool_of(row: tuple[object, ...] | None) -> bool:
+    value = None if row is None else row[0]
+    if type(value) is not bool:
+        raise PgJournalError(f"the database answered {value!r} where true or false was expected")
+    return value
+
+
+_OPEN: Final[LiteralString] = (
+    "SELECT (SELECT coalesce(max(version), 0) FROM {s}.schema_version),"
+    " (SELECT per_run_after FROM {s}.head)"
+)
+"""What opening a journal reads: its version and ``head.per_run_after`` (one round trip)."""
+
+_NOT_THERE: Final = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.InvalidSchemaName,
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.InsufficientPrivilege,
+)
+"""How `_OPEN` fails on tables missing or too old (or not this role's to read): `_migrate` says which."""
+
+
+def _open(conn: psycopg.Connection[TupleRow], schema: str) -> int:
+    """Open the journal on ``conn`` (its own, autocommit): return ``head.per_run_after``.
+
+    Tables at `PG_SCHEMA_VERSION` are only read (one statement: a role with
+    no CREATE privilege opens them). Tables missing or behind are migrated
+    first, implicitly, as before `migrate` existed: this needs a role that may
+    create them (`PgMigrationNeeded` otherwise, nothing created).
+    """
+    statement = sql.SQL(_OPEN).format(s=sql.Identifier(schema))
+    try:
+        try:
+            row = conn.execute(statement).fetchone()
+        except _NOT_THERE:
+            row = None
+        if row is None or row[0] != PG_SCHEMA_VERSION:
+            _migrate(conn, schema)
+            row = conn.execute(statement).fetchone()
+    except psycopg.Error as error:
+        raise PgJournalError(
+            f"opening the journal in PostgreSQL schema {schema!r} failed: {_reason(error)}"
+        ) from error
+    return _int_of(None if row is None else row[1:])
 
 
 def _int_of(row: tuple[object, ...] | None) -> int:
@@ -512,7 +703,8 @@ def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: st
     version 6 lists as it did.
     """
     s = sql.Identifier(schema)
-    per_run_after = _int_of(conn.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
+    with conn.cursor(row_factory=tuple_row) as head:  # whatever rows a caller's connection makes
+        per_run_after = _int_of(head.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
     insert = sql.SQL(
         "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
         " started_us, ended_us, domain_state, waiting_on, violations)"
@@ -533,7 +725,7 @@ def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: st
     fold = Ledger()
     numbering = _Numbering(per_run_after, journal=False)
     first_pos = position = 0
-    with conn.cursor(name="attempt_kernel_backfill") as rows:
+    with conn.cursor(name="attempt_kernel_backfill", row_factory=tuple_row) as rows:
         rows.itersize = READ_BATCH
         rows.execute(sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s))
         for row in rows:
@@ -696,7 +888,11 @@ def _items(
 class PgJournal:
     """A run log in PostgreSQL: the `Journal` seam (read, append, flush) over one schema.
 
-    Opening connects and migrates the schema's tables (idempotent). One
+    Opening connects and reads the schema's version: tables at
+    `PG_SCHEMA_VERSION` are only read, so a role without the CREATE
+    privilege opens them; tables missing or behind are migrated first (as
+    `migrate` does), which needs a role that may create them
+    (`PgMigrationNeeded` otherwise). One
     journal holds one connection for appending and one more, opened by the
     first `read`, for reading the whole journal in one snapshot; it is used
     from one thread. `append` returns the record's sequence number in its
@@ -766,7 +962,7 @@ class PgJournal:
         self._reader: psycopg.Connection[TupleRow] | None = None
         conn = connect(url, connect_timeout=connect_timeout)
         try:
-            _migrate(conn, schema)
+            per_run_after = _open(conn, schema)
         except BaseException:
             conn.close()
             raise
@@ -774,15 +970,6 @@ class PgJournal:
         self._cursor: Final = conn.cursor()
         """Every append's cursor (`Connection.execute` would make one per statement)."""
         s = sql.Identifier(schema)
-        try:
-            try:
-                row = conn.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone()
-            except psycopg.Error as error:
-                raise PgJournalError(f"reading the journal's head row failed: {_reason(error)}") from error
-            per_run_after = _int_of(row)
-        except BaseException:
-            conn.close()
-            raise
         self._per_run_after: Final = per_run_after
         """The last row numbered journal-wide (written before version 4); fixed by the migration."""
         self._db_clock: Final = sql.SQL(

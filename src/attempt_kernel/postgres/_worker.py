@@ -77,10 +77,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import psycopg
 from psycopg import sql
+from psycopg.rows import tuple_row
 from typing_extensions import LiteralString, final
 
 from .._codec import encode_record
@@ -91,15 +92,21 @@ from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from .._observe import RunObserver, tell
 from ._journal import (
     DEFAULT_SCHEMA,
+    PG_SCHEMA_VERSION,
     Lease,
     LeaseLost,
     PgConnectFailed,
     PgJournal,
     PgJournalError,
+    PgMigrationNeeded,
+    PgSchemaTooNew,
+    check_schema,
     commits_synchronously,
     connect,
     connection_lost,
     database_named,
+    migrate,
+    usable,
 )
 from .._ledger import Ledger
 from .._operate import refusal
@@ -157,10 +164,16 @@ class WorkerWatcher(Protocol):
 # Statements ({s} is the schema)
 # --------------------------------------------------------------------------
 
+# Submitting: one statement, so that on a caller's connection it costs one
+# round trip and never migrates. It reads the schema's version and inserts
+# only at the version this library writes; it answers the version and how
+# many rows it inserted.
 _SUBMIT: Final[LiteralString] = (
-    "INSERT INTO {s}.runs (run, workflow, input) SELECT %s, %s, %s"
-    " WHERE NOT EXISTS (SELECT 1 FROM {s}.records WHERE run = %s)"
-    " ON CONFLICT (run) DO NOTHING"
+    "WITH v AS (SELECT coalesce(max(version), 0) AS version FROM {s}.schema_version),"
+    " ins AS (INSERT INTO {s}.runs (run, workflow, input) SELECT %s, %s, %s FROM v"
+    " WHERE v.version = %s AND NOT EXISTS (SELECT 1 FROM {s}.records WHERE run = %s)"
+    " ON CONFLICT (run) DO NOTHING RETURNING 1)"
+    " SELECT v.version, (SELECT count(*) FROM ins)::integer FROM v"
 )
 _REGISTER: Final[LiteralString] = "INSERT INTO {s}.workers (id, host, pid) VALUES (%s, %s, %s)"
 _BEAT: Final[LiteralString] = (
@@ -293,7 +306,7 @@ def _statement(text: LiteralString, schema: str) -> bytes:
 
 
 def submit_run(
-    url: str,
+    url: str | psycopg.Connection[Any],
     workflow: str,
     run: str | None = None,
     input: JSON = None,
@@ -307,26 +320,73 @@ def submit_run(
     refused (`RunRefused`), and nothing is queued. ``input`` must be strict
     JSON (`UnencodableRecord` otherwise, nothing queued); it becomes the
     run's ``ctx.input``.
+
+    ``url`` is a ``postgresql://`` URL, or a psycopg connection the caller
+    owns. With a URL, submitting opens a connection of its own, queues the
+    run (committed when this returns) and closes it; tables missing or
+    behind are migrated first, as opening a `PgJournal` does. With a
+    connection, the run is one ``INSERT`` in the caller's transaction:
+    nothing is committed, rolled back or closed here, a worker sees the run
+    once the caller commits, and a rollback takes it back (on an autocommit
+    connection it is committed at once). Nothing is migrated there: tables
+    missing or behind raise `PgMigrationNeeded` (run ``attempt-kernel
+    migrate URL`` once), and a connection in a failed transaction is refused
+    before anything is sent. A failed ``INSERT`` leaves the caller's
+    transaction failed, as any failed statement does. From a psycopg_pool
+    pool: ``with pool.connection() as conn: submit_run(conn, ...)`` (the
+    block commits on exit).
     """
+    check_schema(schema)
     run_id = run if run is not None else f"{workflow}-{uuid.uuid4().hex[:12]}"
     # The start record must be encodable; refuse the input now, not in a worker.
     encode_record(1, 0, run_id, RunStarted(workflow=workflow, input=input, domain_states=()))
     text = json.dumps(input, allow_nan=False, separators=(",", ":"))
-    with PgJournal(url, schema=schema):  # connects (naming the host on failure) and migrates
-        pass
-    try:
-        with psycopg.connect(url, autocommit=True) as conn:
-            written = conn.execute(
-                _statement(_SUBMIT, schema), (run_id, workflow, text, run_id)
-            ).rowcount
-    except psycopg.Error as error:
-        raise PgJournalError(f"queueing run {run_id!r} failed: {error}") from error
+    values = (run_id, workflow, text, PG_SCHEMA_VERSION, run_id)
+    if isinstance(url, str):
+        with connect(url) as conn:  # names the host on failure
+            try:
+                outcome: tuple[int, int] | None = _submitted(conn, schema, run_id, values)
+            except PgMigrationNeeded:  # tables missing or too old to say
+                outcome = None
+            if outcome is None or outcome[0] < PG_SCHEMA_VERSION:  # migrate, as opening a journal does
+                migrate(conn, schema=schema)
+                outcome = _submitted(conn, schema, run_id, values)
+        found, written = outcome
+    else:
+        found, written = _submitted(usable(url, f"submitting run {run_id!r}"), schema, run_id, values)
+    if found != PG_SCHEMA_VERSION:
+        if found > PG_SCHEMA_VERSION:
+            raise PgSchemaTooNew(found, PG_SCHEMA_VERSION, schema)
+        raise PgMigrationNeeded(found, PG_SCHEMA_VERSION, schema, _NOT_ON_CALLERS)
     if written != 1:
         raise RunRefused(
             f"run {run_id!r} is already in the journal (queued or written); run ids are"
             " unique: choose another id, or recover the run that has it"
         )
     return run_id
+
+
+_NOT_ON_CALLERS: Final = "submit_run does not migrate on the caller's connection"
+
+
+def _submitted(
+    conn: psycopg.Connection[Any], schema: str, run_id: str, values: tuple[object, ...]
+) -> tuple[int, int]:
+    """Run `_SUBMIT` on ``conn``: the schema's version, and how many runs it queued (0 or 1)."""
+    try:
+        with conn.cursor(row_factory=tuple_row) as cursor:
+            row = cursor.execute(_statement(_SUBMIT, schema), values).fetchone()
+    except (psycopg.errors.UndefinedTable, psycopg.errors.InvalidSchemaName) as error:
+        why = error.diag.message_primary or type(error).__name__
+        raise PgMigrationNeeded(0, PG_SCHEMA_VERSION, schema, f"{_NOT_ON_CALLERS} ({why})") from None
+    except psycopg.errors.UndefinedColumn as error:  # a version 1 runs table: no queue yet
+        why = error.diag.message_primary or type(error).__name__
+        raise PgMigrationNeeded(None, PG_SCHEMA_VERSION, schema, f"{_NOT_ON_CALLERS} ({why})") from None
+    except psycopg.Error as error:
+        raise PgJournalError(f"queueing run {run_id!r} failed: {error}") from error
+    if row is None or type(row[0]) is not int or type(row[1]) is not int:
+        raise PgJournalError(f"queueing run {run_id!r}: the database answered {row!r}")
+    return row[0], row[1]
 
 
 # --------------------------------------------------------------------------
