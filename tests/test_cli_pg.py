@@ -120,9 +120,9 @@ def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_
 
 
 def test_a_url_that_does_not_connect_names_the_host_and_the_reason(shop: Path) -> None:
-    """An unreachable server: exit 2, host and the driver's reason, no traceback."""
+    """An unreachable server: exit 3 (database unavailable), host and the driver's reason, no traceback."""
     result = cli(shop, "replay", "postgresql://nobody@127.0.0.1:1/nothing")
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "127.0.0.1:1" in result.stderr and "Connection refused" in result.stderr
     assert "Traceback" not in result.stderr
 

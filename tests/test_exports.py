@@ -147,6 +147,7 @@ EXPECTED_POSTGRES = {
     "PgJournalError", "PgConnectFailed", "PgSchemaTooNew", "PgWriteFailed",
     "LeaseVerdict", "lease_decision", "Worker", "WorkerDeclaredDead", "HeartbeatLate",
     "run_worker", "submit_run", "set_pool", "list_pools", "PoolState", "PoolMissing",
+    "Backoff", "RECONNECT_FOR",
     "migrate", "PgMigrationNeeded",
 }  # fmt: skip
 

@@ -325,7 +325,7 @@ def test_the_migrate_command_as_a_restricted_role_exits_2_naming_the_fix(
 
 @pytest.mark.slow
 def test_the_migrate_command_in_a_process_of_its_own(db: str, tmp_path: Path) -> None:
-    """`python -m attempt_kernel migrate URL`: exit 0 and the versions; an unreachable server: exit 2."""
+    """`python -m attempt_kernel migrate URL`: exit 0 and the versions; an unreachable server: exit 3."""
     command = [sys.executable, "-m", "attempt_kernel", "migrate"]
     done = subprocess.run([*command, db], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert (done.returncode, done.stdout) == (0, "schema attempt_kernel: migrated from version 0 to version 6\n")
@@ -334,7 +334,7 @@ def test_the_migrate_command_in_a_process_of_its_own(db: str, tmp_path: Path) ->
     assert json.loads(again.stdout) == {"schema": "attempt_kernel", "version_before": 6, "version_after": 6}
     nowhere = "postgresql://nobody@127.0.0.1:1/none"
     failed = subprocess.run([*command, nowhere], capture_output=True, text=True, check=False, cwd=tmp_path)
-    assert failed.returncode == 2  # PgConnectFailed: an I/O error
+    assert failed.returncode == 3  # PgConnectFailed: the database is unavailable
     assert "attempt-kernel migrate: error: cannot connect to PostgreSQL at 127.0.0.1:1, database none" in failed.stderr
 
 

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (a valid log, a run that succeeded), 1 a log with
 violations or a run that did not succeed, 2 a usage or I/O error
-(argparse's convention for usage errors), 130 and 143 when SIGINT or
+(argparse's convention for usage errors), 3 the database a URL names is
+unavailable (it cannot be reached; a worker gave up reconnecting), 130 and 143 when SIGINT or
 SIGTERM stopped runs gracefully (128 + the signal), 141 when the reader of
 the output went away (a closed pipe). Names from a log are escaped where
 they are printed. Reading commands (``replay``, ``runs``, ``show``) work on
@@ -63,6 +64,8 @@ EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
 EXIT_NOT_SUCCEEDED: Final = 1
 EXIT_USAGE: Final = 2
+EXIT_DB_UNAVAILABLE: Final = 3
+"""The PostgreSQL a URL names cannot be reached (`PgConnectFailed`): retry later, unlike a usage error."""
 EXIT_BROKEN_PIPE: Final = 141
 """128 + SIGPIPE, what a shell reports for a writer whose reader went away."""
 GRACE: Final = 5.0
@@ -316,8 +319,12 @@ def _parser() -> argparse.ArgumentParser:
         "clock, a fenced lease on each run it drives. It claims queued runs and takes over "
         "the runs of workers whose heartbeat is older than --dead-after (reconcilers first, "
         "then their orphans end as recovery ends them). SIGINT/SIGTERM stop it gracefully "
-        "and hand its runs back. Exit 0 when stopped or idle (--until-idle), 1 when it was "
-        "declared dead (another worker took its runs over), 2 for usage or I/O errors.",
+        "and hand its runs back. When the database goes away (a restart, its sessions "
+        "terminated, not up yet at the start) it drops its runs, reconnects with jittered "
+        "backoff (0.1 s doubling to 5 s) and goes on under a fresh id, its runs taken over "
+        "fenced. Exit 0 when stopped or idle (--until-idle), 1 when it was "
+        "declared dead (another worker took its runs over), 2 for usage or I/O errors, 3 when "
+        "the database stayed unreachable for --reconnect-for seconds.",
     )
     worker.add_argument("url", metavar="LOG|URL", help=_LOG_HELP)
     worker.add_argument(
@@ -332,6 +339,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
                         help="exit once no run of these workflows is left unfinished")  # fmt: skip
+    worker.add_argument("--reconnect-for", type=_seconds, default=300.0, metavar="SECONDS",
+                        help="with a URL: how long to go on reconnecting to an unreachable database"
+                        " (also at the start) before exiting 3 (default 300; 0: never)")  # fmt: skip
     worker.add_argument("--metrics-port", type=_port, metavar="N",
                         help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port;"
                         " needs attempt-kernel[metrics])")  # fmt: skip
@@ -431,6 +441,17 @@ def _positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """``--reconnect-for``: a finite number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text}")
     return value
 
 
@@ -1377,6 +1398,7 @@ def _worker(args: argparse.Namespace) -> int:
                 stop_on_signals=True,
                 observers=() if exposition is None else (exposition.observer,),
                 watcher=None if exposition is None else exposition.watcher,
+                reconnect_for=args.reconnect_for,
             )
     except WorkerDeclaredDead as error:
         print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
@@ -1566,6 +1588,18 @@ def _main(argv: Sequence[str] | None) -> int:
         return handler(args)
     except AttemptKernelError as error:
         # One shape for every error found after parsing, as argparse's own last line:
-        # `attempt-kernel CMD: error: MESSAGE` on stderr, exit 2.
-        print(f"attempt-kernel {command}: error: {shown(str(error))}", file=sys.stderr)
-        return EXIT_USAGE
+        # `attempt-kernel CMD: error: MESSAGE` on stderr.
+        return _error_exit(command, error)
+
+
+def _error_exit(command: str, error: AttemptKernelError) -> int:
+    """Where an error becomes an exit: its message on stderr, and 3 for an
+    unreachable database (`PgConnectFailed`, a worker that gave up), else 2."""
+    print(f"attempt-kernel {command}: error: {shown(str(error))}", file=sys.stderr)
+    journal = sys.modules.get(_PG_JOURNAL)  # loaded if a URL was opened (psycopg is optional)
+    if journal is not None and isinstance(error, journal.PgConnectFailed):
+        return EXIT_DB_UNAVAILABLE
+    return EXIT_USAGE
+
+
+_PG_JOURNAL: Final = __name__.rsplit(".", 2)[0] + ".postgres._journal"

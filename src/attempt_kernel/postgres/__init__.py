@@ -25,6 +25,8 @@ from ._pools import PoolMissing as PoolMissing
 from ._pools import PoolState as PoolState
 from ._pools import list_pools as list_pools
 from ._pools import set_pool as set_pool
+from ._worker import RECONNECT_FOR as RECONNECT_FOR
+from ._worker import Backoff as Backoff
 from ._worker import HeartbeatLate as HeartbeatLate
 from ._worker import Worker as Worker
 from ._worker import WorkerDeclaredDead as WorkerDeclaredDead
@@ -32,6 +34,7 @@ from ._worker import run_worker as run_worker
 from ._worker import submit_run as submit_run
 
 __all__ = [
+    "Backoff",
     "DEFAULT_SCHEMA",
     "HeartbeatLate",
     "Lease",
@@ -46,6 +49,7 @@ __all__ = [
     "PgWriteFailed",
     "PoolMissing",
     "PoolState",
+    "RECONNECT_FOR",
     "Worker",
     "WorkerDeclaredDead",
     "lease_decision",

@@ -761,8 +761,8 @@ class Queued:
 # --------------------------------------------------------------------------
 
 
-def _connect_error(url: str, error: psycopg.Error) -> PgConnectFailed:
-    """Name the host and the driver's reason; never the URL (it may hold a password)."""
+def database_named(url: str) -> str:
+    """``PostgreSQL at host:port, database name`` for messages; never the URL (it may hold a password)."""
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
@@ -772,8 +772,42 @@ def _connect_error(url: str, error: psycopg.Error) -> PgConnectFailed:
     where = f"{host}:{port}" if port else host
     database = params.get("dbname")
     named = f", database {database}" if database else ""
+    return f"PostgreSQL at {where}{named}"
+
+
+def _connect_error(url: str, error: psycopg.Error) -> PgConnectFailed:
+    """Name the host and the driver's reason; never the URL (it may hold a password)."""
     reason = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
-    return PgConnectFailed(f"cannot connect to PostgreSQL at {where}{named}: {reason}")
+    return PgConnectFailed(f"cannot connect to {database_named(url)}: {reason}")
+
+
+_OUTAGE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
+"""SQLSTATEs of a server going away or not there yet: admin shutdown, crash
+shutdown, cannot connect now (starting up or shutting down), too many
+connections."""
+
+
+def connection_lost(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is the database being unreachable.
+
+    True for `PgConnectFailed`, and for a ``psycopg.OperationalError`` with
+    no SQLSTATE (the server closed the connection, the connection is
+    closed, connection refused), of class 08 (connection exception), or in
+    `_OUTAGE_STATES`. Anything else (a constraint, a syntax error, a lost
+    lease) is not: retrying would fail the same way.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, PgConnectFailed):
+            return True
+        if isinstance(current, psycopg.OperationalError):
+            state = current.sqlstate
+            if state is None or state.startswith("08") or state in _OUTAGE_STATES:
+                return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def connect(url: str, *, connect_timeout: int = 10) -> psycopg.Connection[TupleRow]:
@@ -911,6 +945,9 @@ class PgJournal:
         self._url: Final = url
         self._connect_timeout: Final = connect_timeout
         self._broken: str | None = None
+        self._broken_by: BaseException | None = None
+        """The error that broke the journal: a later refusal is raised from it
+        (so `connection_lost` tells an outage from it)."""
         self._unflushed = False
         self._next: Final[dict[str, int]] = {}
         """The next sequence number of each run this journal knows it for."""
@@ -1186,7 +1223,7 @@ class PgJournal:
         if self._broken is not None:
             raise PgWriteFailed(
                 f"the journal failed earlier ({self._broken}); open it again before appending"
-            )
+            ) from self._broken_by
         leases = self._leases
         lease = self.lease if leases is None else leases.get(run)
         if leases is not None and lease is None:
@@ -1205,6 +1242,7 @@ class PgJournal:
                     )
                 except PgJournalError as error:  # the connection failed, as an append's would
                     self._broken = f"reading run {run!r} before appending to it failed: {error}"
+                    self._broken_by = error
                     raise PgWriteFailed(f"{self._broken}; nothing was written") from error
                 first = numbering.last.get(run, 0) + 1
                 self._known(run, first, fold)
@@ -1243,6 +1281,7 @@ class PgJournal:
             last = first + len(changes) - 1
             numbers_text = f"seq {first or '?'}" if len(changes) == 1 else f"seq {first}-{last}"
             self._broken = f"append of record {numbers_text} of run {run!r} failed: {_reason(error)}"
+            self._broken_by = error
             raise PgWriteFailed(
                 f"{self._broken}; whether it was committed is unknown until the journal is read again"
             ) from error
@@ -1330,7 +1369,7 @@ class PgJournal:
         if not self._unflushed:
             return
         if self._broken is not None:
-            raise PgWriteFailed(f"the journal failed earlier ({self._broken})")
+            raise PgWriteFailed(f"the journal failed earlier ({self._broken})") from self._broken_by
         try:
             self._conn.execute(
                 "SELECT set_config('synchronous_commit', 'on', true),"
@@ -1338,6 +1377,7 @@ class PgJournal:
             )
         except psycopg.Error as error:
             self._broken = f"flush failed: {_reason(error)}"
+            self._broken_by = error
             raise PgWriteFailed(self._broken) from error
         self._unflushed = False
 

@@ -45,7 +45,20 @@ Theory of operation:
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
-  heartbeat is expired it stops its executors (a graceful stop) and exits.
+  heartbeat is expired while the database answers (a frozen process) it
+  stops its executors (a graceful stop) and exits (`WorkerDeclaredDead`).
+- A worker survives its database (a restart, its sessions terminated, the
+  server not up yet at its start): when a connection fails with the
+  database unreachable (`connection_lost`), it stops its executors at once
+  (their writes fail; nothing new starts), drops every run it held, and
+  connects again after capped, fully jittered exponential waits
+  (`Backoff`). Once connected it retires its old id and registers a fresh
+  one in one transaction, so the runs it dropped are a dead worker's: they
+  are taken over on the fenced path (fence + 1, recovery of their live
+  attempts, their slots freed), by it or by another worker, exactly as
+  after a crash. Whatever its old executors still try to write carries the
+  old fence and is refused. It gives up (`PgConnectFailed`, the CLI's exit
+  3) when the database stays unreachable for ``reconnect_for`` seconds.
 """
 
 from __future__ import annotations
@@ -56,12 +69,13 @@ import functools
 import json
 import logging
 import os
+import random
 import signal
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -81,6 +95,7 @@ from ._journal import (
     PG_SCHEMA_VERSION,
     Lease,
     LeaseLost,
+    PgConnectFailed,
     PgJournal,
     PgJournalError,
     PgMigrationNeeded,
@@ -88,6 +103,8 @@ from ._journal import (
     check_schema,
     commits_synchronously,
     connect,
+    connection_lost,
+    database_named,
     migrate,
     usable,
 )
@@ -133,7 +150,8 @@ class WorkerWatcher(Protocol):
     """
 
     def started(self, worker: str) -> None:
-        """The worker registered under id ``worker``, before its first claim."""
+        """The worker registered under id ``worker``, before its first claim (again, under a
+        fresh id, after each reconnect: see `Worker`)."""
 
     def claimed(self, worker: str, run: str, taken_over: bool) -> None:
         """The worker claimed ``run``; ``taken_over``: from a worker found dead."""
@@ -231,6 +249,49 @@ waited in the worker, holding the run."""
 
 INBOX_POLL: Final = 0.5
 """Seconds between a worker's looks at the inbox of the runs it drives."""
+
+RECONNECT_FOR: Final = 300.0
+"""Seconds a worker goes on trying to reach an unreachable database before it
+gives up (`PgConnectFailed`; the CLI exits 3). Five minutes covers a server
+restart, a failover to a standby and a database container starting after
+its workers, yet a worker pointed at a wrong URL, or a database that is
+gone, still ends soon enough for its supervisor to notice and alert."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backoff:
+    """How a worker waits between two attempts to reach its database.
+
+    Capped exponential backoff with full jitter: before attempt ``n`` + 1
+    (``n`` = 0, 1, ...) it sleeps ``uniform(0, min(cap, base * 2**n))``
+    seconds, so workers that lost one server do not all come back at the
+    same instant. ``uniform``, ``sleep`` and ``clock`` (which measures the
+    outage against ``reconnect_for``) are there to be replaced in tests.
+    """
+
+    base: float = 0.1
+    """The first wait's upper bound, in seconds (doubling after each attempt)."""
+    cap: float = 5.0
+    """The largest upper bound of a wait, in seconds."""
+    uniform: Callable[[float, float], float] = random.uniform
+    """A random number between its two arguments (`random.uniform`)."""
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    """Waits that many seconds (`asyncio.sleep`: the worker's loop still takes signals)."""
+    clock: Callable[[], float] = time.monotonic
+    """Seconds on a clock that never goes back (`time.monotonic`)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.base < float("inf"):
+            raise ValueError(f"Backoff base must be a positive number of seconds, got {self.base!r}")
+        if not self.base <= self.cap < float("inf"):
+            raise ValueError(
+                f"Backoff cap must be a number of seconds at least base ({self.base!r}), got {self.cap!r}"
+            )
+
+    def delay(self, attempt: int) -> float:
+        """The wait before attempt ``attempt`` + 1 (0 for the wait after the first failure)."""
+        return self.uniform(0.0, min(self.cap, self.base * 2.0 ** min(attempt, 64)))
 
 
 @functools.lru_cache(maxsize=64)
@@ -351,6 +412,12 @@ class _Heart:
         self._changed: Final = threading.Condition()
         self.last_ok = started
         self.declared_dead = False
+        self._timeout: Final = max(2, int(period * 2))
+        """Seconds a beat's connection attempt may take."""
+        self.failed_at: float | None = None
+        """When the last beat failed (monotonic), or None when the last beat got an answer."""
+        self.error: BaseException | None = None
+        """The last failed beat's error."""
         self._thread: Final = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
     def start(self) -> None:
@@ -371,6 +438,16 @@ class _Heart:
                 self._changed.wait(left)
             return self.last_ok > after
 
+    def unreachable(self) -> BaseException | None:
+        """The error of a beat that failed lately (within two periods and a
+        connection attempt): the database does not answer now. None when the
+        last beat got an answer, or failed long ago (the process was frozen
+        since: that is no outage)."""
+        failed = self.failed_at
+        if failed is None or time.monotonic() - failed > 2 * self._period + self._timeout:
+            return None
+        return self.error
+
     def _loop(self) -> None:
         conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
@@ -379,15 +456,18 @@ class _Heart:
                 try:
                     if conn is None:
                         conn = psycopg.connect(
-                            self._url, autocommit=True, connect_timeout=max(2, int(self._period * 2))
+                            self._url, autocommit=True, connect_timeout=self._timeout
                         )
                     row = conn.execute(self._beat, (self._worker,)).fetchone()
-                except psycopg.Error:
+                except psycopg.Error as error:
                     if conn is not None:
                         conn.close()
                     conn = None
+                    self.error = error
+                    self.failed_at = time.monotonic()
                     continue  # the next period tries again; the lease ages meanwhile
                 with self._changed:
+                    self.failed_at = None
                     if row is None:
                         self.declared_dead = True
                     else:
@@ -623,6 +703,13 @@ class Worker:
     told of what recovery writes when it takes a run up (the orphans it ends).
     ``watcher`` is told of its start, claims, takeovers and lost leases
     (`WorkerWatcher`).
+
+    When the database is unreachable (at the start too: a container may
+    start before its database) the worker waits and connects again
+    (`Backoff`; see the module doc), for at most ``reconnect_for`` seconds
+    (default `RECONNECT_FOR`; 0: never) from when it noticed the outage, then gives
+    up with `PgConnectFailed`. Each reconnect registers it under a fresh
+    `id` and the runs it dropped are taken over, fenced.
     """
 
     def __init__(
@@ -640,11 +727,22 @@ class Worker:
         grace: float = 5.0,
         observers: Sequence[RunObserver] = (),
         watcher: WorkerWatcher | None = None,
+        reconnect_for: float = RECONNECT_FOR,
+        backoff: Backoff | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
+        if not 0 <= reconnect_for < float("inf"):
+            raise ValueError(
+                f"reconnect_for must be a number of seconds, 0 or more, got {reconnect_for!r}"
+            )
         self._margin: Final = check_timing(heartbeat, dead_after)
-        self.id: Final = str(uuid.uuid4())
+        self._id = str(uuid.uuid4())
+        self._registered = False
+        """Whether ``_id`` is in the workers table (then a reconnect retires it)."""
+        self._reconnect_for: Final = float(reconnect_for)
+        self._backoff: Final = Backoff() if backoff is None else backoff
+        self._closed = 0
         self._url: Final = url
         self._schema: Final = schema
         self._workflows: Final = {w.name: w for w in workflows}
@@ -670,22 +768,29 @@ class Worker:
 
     # ------------------------------------------------------------ public
 
+    @property
+    def id(self) -> str:
+        """The id this worker is registered under (uuid4); a fresh one after each reconnect."""
+        return self._id
+
     def run(self, *, stop_on_signals: bool = False) -> int:
         """Serve until stopped (or idle, with ``stop_when_idle``); return how many runs it closed.
 
-        Raises `WorkerDeclaredDead` when another worker took its runs over
-        (its heartbeat expired), and `PgJournalError` when the database
-        fails. With ``stop_on_signals``, SIGINT and SIGTERM stop it
-        gracefully: its runs are stopped and handed back to the
-        queue for another worker.
+        Raises `WorkerDeclaredDead` when its heartbeat expired while the
+        database answered (another worker may have taken its runs over),
+        `PgConnectFailed` when the database stayed unreachable for
+        ``reconnect_for`` seconds, and `PgJournalError` when the database
+        refuses what it asks otherwise. With ``stop_on_signals``, SIGINT and
+        SIGTERM stop it gracefully: its runs are stopped and handed back to
+        the queue for another worker (while it waits for the database, it
+        stops at the end of the current wait).
         """
         try:
             return asyncio.run(self._serve(stop_on_signals))
         except psycopg.Error as error:
-            # The worker's own connection (claims, completions) failed: the
-            # runs it held are taken over by another worker once it is dead.
+            # Not an outage (those are retried): the database refused a statement.
             raise PgJournalError(
-                f"worker {self.id}: its database connection failed:"
+                f"worker {self.id}: a statement on its database failed:"
                 f" {str(error).strip() or type(error).__name__}; another worker takes its"
                 " runs over"
             ) from None
@@ -972,22 +1077,82 @@ class Worker:
     # ------------------------------------------------------------ the loop
 
     async def _serve(self, stop_on_signals: bool) -> int:
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
+        for number in signals:
+            loop.add_signal_handler(number, self.stop, signal.Signals(number).name)
+        self._closed = 0
+        try:
+            since: float | None = None  # when the database was found unreachable
+            while True:
+                session = await self._reconnect(since)
+                if session is None:  # stopped while it waited for the database
+                    return self._closed
+                since = await self._session(session)
+                if since is None or self._stop_reason is not None:
+                    return self._closed
+        finally:
+            for number in signals:
+                loop.remove_signal_handler(number)
+
+    async def _reconnect(self, since: float | None) -> _Session | None:
+        """Open a session, retrying while the database is unreachable (`Backoff`).
+
+        ``since``: when the outage began (None: the worker's start, which
+        waits for the database the same way). Gives up with
+        `PgConnectFailed` once the next wait would end more than
+        ``reconnect_for`` seconds after it began; None when the worker was
+        stopped while it waited.
+        """
+        backoff = self._backoff
+        began = backoff.clock() if since is None else since
+        attempt = 0
+        while True:
+            try:
+                return await asyncio.to_thread(self._open)
+            except Exception as error:  # noqa: BLE001  # re-raised unless the database is unreachable
+                if not connection_lost(error):
+                    raise
+                reason = " ".join(str(error).split()) or type(error).__name__
+                reason = reason.removeprefix(f"cannot connect to {database_named(self._url)}: ")
+            delay = backoff.delay(attempt)
+            attempt += 1
+            waited = backoff.clock() - began
+            if self._reconnect_for == 0 or waited + delay > self._reconnect_for:
+                raise PgConnectFailed(
+                    f"database unavailable: {database_named(self._url)} stayed unreachable for"
+                    f" {waited:.1f} s (reconnect_for is {self._reconnect_for:g} s), so worker"
+                    f" {self.id} stopped; last error: {reason}"
+                )
+            self._say(
+                f"{database_named(self._url)} is unreachable ({reason}); connecting again in"
+                f" {delay:.2f} s (attempt {attempt})",
+                logging.WARNING,
+            )
+            await backoff.sleep(delay)
+            if self._stop_reason is not None:
+                return None
+
+    def _open(self) -> _Session:
+        """Connect (the journal, the claims' connection, the slots'), check the pools, register.
+
+        After an outage, the id the worker had is retired (marked dead) in
+        the transaction that registers a fresh one: the runs it dropped are
+        then a dead worker's, taken over (by this worker or another) on the
+        fenced path, with recovery of their live attempts and their slots
+        freed.
+        """
         url, schema = self._url, self._schema
         pg = PgJournal(url, schema=schema, leases=self._leases)
-        tasks: dict[asyncio.Task[bool], str] = {}
-        closed = 0
+        conn: psycopg.Connection[tuple[object, ...]] | None = None
+        slots_conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
             conn = connect(url)
             # Claims commit asynchronously: the run's synchronous
             # commits (Dispatched, its closing) come later in the WAL and make
             # them durable too.
             conn.execute("SET synchronous_commit = off")
-        except BaseException:
-            pg.close()
-            raise
-        # A step naming a pool the journal lacks would only ever time out.
-        slots_conn: psycopg.Connection[tuple[object, ...]] | None = None
-        try:
+            # A step naming a pool the journal lacks would only ever time out.
             check_pools(conn, schema, self._workflows.values())
             # A code workflow's steps may name a pool at any call: take slots
             # for whatever they name.
@@ -995,49 +1160,78 @@ class Worker:
                 w.function is not None for w in self._workflows.values()
             ):
                 slots_conn = connect(url)
-                self._pools = SlotAdmission(slots_conn, schema=schema, worker=self.id, leases=self._leases)
+            fresh = str(uuid.uuid4()) if self._registered else self._id
+            with conn.transaction():
+                if self._registered:
+                    conn.execute(_statement(_RETIRE, schema), (self._id,))
+                conn.execute(_statement(_REGISTER, schema), (fresh, socket.gethostname(), os.getpid()))
         except BaseException:
             for opened in (slots_conn, conn, pg):
                 if opened is not None:
                     opened.close()
             raise
-        loop = asyncio.get_running_loop()
-        signals = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
-        started = time.monotonic()
-        heart = _Heart(url, schema, self.id, self._heartbeat, started)
+        if self._registered:
+            self._say(
+                f"worker {self._id} is retired after the outage; it goes on as worker {fresh}"
+                " (the runs it held are taken over)",
+                logging.WARNING,
+            )
+        self._id = fresh
+        self._registered = True
+        if slots_conn is not None:
+            self._pools = SlotAdmission(slots_conn, schema=schema, worker=fresh, leases=self._leases)
+        return _Session(pg=pg, conn=conn, slots_conn=slots_conn)
+
+    async def _session(self, session: _Session) -> float | None:
+        """Claim and drive runs on ``session`` until stopped, idle, or the database fails.
+
+        Returns when the database was found unreachable (the backoff's
+        clock), once every run it drove is dropped; None when it stopped
+        otherwise. Raises `WorkerDeclaredDead` when its heartbeat expired
+        while the database answered (a frozen process), as before.
+        """
+        schema = self._schema
+        conn = session.conn
+        heart = _Heart(self._url, schema, self.id, self._heartbeat, time.monotonic())
+        self._heart = heart
+        tasks: dict[asyncio.Task[bool], str] = {}
         expired = False
+        outage: BaseException | None = None
+        errors: list[BaseException] = []
         try:
-            conn.execute(_statement(_REGISTER, schema), (self.id, socket.gethostname(), os.getpid()))
-            self._heart = heart
             heart.start()
             if self._watcher is not None:
                 self._watcher.started(self.id)
             self._say(f"worker {self.id} started")
-            journal = _WorkerJournal(pg, self._verdict, heart, self._dead_after)
-            for number in signals:
-                loop.add_signal_handler(number, self.stop, signal.Signals(number).name)
+            journal = _WorkerJournal(session.pg, self._verdict, heart, self._dead_after)
             poll = min(self._heartbeat / 2, INBOX_POLL)
             swept = -poll
             looked = -poll
-            while self._stop_reason is None:
+            while self._stop_reason is None and outage is None:
                 verdict = self._verdict()
                 if verdict is LeaseVerdict.EXPIRED:
                     expired = True
                     break
-                if may_dispatch(verdict):
-                    if time.monotonic() - swept >= poll:  # a dead worker's runs wait at most poll longer
-                        swept = time.monotonic()
-                        self._find_dead(conn)
-                    while len(tasks) < self._concurrency:
-                        claim = self._claim(conn)
-                        if claim is None:
-                            break
-                        task = asyncio.ensure_future(self._drive(journal, conn, claim))
-                        tasks[task] = claim.run
-                if self._driving and time.monotonic() - looked >= INBOX_POLL:
-                    looked = time.monotonic()
-                    self._take_in(conn)
-                if not tasks and self._stop_when_idle and self._idle(conn):
+                try:
+                    if may_dispatch(verdict):
+                        if time.monotonic() - swept >= poll:  # a dead worker's runs wait at most poll longer
+                            swept = time.monotonic()
+                            self._find_dead(conn)
+                        while len(tasks) < self._concurrency:
+                            claim = self._claim(conn)
+                            if claim is None:
+                                break
+                            task = asyncio.ensure_future(self._drive(journal, conn, claim))
+                            tasks[task] = claim.run
+                    if self._driving and time.monotonic() - looked >= INBOX_POLL:
+                        looked = time.monotonic()
+                        self._take_in(conn)
+                    if not tasks and self._stop_when_idle and self._idle(conn):
+                        break
+                except Exception as error:  # noqa: BLE001  # re-raised unless the database is unreachable
+                    if not connection_lost(error):
+                        raise
+                    outage = error
                     break
                 if tasks:
                     done, _ = await asyncio.wait(
@@ -1045,41 +1239,80 @@ class Worker:
                     )
                     for task in done:
                         del tasks[task]
-                        closed += task.result()
+                        try:
+                            self._closed += task.result()
+                        except Exception as error:  # noqa: BLE001  # re-raised unless the database is unreachable
+                            if not connection_lost(error):
+                                raise
+                            outage = outage or error
                 else:
                     await asyncio.sleep(poll)
         finally:
+            noticed = self._backoff.clock()  # the outage's start, for reconnect_for
+            if outage is None and expired:
+                outage = heart.unreachable()  # it could not beat lately: the database is unreachable
             reason = self._stop_reason or (
-                "this worker's heartbeat expired" if expired else "the worker stopped"
-            )
+                "the database connection failed" if outage is not None
+                else "this worker's heartbeat expired" if expired
+                else "the worker stopped"
+            )  # fmt: skip
+            # An outage stops the executors at once: their writes fail, and
+            # the runs are taken over after the reconnect.
+            grace = 0.0 if outage is not None else self._grace
             for executor in list(self._executors):
-                executor.stop(reason, grace=self._grace)
-            errors: list[BaseException] = []
+                executor.stop(reason, grace=grace)
             for task in tasks:
                 try:
-                    closed += await task
+                    self._closed += await task
                 except Exception as error:  # noqa: BLE001  # re-raised below
-                    errors.append(error)
-            for number in signals:
-                loop.remove_signal_handler(number)
+                    if connection_lost(error):
+                        outage = outage or error
+                    else:
+                        errors.append(error)
             heart.halt()
+            if outage is None:
+                try:
+                    conn.execute(_statement(_RETIRE, schema), (self.id,))
+                except psycopg.Error:
+                    pass  # its heartbeat expires anyway
             try:
-                conn.execute(_statement(_RETIRE, schema), (self.id,))
-            except psycopg.Error:
-                pass  # its heartbeat expires anyway
-            conn.close()
-            if slots_conn is not None:
-                slots_conn.close()
-            pg.close()
+                session.close()
+            except Exception as error:  # noqa: BLE001  # re-raised unless the database is unreachable
+                if outage is None or not connection_lost(error):
+                    raise
         if errors:
             raise errors[0]
+        if outage is not None:
+            self._say(
+                f"worker {self.id}: the database connection failed"
+                f" ({' '.join(str(outage).split()) or type(outage).__name__}); it stopped"
+                " starting attempts, dropped its runs, and connects again",
+                logging.WARNING,
+            )
+            return noticed
         if heart.declared_dead or expired:
             raise WorkerDeclaredDead(
                 f"worker {self.id}: its heartbeat expired"
                 + (" and another worker declared it dead" if heart.declared_dead else "")
-                + f"; it stopped after closing {closed} run(s); start a new worker process"
+                + f"; it stopped after closing {self._closed} run(s); start a new worker process"
             )
-        return closed
+        return None
+
+
+@final
+@dataclass(slots=True, kw_only=True)
+class _Session:
+    """What a worker holds between two outages: its journal and its connections."""
+
+    pg: PgJournal
+    conn: psycopg.Connection[tuple[object, ...]]
+    slots_conn: psycopg.Connection[tuple[object, ...]] | None
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.slots_conn is not None:
+            self.slots_conn.close()
+        self.pg.close()
 
 
 def run_worker(
@@ -1095,6 +1328,8 @@ def run_worker(
     stop_on_signals: bool = False,
     observers: Sequence[RunObserver] = (),
     watcher: WorkerWatcher | None = None,
+    reconnect_for: float = RECONNECT_FOR,
+    backoff: Backoff | None = None,
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -1108,7 +1343,7 @@ def run_worker(
         progress=progress,
         observers=observers,
         watcher=watcher,
+        reconnect_for=reconnect_for,
+        backoff=backoff,
     )
     return worker.run(stop_on_signals=stop_on_signals)
-
-
