@@ -314,3 +314,48 @@ def test_run_with_an_empty_id_creates_no_log(tmp_path: Path, capsys: pytest.Capt
     assert main(["run", FLOW, "--log", str(log), "--run", ""]) == 2
     assert last_error(capsys.readouterr().err, "run") == "--run needs a non-empty id"
     assert list(tmp_path.iterdir()) == []
+
+
+NOWHERE = "postgresql://nobody:secret@127.0.0.1:1/none"
+"""A URL whose server cannot be reached: nothing listens on port 1 (refused at once)."""
+
+UNREACHABLE: dict[str, list[str] | None] = {
+    "table": None,
+    "demo": None,
+    "replay": ["replay", NOWHERE],
+    "run": ["run", FLOW, "--log", NOWHERE],
+    "recover": ["recover", NOWHERE],
+    "runs": ["runs", NOWHERE],
+    "show": ["show", NOWHERE, "r-1"],
+    "reconcile": ["reconcile", NOWHERE, "--key", "k", "--confirmed"],
+    "signal": ["signal", NOWHERE, "r-1", "go"],
+    "cancel": ["cancel", NOWHERE, "r-1"],
+    "resume": ["resume", NOWHERE, "r-1"],
+    "export": ["export", NOWHERE],
+    "submit": ["submit", NOWHERE, FLOW],
+    "migrate": ["migrate", NOWHERE],
+    "worker": ["worker", NOWHERE, "--workflows", FLOW, "--reconnect-for", "0"],
+    "pool": ["pool", NOWHERE, "llm", "--slots", "1"],
+    "pools": ["pools", NOWHERE],
+    "serve": ["serve", NOWHERE, "--port", "0"],
+}
+
+
+def test_the_unreachable_table_lists_every_command() -> None:
+    assert sorted(UNREACHABLE) == sorted(_HANDLERS)
+
+
+@pytest.mark.parametrize("command", sorted(c for c, argv in UNREACHABLE.items() if argv is not None))
+def test_an_unreachable_database_exits_3_naming_host_and_database(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = UNREACHABLE[command]
+    assert argv is not None
+    assert exit_code(argv) == 3
+    captured = capsys.readouterr()
+    assert "secret" not in captured.out + captured.err
+    message = last_error(captured.err, command)
+    if command == "worker":  # it gave up reconnecting, after --reconnect-for 0 seconds
+        assert message.startswith("database unavailable: PostgreSQL at 127.0.0.1:1, database none"), message
+    else:
+        assert message.startswith("cannot connect to PostgreSQL at 127.0.0.1:1, database none"), message
