@@ -251,7 +251,9 @@ def test_a_missing_file_exits_2_naming_it(tmp_path: Path, capsys: pytest.Capture
     folder = tmp_path / "nowhere" if command in ("demo", "run") else tmp_path
     missing = folder / "missing.jsonl"
     assert exit_code(_argv(command, missing)) == 2
-    message = last_error(capsys.readouterr().err, command)
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before a word is printed
+    message = last_error(captured.err, command)
     if command in URL_ONLY:
         assert message == f"{command} works on a PostgreSQL journal: give a postgresql:// URL, not {str(missing)!r}"
     elif command == "serve":
@@ -266,7 +268,9 @@ def test_a_fifo_exits_2_without_blocking(tmp_path: Path, capsys: pytest.CaptureF
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
     assert exit_code(_argv(command, fifo)) == 2
-    message = last_error(capsys.readouterr().err, command)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    message = last_error(captured.err, command)
     if command in URL_ONLY:
         assert message == f"{command} works on a PostgreSQL journal: give a postgresql:// URL, not {str(fifo)!r}"
     else:

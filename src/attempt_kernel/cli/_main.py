@@ -1262,6 +1262,7 @@ def _worker_file(args: argparse.Namespace) -> int:
         sys.stdout.write(_report.taken_up_text(done))
         sys.stdout.flush()
 
+    os.close(open_regular(Path(log), os.O_RDONLY, "for reading"))  # a missing file or a FIFO: refused before a word
     print(f"worker: serving the runs of {shown(log)} ({', '.join(shown(n) for n in sorted(names))})", flush=True)
     diverged: set[str] = set()
     while True:
