@@ -277,19 +277,21 @@ def submit_run(
 class _Heart:
     """Beats from a thread and a connection of its own.
 
-    ``last_ok`` is the worker's monotonic time at which the last successful
-    beat was *sent* (before the database stamped it), so the worker's age
-    of its lease is never younger than the database's (see `_lease`).
+    ``last_ok`` is the worker's time (``clock``, the worker's own) at which
+    the last successful beat was *sent* (before the database stamped it), so
+    the worker's age of its lease is never younger than the database's (see
+    `_lease`).
     """
 
-    def __init__(self, url: str, schema: str, worker: str, period: float, started: float) -> None:
+    def __init__(self, url: str, schema: str, worker: str, period: float, clock: Callable[[], float]) -> None:
         self._url: Final = url
         self._beat: Final = _statement(_BEAT, schema)
         self._worker: Final = worker
         self._period: Final = period
         self._halt: Final = threading.Event()
         self._changed: Final = threading.Condition()
-        self.last_ok = started
+        self.clock: Final = clock
+        self.last_ok = clock()
         self.declared_dead = False
         self._thread: Final = threading.Thread(target=self._loop, name="heartbeat", daemon=True)
 
@@ -315,7 +317,7 @@ class _Heart:
         conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
             while not self._halt.wait(self._period):
-                sent = time.monotonic()
+                sent = self.clock()
                 try:
                     if conn is None:
                         conn = psycopg.connect(
@@ -374,11 +376,11 @@ class _WorkerJournal:
         if commits_synchronously(change) and not may_dispatch(self._live()):
             heart = self._heart
             seen = heart.last_ok
-            left = self._dead_after - (time.monotonic() - seen)
+            left = self._dead_after - (heart.clock() - seen)
             if not heart.wait_for_beat(seen, max(0.0, left)) or not may_dispatch(self._live()):
                 raise HeartbeatLate(
                     f"run {run!r}: this worker's last heartbeat is"
-                    f" {time.monotonic() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
+                    f" {heart.clock() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
                     " it sends no new effect until a heartbeat succeeds"
                 )
         return self._journal.append(run, change)
@@ -562,7 +564,10 @@ class Worker:
     are handed to the executor of every run it drives (`RunObserver`), and
     told of what recovery writes when it takes a run up (the orphans it ends).
     ``watcher`` is told of its start, claims, takeovers and lost leases
-    (`WorkerWatcher`).
+    (`WorkerWatcher`). ``clock`` is the worker's own clock in seconds
+    (monotonic by default), by which it judges the age of its last
+    heartbeat; the database judges it by its own (a test may hand in a
+    clock that jumps, to see a worker find its lease expired).
     """
 
     def __init__(
@@ -580,6 +585,7 @@ class Worker:
         grace: float = 5.0,
         observers: Sequence[RunObserver] = (),
         watcher: WorkerWatcher | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -607,6 +613,7 @@ class Worker:
         self._stop_reason: str | None = None
         self._heart: _Heart | None = None
         self._watcher: Final = watcher
+        self._clock: Final = clock
 
     # ------------------------------------------------------------ public
 
@@ -647,7 +654,7 @@ class Worker:
         assert heart is not None
         if heart.declared_dead:
             return LeaseVerdict.EXPIRED
-        return lease_decision(time.monotonic(), heart.last_ok, self._dead_after, self._margin)
+        return lease_decision(heart.clock(), heart.last_ok, self._dead_after, self._margin)
 
     def _find_dead(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         """Mark dead every worker whose heartbeat expired by the database's clock."""
@@ -943,8 +950,7 @@ class Worker:
             raise
         loop = asyncio.get_running_loop()
         signals = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
-        started = time.monotonic()
-        heart = _Heart(url, schema, self.id, self._heartbeat, started)
+        heart = _Heart(url, schema, self.id, self._heartbeat, self._clock)
         expired = False
         try:
             conn.execute(_statement(_REGISTER, schema), (self.id, socket.gethostname(), os.getpid()))
@@ -1035,6 +1041,7 @@ def run_worker(
     stop_on_signals: bool = False,
     observers: Sequence[RunObserver] = (),
     watcher: WorkerWatcher | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -1048,6 +1055,7 @@ def run_worker(
         progress=progress,
         observers=observers,
         watcher=watcher,
+        clock=clock,
     )
     return worker.run(stop_on_signals=stop_on_signals)
 
