@@ -5,7 +5,9 @@ submitted with the README's command, and the worker that holds runs killed
 with SIGKILL: another worker takes its runs over at fence 2, every report
 is posted once, and the exported journal replays valid. Worker ids and
 times differ from run to run, so the test checks what the README says
-happened, line by line where the lines are stable.
+happened, line by line where the lines are stable. The killed worker's
+heartbeat is aged in the database (`expire_heartbeats`) so that the
+survivors find it dead at their next look, not after the test waited.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pgtools import expire_heartbeats
 
 from attempt_kernel import AttemptTransitioned, Record, read_log, replay, transition
 
@@ -80,7 +83,10 @@ def test_a_killed_worker_s_runs_are_taken_over_and_posted_once(db: str, tmp_path
         for handle in handles
     ]
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 60  # a safety net
+        while not all(re.search(r" worker \S+ started$", out.read_text(), re.MULTILINE) for out in outs):
+            assert time.monotonic() < deadline, [o.read_text() for o in outs]
+            time.sleep(0.02)
         runs = [f"report-{i}" for i in range(1, 7)]
         for run in runs:
             submitted = cli(tmp_path, "submit", db, "flows:reports", "--run", run)
@@ -88,15 +94,16 @@ def test_a_killed_worker_s_runs_are_taken_over_and_posted_once(db: str, tmp_path
         # The victim is picked from the workers' output at once, with no
         # command run first: a run is held only for fetch's 3 s after its
         # claim, and on a loaded machine a `runs` here could take that long.
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while not (holders := _holders(outs)) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert holders, [o.read_text() for o in outs]
         victim, held, victim_id = holders[0]
         workers[victim].send_signal(signal.SIGKILL)
-        workers[victim].wait(timeout=10)
+        workers[victim].wait(timeout=60)
+        assert expire_heartbeats(db, "attempt_kernel", victim_id) == [victim_id]
         assert set(statuses(tmp_path, db)) == set(runs)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 60
         while time.monotonic() < deadline and set(statuses(tmp_path, db).values()) != {"succeeded"}:
             time.sleep(0.3)
         assert statuses(tmp_path, db) == dict.fromkeys(runs, "succeeded")
@@ -128,7 +135,7 @@ def test_a_killed_worker_s_runs_are_taken_over_and_posted_once(db: str, tmp_path
                 worker.send_signal(signal.SIGINT)
         for worker in workers:
             try:
-                worker.wait(timeout=15)
+                worker.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 worker.kill()
                 worker.wait()
