@@ -137,7 +137,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, list[int], Path]]:
     finally:
         server.terminate()
         try:
-            server.wait(timeout=30)
+            server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
@@ -232,7 +232,7 @@ def test_a_takeover_that_ends_indeterminate_fires_the_alert(
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
-                    process.wait(timeout=30)
+                    process.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()

@@ -346,7 +346,8 @@ def test_after_a_stop_recovery_resumes_the_run(tmp_path: Path) -> None:
     """A SIGINT stop (in process, through run_jobs) leaves a run recovery hands back to resume."""
 
     async def interrupt(control: RunControl) -> None:
-        await asyncio.sleep(0.1)
+        while not running("sleep")(records(tmp_path)):  # the attempt is live, however slow the machine
+            await asyncio.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
 
     log = tmp_path / LOG
@@ -368,7 +369,8 @@ def test_after_a_cancel_recovery_closes_the_run(tmp_path: Path) -> None:
     """RunControl.cancel() finishes the run cancelled; recovery has nothing to resume."""
 
     async def cancel(control: RunControl) -> None:
-        await asyncio.sleep(0.1)
+        while not running("sleep")(records(tmp_path)):
+            await asyncio.sleep(0.01)
         control.cancel()
 
     log = tmp_path / LOG

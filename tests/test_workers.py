@@ -46,6 +46,7 @@ from attempt_kernel import (
 )
 from attempt_kernel.postgres._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
 from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal
+from attempt_kernel.postgres._worker import Worker, WorkerDeclaredDead
 from attempt_kernel.postgres._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
 
 pytestmark = pytest.mark.postgres
@@ -475,6 +476,39 @@ def test_a_dispatch_refused_for_a_late_heartbeat_stops_the_run_and_it_is_driven_
         if isinstance(r.change, AttemptTransitioned) and r.change.step == "charge"
     ]
     assert charge == [(1, Running()), (1, Cancelled()), (2, Running()), (2, Succeeded())]
+    assert calls(downstream) == ["r1/charge/card"]
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+
+
+def test_a_worker_whose_own_clock_passes_its_lease_sends_nothing_and_stops(
+    pg_url: str, schema: str, downstream: Path
+) -> None:
+    """The worker's clock (``clock=``) jumps an hour on as it claims r1: it dispatches nothing,
+    raises WorkerDeclaredDead, retires; the next worker finishes r1 at fence 2, charging once.
+
+    Its heartbeat (every 100 s) never beats during the test, so nothing but the
+    injected clock judges its lease.
+    """
+    ahead = [0.0]
+
+    def jump_at_the_claim(line: str) -> None:
+        if line == "r1: claimed at fence 1":
+            ahead[0] = 3600.0
+
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    stale = Worker(
+        pg_url, [PAY], schema=schema, heartbeat=100, dead_after=300, stop_when_idle=True,
+        progress=jump_at_the_claim, clock=lambda: time.monotonic() + ahead[0],
+    )  # fmt: skip
+    with pytest.raises(WorkerDeclaredDead, match="its heartbeat expired; it stopped after closing 0 run"):
+        stale.run()
+    assert calls(downstream) == []
+    assert not any(isinstance(r.change, IntentChanged) for r in journal_records(pg_url, schema))
+    assert sql_in(pg_url, schema, "SELECT id, dead FROM {s}.workers") == [(stale.id, True)]
+    assert sql_in(pg_url, schema, "SELECT done, fence FROM {s}.runs") == [(False, 1)]
+    assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 2)]
     assert calls(downstream) == ["r1/charge/card"]
     with PgJournal(pg_url, schema=schema) as journal:
         assert replay(journal).valid

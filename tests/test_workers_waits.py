@@ -354,14 +354,16 @@ def test_a_release_that_waits_for_a_delivery_lock_sees_its_inbox_row(pg_url: str
         releaser = threading.Thread(target=release)
         releaser.start()
 
-        def blocked() -> bool:
-            rows = sql_in(pg_url, schema, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        holder = operator.info.backend_pid
+
+        def blocked() -> bool:  # the releaser, and only it, waits for the operator's lock (other tests share the server)
+            rows = sql_in(pg_url, schema, "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", holder)
             return rows == [(1,)]
 
         wait_for("the release waiting for the row lock", blocked)
         assert not done.is_set()
         operator.commit()
-    releaser.join(timeout=30)
+    releaser.join(timeout=60)
     assert done.is_set()
     assert sql_in(pg_url, schema, "SELECT owner, wake_at FROM {s}.runs") == [(None, None)]
 
