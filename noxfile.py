@@ -1,8 +1,9 @@
 """Sessions for attempt-kernel; versions and dependency groups come from pyproject.toml.
 
 `nox` alone runs the gate: tests on every supported Python found on the
-machine, the type checks (mypy and pyright), the distribution check, then
-mutation testing of the two state machines. `nox -l` lists the sessions and
+machine, the type checks (mypy and pyright), the distribution check, the
+API reference (built, warnings failing it), then mutation testing of the
+two state machines. `nox -l` lists the sessions and
 runs nothing: importing this file only reads pyproject.toml.
 """
 
@@ -24,7 +25,7 @@ nox.options.reuse_existing_virtualenvs = True
 # `pythons` session fails the gate when none at all is installed.
 nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"
-nox.options.sessions = ["tests", "typecheck", "dist", "mutate"]
+nox.options.sessions = ["tests", "typecheck", "dist", "docs", "mutate"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 SUPPORTED = nox.project.python_versions(PYPROJECT)
@@ -135,6 +136,21 @@ def dist(session: nox.Session) -> None:
             session.error(f"{wheels[0]} has no LICENSE: the MIT license requires its notice to ship")
         if "attempt_kernel/alerts/attempt-kernel.rules.yml" not in names:
             session.error(f"{wheels[0]} has no alerting rules (attempt_kernel/alerts/attempt-kernel.rules.yml)")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Render the API reference of the public modules into build/api/ with pdoc; any warning fails.
+
+    docs/build_api.py renders `attempt_kernel`, `attempt_kernel.postgres` and
+    `attempt_kernel.cli`, and exits 1 on any warning pdoc emits or on a
+    docstring naming an ``attempt_kernel.`` name that does not exist (checked
+    against a copy with a missing ``.. include::`` file and an unknown name).
+    tests/test_api_docs.py checks that every public name has a docstring.
+    """
+    session.install(".", *nox.project.dependency_groups(PYPROJECT, "docs"))
+    shutil.rmtree("build/api", ignore_errors=True)
+    session.run("python", "docs/build_api.py", "build/api")
 
 
 @nox.session

@@ -1,6 +1,6 @@
 """A report workflow for the multi-worker session in the README.
 
-`fetch` takes a few seconds (long enough to kill its worker in the middle),
+`fetch` takes ten seconds (long enough to kill its worker in the middle),
 then `publish` posts the report through an effect. published.log stands in
 for the downstream system; it outlives any worker, as a real one does.
 """
@@ -16,7 +16,7 @@ PUBLISHED = Path("published.log")
 
 
 async def fetch(ctx: StepContext) -> JSON:
-    await asyncio.sleep(3)  # a slow data source
+    await asyncio.sleep(10)  # a slow data source: long enough to kill its worker by hand
     return {"report": ctx.run, "rows": 42}
 
 

@@ -38,7 +38,13 @@ class LogSource(Protocol):
     where a store has them); it may be called more than once.
     """
 
-    def read(self) -> Iterator[LogItem]: ...
+    def read(self) -> Iterator[LogItem]:
+        """Yield every item from the journal's start, in order.
+
+        Each item is a `Record`, or a `CorruptLine` or `TornTail` where the
+        store has them.
+        """
+        ...
 
 
 class RunLog(Protocol):
@@ -51,9 +57,17 @@ class RunLog(Protocol):
     returns, every appended record survives a crash of the machine.
     """
 
-    def append(self, run: str, change: Change) -> int: ...
+    def append(self, run: str, change: Change) -> int:
+        """Write one record of ``run`` and return its sequence number once it survives a crash of this process.
 
-    def flush(self) -> None: ...
+        Raises `UnencodableRecord` or `DispatchRefused` (see the class doc)
+        before anything is written.
+        """
+        ...
+
+    def flush(self) -> None:
+        """Return once every record appended so far survives a crash of the machine."""
+        ...
 
 
 class Journal(LogSource, RunLog, Protocol):

@@ -285,6 +285,10 @@ class Spans:
     # ------------------------------------------------------------ the observer
 
     def record_written(self, run: str, change: Change, time_us: int) -> None:
+        """Start or end the spans that ``change`` of ``run`` opens or closes, at ``time_us`` (microseconds).
+
+        A record of a run this observer did not see start or resume is ignored.
+        """
         state = self._runs.get(run)
         match change:
             case RunStarted():
