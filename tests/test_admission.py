@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pgtools import sql_in
+from pgtools import expire_heartbeats, sql_in
 from psycopg import sql
 from workerflows.pooled import HURRY, THINK, WORK
 
@@ -88,7 +88,7 @@ def most_running_at_once(records: list[Record]) -> int:
 
 
 def worker(url: str, schema: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
-    """A worker process serving the pooled workflows (heartbeat 0.2 s, dead after 0.8 s, stops when idle)."""
+    """A worker process serving the pooled workflows (heartbeat 0.2 s, dead after 300 s, stops when idle)."""
     environment = {**os.environ, "PYTHONPATH": str(TESTS), "PG_URL": url, "WORKFLOWS": "pooled", **env}
     return subprocess.Popen(
         [sys.executable, "-c", START, url, schema],
@@ -237,7 +237,7 @@ def test_a_takeover_frees_the_slots_of_older_fences_only_while_it_holds_the_run(
 def test_a_worker_refuses_to_start_when_a_step_names_a_missing_pool(pg_url: str, schema: str) -> None:
     """No pool llm in the journal: PoolMissing naming the step and the command that makes it."""
     with pytest.raises(PoolMissing, match=r"workflow 'think', step 'think' needs pool 'llm'.*attempt-kernel pool URL llm --slots N"):
-        run_worker(pg_url, [THINK], schema=schema, heartbeat=0.2, dead_after=0.8, stop_when_idle=True)
+        run_worker(pg_url, [THINK], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True)
 
 
 # --------------------------------------------------------------------------
@@ -419,21 +419,26 @@ def test_three_workers_on_a_pool_of_two_never_run_more_than_two_attempts(
 def test_a_queue_deadline_passes_when_another_workers_attempt_keeps_the_only_slot(
     pg_url: str, schema: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pool of 1 held by a worker process for 1.5 s: a run of hurry in this process ends TimedOut by QueueDeadlinePassed."""
+    """Pool of 1 held by a worker process until the test lets it go: a run of hurry in this
+    process ends TimedOut by QueueDeadlinePassed."""
     monkeypatch.setenv("PG_URL", pg_url)
     set_pool(pg_url, "llm", 1, schema=schema)
-    submit_run(pg_url, "think", "slow", {"sleep": 1.5}, schema=schema)
-    holder = worker(pg_url, schema, tmp_path)
-    try:
-        deadline = 10.0
-        while sql_in(pg_url, schema, "SELECT count(*) FROM {s}.slots WHERE run = 'slow'") != [(1,)]:
-            assert deadline > 0, "the slow run never took the slot"
-            deadline -= 0.02
-            threading.Event().wait(0.02)
-        submit_run(pg_url, "hurry", "quick", schema=schema)
-        run_worker(pg_url, [HURRY], schema=schema, heartbeat=0.2, dead_after=0.8, stop_when_idle=True)
-    finally:
-        code, out = finish(holder)
+    gate = f"gate:{schema}"
+    submit_run(pg_url, "think", "slow", {"gate": gate}, schema=schema)
+    with psycopg.connect(pg_url, autocommit=True) as held:
+        held.execute("SELECT pg_advisory_lock(hashtext(%s))", (gate,))  # the slow run works until it is let go
+        holder = worker(pg_url, schema, tmp_path)
+        try:
+            deadline = 60.0  # only so that a broken test does not hang
+            while sql_in(pg_url, schema, "SELECT count(*) FROM {s}.slots WHERE run = 'slow'") != [(1,)]:
+                assert deadline > 0, "the slow run never took the slot"
+                deadline -= 0.02
+                threading.Event().wait(0.02)
+            submit_run(pg_url, "hurry", "quick", schema=schema)
+            run_worker(pg_url, [HURRY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True)
+        finally:
+            held.execute("SELECT pg_advisory_unlock(hashtext(%s))", (gate,))
+            code, out = finish(holder)
     assert code == 0, out
     records = journal_records(pg_url, schema)
     quick = transitions([r for r in records if r.run == "quick"])
@@ -455,6 +460,7 @@ def test_a_slot_held_by_a_killed_worker_is_freed_by_the_takeover(pg_url: str, sc
     assert code == -signal.SIGKILL, out
     (held,) = holders(pg_url, schema)
     assert held[0] == 0 and held[2:4] == ("think", 1)
+    assert expire_heartbeats(pg_url, schema) == [held[4]]
     code, out = finish(worker(pg_url, schema, tmp_path))
     assert code == 0, out
     assert f"{held[1]}: taken over from worker" in out

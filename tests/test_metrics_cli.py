@@ -82,12 +82,12 @@ def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
         line = process.stdout.readline()
         found = re.search(r"http://\S+", line)
         assert found is not None, line
-        with urllib.request.urlopen(found.group(0).rstrip("/") + "/metrics", timeout=30) as answer:
+        with urllib.request.urlopen(found.group(0).rstrip("/") + "/metrics", timeout=60) as answer:
             content_type = answer.headers["Content-Type"]
             text = answer.read().decode()
     finally:
         process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=30)
+        process.communicate(timeout=60)
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     assert f'attempt_kernel_runs{{journal="{log}",status="interrupted"}} 1.0' in text, text
     assert "attempt_kernel_attempts_total" not in text

@@ -37,7 +37,7 @@ def test_a_worker_counts_its_claims_and_the_runs_it_closed(
     submit_run(pg_url, "pay", "r2", schema=schema)
     exposition = WorkerExposition(pg_url, schema=schema)
     worker = Worker(
-        pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=0.8, stop_when_idle=True,
+        pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True,
         observers=[exposition.observer], watcher=exposition.watcher,
     )  # fmt: skip
     assert worker.run() == 2

@@ -2,7 +2,8 @@
 
 A worker (``attempt-kernel worker URL --metrics-port``) dispatches an effect
 that blocks (``waitflows.BLOCKED``: it waits for a file the test never
-makes) and is SIGKILLed there; a second worker takes the run over and, with
+makes) and is SIGKILLed there; the test ages its heartbeat in the database
+(no waiting for its lease to run out), and a second worker takes the run over and, with
 no reconciler to ask, ends the attempt Indeterminate. Prometheus (Debian's
 ``prometheus``, a temporary config and storage, a private port) scrapes
 both every second, loads the shipped rules, and the test polls its HTTP API
@@ -32,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pgtools import expire_heartbeats
 
+from attempt_kernel.postgres import DEFAULT_SCHEMA
 from attempt_kernel.postgres._worker import submit_run
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -134,7 +137,7 @@ def prometheus(tmp_path: Path) -> Iterator[tuple[str, list[int], Path]]:
     finally:
         server.terminate()
         try:
-            server.wait(timeout=30)
+            server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
@@ -147,7 +150,7 @@ def start_worker(url: str, port: int, gate: Path, out: Path) -> subprocess.Popen
         return subprocess.Popen(
             [
                 sys.executable, "-m", "attempt_kernel", "worker", url, "--workflows", "waitflows:BLOCKED",
-                "--heartbeat", "0.2", "--dead-after", "0.8", "--metrics-port", str(port),
+                "--heartbeat", "0.2", "--dead-after", "300", "--metrics-port", str(port),
             ],
             env=env,
             stdout=sink,
@@ -182,7 +185,8 @@ def test_a_takeover_that_ends_indeterminate_fires_the_alert(
         page = get_text(f"http://127.0.0.1:{first_port}/metrics")
         assert re.search(r"^attempt_kernel_claims_total\{.*\} 1\.0$", page, re.M), page
         first.send_signal(signal.SIGKILL)  # mid-effect: Dispatched, no outcome
-        first.wait(timeout=30)
+        first.wait(timeout=60)
+        assert len(expire_heartbeats(db, DEFAULT_SCHEMA)) == 1  # dead now, by the database's clock
         second = start_worker(db, second_port, gate, second_out)
 
         def gauge_up() -> dict[str, object] | None:
@@ -228,7 +232,7 @@ def test_a_takeover_that_ends_indeterminate_fires_the_alert(
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
-                    process.wait(timeout=30)
+                    process.wait(timeout=60)
                 except subprocess.TimeoutExpired:
                     process.kill()
                     process.wait()

@@ -2,10 +2,13 @@
 
 Each case runs a workflow from ``tests/propflows/signalflows.py`` in a
 subprocess, waits (by reading the log) until an attempt is live, sends the
-signal, and then checks what an operator would: the exit code and the time
-it took, one line on stderr, and a log that stays valid, unfinished and
-resumable by `recover`. A stop is not a cancel: recovery resumes a stopped
-run and closes a cancelled one.
+signal, and then checks what an operator would: the exit code, one line on
+stderr, and a log that stays valid, unfinished and resumable by `recover`.
+A stop is not a cancel: recovery resumes a stopped run and closes a
+cancelled one. No test judges how long the child took: where that matters
+(it exits as soon as its step ends, not when the grace ends), the child
+runs with a grace of an hour, so only the step's end can let it exit
+before the safety-net timeout.
 """
 
 from __future__ import annotations
@@ -53,8 +56,10 @@ TESTS = Path(__file__).parent
 FLOWS = "propflows.signalflows"
 LOG = "run.jsonl"
 RUN = "r1"
-SLACK = 4.0
-"""Seconds beyond the grace period a stopped process may take to exit."""
+SAFETY = GRACE + 60.0
+"""Seconds a stopped child may take to exit before the test fails (a safety net, not a speed check)."""
+HOUR_OF_GRACE = 3600.0
+"""A grace period no test waits out."""
 
 
 def charge_key(cwd: Path) -> str:
@@ -103,16 +108,18 @@ def status(cwd: Path) -> str:
     return value
 
 
-def start(cwd: Path, attr: str) -> subprocess.Popen[str]:
+def start(cwd: Path, attr: str, grace: float = GRACE) -> subprocess.Popen[str]:
+    """``attempt-kernel run`` in a child; ``grace``: its grace period instead of `GRACE`."""
+    program = f"import attempt_kernel.cli._main as m; m.GRACE = {grace!r}; raise SystemExit(m.main())"
     return subprocess.Popen(
-        [sys.executable, "-m", "attempt_kernel", "run", f"{FLOWS}:{attr}", "--log", LOG, "--run", RUN],
+        [sys.executable, "-c", program, "run", f"{FLOWS}:{attr}", "--log", LOG, "--run", RUN],
         cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
 
 def wait_until(cwd: Path, child: subprocess.Popen[str], seen: Callable[[list[Record]], bool]) -> None:
     """Poll the log (another process is writing it) until ``seen`` says yes."""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while not ((cwd / LOG).exists() and seen(records(cwd))):
         assert child.poll() is None, "the run ended before the moment the test waits for"
         assert time.monotonic() < deadline, "the moment never came"
@@ -143,15 +150,14 @@ def in_flight(cwd: Path) -> Callable[[list[Record]], bool]:
 
 
 def stop(
-    cwd: Path, attr: str, sig: signal.Signals, when: Callable[[list[Record]], bool]
-) -> tuple[subprocess.Popen[str], str, float]:
-    """Start the run, send ``sig`` once ``when`` holds; return the child, its stderr and how long it took."""
-    child = start(cwd, attr)
+    cwd: Path, attr: str, sig: signal.Signals, when: Callable[[list[Record]], bool], grace: float = GRACE
+) -> tuple[subprocess.Popen[str], str]:
+    """Start the run, send ``sig`` once ``when`` holds; return the child once it exited, and its stderr."""
+    child = start(cwd, attr, grace)
     wait_until(cwd, child, when)
-    sent = time.monotonic()
     child.send_signal(sig)
-    _, err = child.communicate(timeout=GRACE + 30)
-    return child, err, time.monotonic() - sent
+    _, err = child.communicate(timeout=SAFETY)
+    return child, err
 
 
 def calls(cwd: Path) -> list[str]:
@@ -169,10 +175,11 @@ SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 def test_a_signal_while_a_step_sleeps_exits_with_one_line_after_the_grace(
     tmp_path: Path, sig: signal.Signals, code: int
 ) -> None:
-    """128+signal within grace + a few seconds, one line on stderr naming the signal, no traceback."""
-    child, err, took = stop(tmp_path, "naps", sig, running("nap"))
+    """128+signal once the grace has passed (the 60 s nap ends Cancelled, not finished), one line
+    on stderr naming the signal, no traceback."""
+    child, err = stop(tmp_path, "naps", sig, running("nap"))
     assert child.returncode == code, err
-    assert took < GRACE + SLACK, took
+    assert states(tmp_path) == {("nap", 1): "Cancelled"}
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert f"stopped by {sig.name}" in err and "attempt-kernel recover" in err, err
 
@@ -183,7 +190,7 @@ def test_a_stopped_run_is_unfinished_with_no_live_attempt(
 ) -> None:
     """The log holds run_stop_requested and no run_finished; the sleeping attempt ended Cancelled
     and its dependent never started; `runs` says interrupted; `replay` is valid and lists the run."""
-    child, err, _ = stop(tmp_path, "naps", sig, running("nap"))
+    child, err = stop(tmp_path, "naps", sig, running("nap"))
     assert child.returncode == code, err
     kinds = [type(r.change) for r in records(tmp_path)]
     assert kinds.count(RunStopRequested) == 1 and RunFinished not in kinds
@@ -198,7 +205,7 @@ def test_a_stopped_run_is_unfinished_with_no_live_attempt(
 @pytest.mark.parametrize(("sig", "code"), SIGNALS)
 def test_recover_finishes_a_run_a_signal_stopped(tmp_path: Path, sig: signal.Signals, code: int) -> None:
     """`recover --workflows` gives the cancelled step a new attempt and runs its dependent."""
-    child, err, _ = stop(tmp_path, "naps", sig, running("nap"))
+    child, err = stop(tmp_path, "naps", sig, running("nap"))
     assert child.returncode == code, err
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:naps")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -215,10 +222,10 @@ def test_recover_finishes_a_run_a_signal_stopped(tmp_path: Path, sig: signal.Sig
 def test_a_step_that_ends_within_the_grace_keeps_its_result_and_nothing_new_starts(
     tmp_path: Path,
 ) -> None:
-    """A 1 s step finishes during the grace (exit as soon as it does); its dependent starts only on recover."""
-    child, err, took = stop(tmp_path, "briefs", signal.SIGINT, running("brief"))
+    """A 1 s step finishes during the grace (exit as soon as it does: the grace here is an
+    hour, longer than the safety net); its dependent starts only on recover."""
+    child, err = stop(tmp_path, "briefs", signal.SIGINT, running("brief"), grace=HOUR_OF_GRACE)
     assert child.returncode == 130, err
-    assert took < GRACE - 1, took  # did not sit out the whole grace
     assert states(tmp_path) == {("brief", 1): "Succeeded"}
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:briefs")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -233,10 +240,10 @@ def test_a_step_that_ends_within_the_grace_keeps_its_result_and_nothing_new_star
 def test_a_signal_during_an_effect_ends_the_attempt_indeterminate(
     tmp_path: Path, sig: signal.Signals, code: int
 ) -> None:
-    """The outstanding intent makes the stopped attempt Indeterminate; the run stays unfinished."""
-    child, err, took = stop(tmp_path, "charges", sig, in_flight(tmp_path))
+    """The outstanding intent makes the stopped attempt Indeterminate (the grace ended the 60 s
+    effect); the run stays unfinished."""
+    child, err = stop(tmp_path, "charges", sig, in_flight(tmp_path))
     assert child.returncode == code, err
-    assert took < GRACE + SLACK, took
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert states(tmp_path) == {("charge", 1): "Indeterminate"}
     assert calls(tmp_path) == [charge_key(tmp_path)]
@@ -249,7 +256,7 @@ def test_a_signal_during_an_effect_ends_the_attempt_indeterminate(
 def test_recover_and_reconcile_finish_a_run_stopped_during_an_effect(tmp_path: Path) -> None:
     """recover ends the run needing reconciliation; `reconcile --confirmed` then `recover`
     ends it succeeded with the confirmed result, and the effect is never sent again."""
-    child, err, _ = stop(tmp_path, "charges", signal.SIGINT, in_flight(tmp_path))
+    child, err = stop(tmp_path, "charges", signal.SIGINT, in_flight(tmp_path))
     assert child.returncode == 130, err
     first = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:charges")
     assert first.returncode == 0, first.stdout + first.stderr
@@ -270,7 +277,7 @@ def test_a_crash_during_an_effect_is_settled_by_the_steps_reconciler(tmp_path: P
     child = start(tmp_path, "asked_charges")
     wait_until(tmp_path, child, in_flight(tmp_path))
     child.send_signal(signal.SIGKILL)
-    child.communicate(timeout=30)
+    child.communicate(timeout=SAFETY)
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:asked_charges")
     assert done.returncode == 0, done.stdout + done.stderr
     assert status(tmp_path) == "succeeded"
@@ -280,7 +287,7 @@ def test_a_crash_during_an_effect_is_settled_by_the_steps_reconciler(tmp_path: P
 def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_path: Path) -> None:
     """SIGINT mid-effect, then `recover`: the step's reconciler is asked (only what
     nobody could answer is Indeterminate), so the run succeeds as it does after a SIGKILL."""
-    child, err, _ = stop(tmp_path, "asked_charges", signal.SIGINT, in_flight(tmp_path))
+    child, err = stop(tmp_path, "asked_charges", signal.SIGINT, in_flight(tmp_path))
     assert child.returncode == 130, err
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:asked_charges")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -292,17 +299,15 @@ def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_pa
 
 
 def test_a_second_sigint_during_the_grace_exits_at_once(tmp_path: Path) -> None:
-    """The second SIGINT exits 130 at once, leaving the attempt Running as a crash would."""
+    """The second SIGINT exits 130 at once, leaving the attempt Running as a crash would (had
+    the child waited, the grace would have ended the attempt Cancelled)."""
     child = start(tmp_path, "naps")
     wait_until(tmp_path, child, running("nap"))
     child.send_signal(signal.SIGINT)
     wait_until(tmp_path, child, lambda rs: any(isinstance(r.change, RunStopRequested) for r in rs))
-    sent = time.monotonic()
     child.send_signal(signal.SIGINT)
-    child.communicate(timeout=30)
-    took = time.monotonic() - sent
+    child.communicate(timeout=SAFETY)
     assert child.returncode == 130
-    assert took < 1.5, took
     assert states(tmp_path) == {("nap", 1): "Running"}
 
 
@@ -313,7 +318,7 @@ def test_recover_finishes_a_run_left_by_a_second_sigint(tmp_path: Path) -> None:
     child.send_signal(signal.SIGINT)
     wait_until(tmp_path, child, lambda rs: any(isinstance(r.change, RunStopRequested) for r in rs))
     child.send_signal(signal.SIGINT)
-    child.communicate(timeout=30)
+    child.communicate(timeout=SAFETY)
     assert child.returncode == 130
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:naps")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -341,7 +346,8 @@ def test_after_a_stop_recovery_resumes_the_run(tmp_path: Path) -> None:
     """A SIGINT stop (in process, through run_jobs) leaves a run recovery hands back to resume."""
 
     async def interrupt(control: RunControl) -> None:
-        await asyncio.sleep(0.1)
+        while not running("sleep")(records(tmp_path)):  # the attempt is live, however slow the machine
+            await asyncio.sleep(0.01)
         os.kill(os.getpid(), signal.SIGINT)
 
     log = tmp_path / LOG
@@ -363,7 +369,8 @@ def test_after_a_cancel_recovery_closes_the_run(tmp_path: Path) -> None:
     """RunControl.cancel() finishes the run cancelled; recovery has nothing to resume."""
 
     async def cancel(control: RunControl) -> None:
-        await asyncio.sleep(0.1)
+        while not running("sleep")(records(tmp_path)):
+            await asyncio.sleep(0.01)
         control.cancel()
 
     log = tmp_path / LOG

@@ -5,6 +5,11 @@ Real server, real worker processes (``workerflows.adv``, ``workerflows.start``).
 After every scenario the journal must hold, per run, seqs 1..n without a gap,
 at most one Succeeded attempt per step, exactly one ``RunFinished`` (the last
 record) iff the ``runs`` row is done, and replay clean.
+
+No lease expires by waiting (the workers are dead after 300 s): a taker finds
+a killed or frozen worker dead because the test aged its heartbeat in the
+database (`expire_heartbeats`), and a frozen one wakes past its lease because
+the test moved its clock on (SIGUSR1, `workerflows.start.clock`).
 """
 
 from __future__ import annotations
@@ -17,12 +22,12 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psycopg
 import pytest
-from pgtools import sql_in
+from pgtools import expire_heartbeats, sql_in
 from psycopg import sql
 from workerflows.pay import PAY, calls
 
@@ -109,7 +114,7 @@ def spawn(url: str, schema: str, tmp_path: Path, module: str = ADV, **env: str) 
     )
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
     try:
         out, _ = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -119,7 +124,7 @@ def finish(process: subprocess.Popen[str], timeout: float = 30) -> tuple[int, st
     return process.returncode, out
 
 
-def wait_line(process: subprocess.Popen[str], needle: str, timeout: float = 15) -> list[str]:
+def wait_line(process: subprocess.Popen[str], needle: str, timeout: float = 60) -> list[str]:
     """Read the worker's output until a line holds ``needle``; the lines read."""
     assert process.stdout is not None
     seen: list[str] = []
@@ -134,7 +139,7 @@ def wait_line(process: subprocess.Popen[str], needle: str, timeout: float = 15) 
     raise AssertionError(f"{needle!r} not seen in:\n{''.join(seen)}")
 
 
-def wait_stopped(pid: int, timeout: float = 5) -> None:
+def wait_stopped(pid: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with open(f"/proc/{pid}/stat") as stat:
@@ -142,6 +147,14 @@ def wait_stopped(pid: int, timeout: float = 5) -> None:
                 return
         time.sleep(0.01)
     raise AssertionError("the worker did not stop itself")
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60) -> None:
+    """Poll ``predicate`` until it holds; the timeout only keeps a broken test from hanging."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "the awaited state never came"
+        time.sleep(0.01)
 
 
 def row(url: str, schema: str) -> list[tuple[object, ...]]:
@@ -161,6 +174,7 @@ def test_kill_after_every_record_then_a_taker_finishes(
     code, out = finish(spawn(pg_url, schema, tmp_path, START, KILL_AFTER=str(n)))
     assert code == -signal.SIGKILL, out
     check_journal(pg_url, schema)
+    assert len(expire_heartbeats(pg_url, schema)) == 1
     code, out = finish(spawn(pg_url, schema, tmp_path, START))
     assert code == 0, out
     assert row(pg_url, schema) == [("r1", True, "succeeded", 1 if n == 17 else 2, False)]
@@ -179,6 +193,7 @@ def test_kill_while_a_record_is_held_then_a_taker_finishes(
     before = check_journal(pg_url, schema)
     assert before == {} if hook == "kill-held-start" else len(before["r1"]) == 16
     assert row(pg_url, schema) == [("r1", False, None, 1, False)]
+    assert len(expire_heartbeats(pg_url, schema)) == 1
     code, out = finish(spawn(pg_url, schema, tmp_path))
     assert code == 0 and "taken over" in out, out
     assert row(pg_url, schema) == [("r1", True, "succeeded", 2, False)]
@@ -226,11 +241,13 @@ def test_a_takeover_while_a_record_is_held_leaves_the_old_owner_nothing_to_write
     try:
         wait_line(frozen, f"hook {hook}")
         wait_stopped(frozen.pid)
+        assert len(expire_heartbeats(pg_url, schema)) == 1
         code, out = finish(spawn(pg_url, schema, tmp_path))
         assert code == 0 and "taken over from worker" in out, out
         after = raw_rows(pg_url, schema)
         assert row(pg_url, schema) == [("r1", True, "succeeded", 2, False)]
     finally:
+        frozen.send_signal(signal.SIGUSR1)  # its own clock an hour on: it wakes up past its lease
         frozen.send_signal(signal.SIGCONT)
     code, out = finish(frozen)
     assert code == 3 and "r1: LeaseLost" in out, out
@@ -268,7 +285,8 @@ def test_a_pooled_step_waiting_for_a_slot_is_stopped_and_taken_up_again(
     submit_run(pg_url, "think", "t1", schema=schema)
     first = spawn(pg_url, schema, tmp_path, WORKFLOWS="pooled")
     seen = wait_line(first, "claimed")
-    time.sleep(0.5)  # created, waiting for a slot
+    # created (its start went in with the creation), waiting for a slot
+    wait_until(lambda: [type(c) for _, _, c in raw_rows(pg_url, schema)] == [RunStarted, AttemptCreated])
     first.send_signal(signal.SIGTERM)
     code, out = finish(first)
     out = "".join(seen) + out
@@ -290,6 +308,7 @@ def test_failing_steps_end_the_run_failed(pg_url: str, schema: str, tmp_path: Pa
     code, out = finish(spawn(pg_url, schema, tmp_path, WORKFLOWS="failing", **env))
     if kill:
         assert code == -signal.SIGKILL, out
+        assert len(expire_heartbeats(pg_url, schema)) == 1
         code, out = finish(spawn(pg_url, schema, tmp_path, WORKFLOWS="failing"))
     assert code == 0, out
     assert sql_in(pg_url, schema, "SELECT run, done, outcome FROM {s}.runs ORDER BY run") == [
@@ -348,8 +367,8 @@ def test_the_command_line_while_a_record_is_held(db: str, tmp_path: Path, downst
         assert export.returncode == 0 and len(export.stdout.splitlines()) == 16
         assert len(rows_before) == 16
     code, out = finish(frozen)
-    # frozen past dead_after, it finds its own lease expired: code 3 once it has stopped
-    assert code in (0, 3), out
+    # its lease (dead after 300 s) outlived the freeze: woken, it finishes the run
+    assert code == 0 and "r1: succeeded" in out, out
     code, out = finish(spawn(db, "attempt_kernel", tmp_path))
     assert code == 0, out
     assert raw_rows(db, "attempt_kernel")[: len(rows_before)] == rows_before
@@ -376,7 +395,7 @@ def test_returned_numbers_are_the_numbers_written(
     monkeypatch.setattr(_OneRun, "append_all", spy)
     for i in range(4):
         submit_run(pg_url, "pay", f"r{i}", schema=schema)
-    assert run_worker(pg_url, [PAY], schema=schema, concurrency=4, heartbeat=0.2, dead_after=0.8, stop_when_idle=True) == 4
+    assert run_worker(pg_url, [PAY], schema=schema, concurrency=4, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 4
     written = {(run, seq): change for run, seq, change in raw_rows(pg_url, schema)}
     assert handed
     for run, last, changes in handed:
@@ -456,6 +475,7 @@ def test_a_cancelled_run_closed_by_a_takeovers_recovery_then_a_crash(
     changes = [c for _, _, c in raw_rows(pg_url, schema)]
     assert len(changes) == 5 and isinstance(changes[-1], RunFinished)
     assert sql_in(pg_url, schema, "SELECT done FROM {s}.runs") == [(False,)]
+    assert len(expire_heartbeats(pg_url, schema)) == 1
     code, out = finish(spawn(pg_url, schema, tmp_path, START))
     assert code == 0, out
     assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "cancelled")]
@@ -474,6 +494,7 @@ def test_kill_sweep_failing_workflows(pg_url: str, schema: str, tmp_path: Path, 
     code, out = finish(spawn(pg_url, schema, tmp_path, WORKFLOWS="failing", KILL_AFTER=str(n)))
     check_journal(pg_url, schema)
     if code == -signal.SIGKILL:
+        assert len(expire_heartbeats(pg_url, schema)) == 1
         code, out = finish(spawn(pg_url, schema, tmp_path, WORKFLOWS="failing"))
     assert code == 0, out
     assert sql_in(pg_url, schema, "SELECT run, done, outcome FROM {s}.runs ORDER BY run") == [
@@ -490,6 +511,7 @@ def test_kill_sweep_pooled_runs(pg_url: str, schema: str, tmp_path: Path, n: int
     code, out = finish(spawn(pg_url, schema, tmp_path, WORKFLOWS="pooled", KILL_AFTER=str(n)))
     check_journal(pg_url, schema)
     if code == -signal.SIGKILL:
+        assert len(expire_heartbeats(pg_url, schema)) == 1
         code, out = finish(spawn(pg_url, schema, tmp_path, WORKFLOWS="pooled"))
     assert code == 0, out
     assert sql_in(pg_url, schema, "SELECT run, done, outcome FROM {s}.runs ORDER BY run") == [
@@ -524,13 +546,16 @@ def test_close_waits_for_a_concurrent_takeover_and_then_writes_nothing(
 
         thread = threading.Thread(target=close)
         thread.start()
-        time.sleep(0.5)
+        blocker = taker.info.backend_pid
+        wait_until(lambda: sql_in(
+            pg_url, schema, "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", blocker
+        ) == [(1,)])
         assert outcome == []  # blocked on the row lock
         if taker_commits:
             taker.commit()
         else:
             taker.rollback()
-        thread.join(10)
+        thread.join(60)
         taker.close()
     if taker_commits:
         assert type(outcome[0]).__name__ == "LeaseLost", outcome

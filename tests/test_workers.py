@@ -3,7 +3,9 @@
 Against the session's real server (`pg_url`), each test in a schema of its
 own. Workers that must die run as subprocesses (``workerflows.start``),
 killed with SIGKILL right after their N-th record, or frozen with SIGSTOP
-past their lease; the fake downstream service is a file of the keys it was
+past their lease; no lease expires by waiting (dead after 300 s): the test
+ages a gone worker's heartbeat in the database (`expire_heartbeats`) and,
+for a frozen one, moves its own clock on (SIGUSR1). The fake downstream service is a file of the keys it was
 called with (``workerflows.pay``). Beside them, a hypothesis state machine
 runs the lease decisions (`_lease`) on a fake clock.
 """
@@ -19,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from pgtools import sql_in
+from pgtools import expire_heartbeats, sql_in
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from hypothesis.strategies import sampled_from
@@ -44,6 +46,7 @@ from attempt_kernel import (
 )
 from attempt_kernel.postgres._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
 from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal
+from attempt_kernel.postgres._worker import Worker, WorkerDeclaredDead
 from attempt_kernel.postgres._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
 
 pytestmark = pytest.mark.postgres
@@ -62,7 +65,7 @@ def journal_records(url: str, schema: str) -> list[Record]:
 
 
 def worker(url: str, schema: str, tmp_path: Path, **env: str) -> subprocess.Popen[str]:
-    """Start a worker process (heartbeat 0.2 s, dead after 0.8 s, stops when idle)."""
+    """Start a worker process (heartbeat 0.2 s, dead after 300 s, stops when idle)."""
     environment = {**os.environ, "PYTHONPATH": str(TESTS), **env}
     return subprocess.Popen(
         [sys.executable, "-c", START, url, schema],
@@ -74,7 +77,7 @@ def worker(url: str, schema: str, tmp_path: Path, **env: str) -> subprocess.Pope
     )
 
 
-def finish(process: subprocess.Popen[str], timeout: float = 20) -> tuple[int, str]:
+def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, str]:
     out, _ = process.communicate(timeout=timeout)
     return process.returncode, out
 
@@ -142,7 +145,7 @@ def test_submit_without_an_id_names_the_run_after_its_workflow(pg_url: str, sche
 def test_one_worker_runs_a_submitted_run_to_the_end(pg_url: str, schema: str, downstream: Path) -> None:
     """run_worker claims the run, drives it to success, closes its row; the journal replays clean."""
     submit_run(pg_url, "pay", "r1", schema=schema)
-    closed = run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=0.8, stop_when_idle=True)
+    closed = run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True)
     assert closed == 1
     assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 1)]
     with PgJournal(pg_url, schema=schema) as journal:
@@ -155,7 +158,7 @@ def test_a_worker_drives_several_runs_and_retires_its_id(pg_url: str, schema: st
     """Three runs, concurrency 2: all succeed; the worker's row is dead once it returns."""
     for run in ("r1", "r2", "r3"):
         submit_run(pg_url, "pay", run, schema=schema)
-    assert run_worker(pg_url, [PAY], schema=schema, concurrency=2, heartbeat=0.2, dead_after=0.8, stop_when_idle=True) == 3
+    assert run_worker(pg_url, [PAY], schema=schema, concurrency=2, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 3
     assert sql_in(pg_url, schema, "SELECT dead FROM {s}.workers") == [(True,)]
     assert sorted(calls(downstream)) == ["r1/charge/card", "r2/charge/card", "r3/charge/card"]
 
@@ -320,13 +323,14 @@ def test_a_killed_workers_run_is_taken_over_and_finished(
     outcome: str,
     sent: int,
 ) -> None:
-    """SIGKILL right after record N; a second worker takes over after dead_after and closes the run."""
+    """SIGKILL right after record N; a second worker finds it dead and closes the run."""
     submit_run(pg_url, "pay", "r1", schema=schema)
     env = {**killed_env, **({"KILL_AFTER": str(n)} if n else {})}
     code, out = finish(worker(pg_url, schema, tmp_path, **env))
     assert code == -signal.SIGKILL, out
     before = journal_records(pg_url, schema)
     assert kind(before[-1]) == nth
+    assert len(expire_heartbeats(pg_url, schema)) == 1
     code, out = finish(worker(pg_url, schema, tmp_path, **taker_env))
     assert code == 0, out
     assert "r1: taken over from worker" in out and "at fence 2" in out
@@ -399,12 +403,18 @@ def test_two_workers_share_the_queue_and_each_run_is_driven_once(
 # --------------------------------------------------------------------------
 
 
-def wait_for(predicate: object, timeout: float = 10) -> None:
+def wait_for(predicate: object, timeout: float = 60) -> None:
     assert callable(predicate)
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.02)
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T): it beats no more."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1].startswith("T")
 
 
 @pytest.mark.slow
@@ -421,11 +431,14 @@ def test_a_worker_frozen_past_its_lease_writes_nothing_after_the_takeover(
     wait_for(charging)
     frozen.send_signal(signal.SIGSTOP)
     try:
+        wait_for(lambda: stopped(frozen.pid))
+        assert len(expire_heartbeats(pg_url, schema)) == 1
         code, out = finish(worker(pg_url, schema, tmp_path))
         assert code == 0, out
         assert "taken over from worker" in out
         after_takeover = journal_records(pg_url, schema)
     finally:
+        frozen.send_signal(signal.SIGUSR1)  # its own clock an hour on: it wakes up past its lease
         frozen.send_signal(signal.SIGCONT)
     code, out = finish(frozen)
     assert code == 3, out  # declared dead
@@ -463,6 +476,39 @@ def test_a_dispatch_refused_for_a_late_heartbeat_stops_the_run_and_it_is_driven_
         if isinstance(r.change, AttemptTransitioned) and r.change.step == "charge"
     ]
     assert charge == [(1, Running()), (1, Cancelled()), (2, Running()), (2, Succeeded())]
+    assert calls(downstream) == ["r1/charge/card"]
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+
+
+def test_a_worker_whose_own_clock_passes_its_lease_sends_nothing_and_stops(
+    pg_url: str, schema: str, downstream: Path
+) -> None:
+    """The worker's clock (``clock=``) jumps an hour on as it claims r1: it dispatches nothing,
+    raises WorkerDeclaredDead, retires; the next worker finishes r1 at fence 2, charging once.
+
+    Its heartbeat (every 100 s) never beats during the test, so nothing but the
+    injected clock judges its lease.
+    """
+    ahead = [0.0]
+
+    def jump_at_the_claim(line: str) -> None:
+        if line == "r1: claimed at fence 1":
+            ahead[0] = 3600.0
+
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    stale = Worker(
+        pg_url, [PAY], schema=schema, heartbeat=100, dead_after=300, stop_when_idle=True,
+        progress=jump_at_the_claim, clock=lambda: time.monotonic() + ahead[0],
+    )  # fmt: skip
+    with pytest.raises(WorkerDeclaredDead, match="its heartbeat expired; it stopped after closing 0 run"):
+        stale.run()
+    assert calls(downstream) == []
+    assert not any(isinstance(r.change, IntentChanged) for r in journal_records(pg_url, schema))
+    assert sql_in(pg_url, schema, "SELECT id, dead FROM {s}.workers") == [(stale.id, True)]
+    assert sql_in(pg_url, schema, "SELECT done, fence FROM {s}.runs") == [(False, 1)]
+    assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 2)]
     assert calls(downstream) == ["r1/charge/card"]
     with PgJournal(pg_url, schema=schema) as journal:
         assert replay(journal).valid

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from pgtools import sql_in
+from pgtools import expire_heartbeats, sql_in
 from workerflows.agent import AGENT as AGENT_FLOW
 from workerflows.agent import book_lines
 
@@ -42,7 +42,8 @@ TESTS = Path(__file__).parent
 AGENT = "workerflows.agent:AGENT"
 EDITED = "workerflows.agent:AGENT_EDITED"
 SCHEMA = "attempt_kernel"  # the command line's
-WORKER_FLAGS = ("--heartbeat", "0.2", "--dead-after", "0.8", "--until-idle")
+WORKER_FLAGS = ("--heartbeat", "0.2", "--dead-after", "300", "--until-idle")
+"""Never dead by waiting: a test kills a worker, then ages its heartbeat (`expire_heartbeats`)."""
 CLI_WITH_KILL = "from workerflows.agent import main; main()"
 
 POSITIONS = [
@@ -103,7 +104,7 @@ def submit(url: str, cwd: Path, run: str) -> None:
     assert done.returncode == 0 and done.stdout == f"{run}\n", done.stderr
 
 
-def wait_at_gate(gate: Path, process: subprocess.Popen[str], timeout: float = 30) -> None:
+def wait_at_gate(gate: Path, process: subprocess.Popen[str], timeout: float = 60) -> None:
     """Wait until ``open_ticket``'s effect waits at the gate (the worker must still be alive)."""
     deadline = time.monotonic() + timeout
     while not (gate / "waiting").exists():
@@ -245,6 +246,7 @@ def test_a_worker_killed_inside_the_agents_effect_is_taken_over_and_each_effect_
         EFFECTS if gate_at == "after-call" else Counter({"send_email@4/send": 1})
     )
     assert row(db, "r1") == [(False, None, 1)]
+    assert len(expire_heartbeats(db, SCHEMA)) == 1
 
     code, out = finish(worker(db, tmp_path))
     assert code == 0, out
@@ -309,6 +311,7 @@ def test_a_worker_killed_after_record_n_is_taken_over_with_the_same_positions_an
     assert code == -signal.SIGKILL and f"killed after record {n} " in out, out
     before = raw_records(db, "r1")
     assert len(before) == n
+    assert len(expire_heartbeats(db, SCHEMA)) == 1
     code, out = finish(worker(db, tmp_path))
     assert code == 0 and "r1: taken over from worker" in out, out
     assert row(db, "r1") == [(True, "succeeded", 2)]
@@ -353,6 +356,7 @@ def test_edited_code_that_diverges_on_a_takeover_writes_nothing_and_closes_the_r
     doomed.send_signal(signal.SIGKILL)
     assert finish(doomed)[0] == -signal.SIGKILL
     before = raw_records(db, "d1")
+    assert len(expire_heartbeats(db, SCHEMA)) == 1
 
     code, out = finish(worker(db, tmp_path, EDITED))
     assert code == 0, out

@@ -2,8 +2,9 @@
 
 Against the session's real server, each test in a schema of its own (the
 command-line test in a database of its own). Workers are subprocesses
-(``workerflows.waits``, heartbeat 0.2 s, dead after 0.8 s), stopped with
-SIGTERM or killed with SIGKILL. Operators act through `deliver_pg`, with
+(``workerflows.waits``, heartbeat 0.2 s, dead after 300 s), stopped with
+SIGTERM or killed with SIGKILL; a killed one is found dead because the test
+ages its heartbeat (`expire_heartbeats`), never by waiting. Operators act through `deliver_pg`, with
 no lease. Timeouts are safety nets only: every wait polls for something
 to happen, and no test judges how long anything took.
 """
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from pgtools import sql_in
+from pgtools import expire_heartbeats, sql_in
 from psycopg import sql
 
 from attempt_kernel import Record, RunFinished, RunStarted, SignalSent, replay
@@ -199,6 +200,7 @@ def test_a_worker_killed_while_its_runs_wait_loses_nothing(pg_url: str, schema: 
         assert signal_to(pg_url, schema, run, "yes") is (run not in held)
     inbox = {str(run) for (run,) in sql_in(pg_url, schema, "SELECT run FROM {s}.inbox")}
     assert inbox == held
+    assert len(expire_heartbeats(pg_url, schema)) == 1
     second = worker(pg_url, schema, tmp_path)
     wait_for("every run closed", lambda: count(pg_url, schema, "done") == 10, second)
     out = stop(second)
@@ -310,6 +312,7 @@ def test_a_reconciled_run_is_finished_by_a_worker_with_no_recover(
     submit_run(pg_url, "pay", "p-1", schema=schema)
     code, out = finish(worker(pg_url, schema, tmp_path, PAY, KILL_AFTER="9"))  # right after Dispatched
     assert code == -signal.SIGKILL, out
+    assert len(expire_heartbeats(pg_url, schema)) == 1
     code, out = finish(worker(pg_url, schema, tmp_path, PAY, RECONCILE="off"))
     assert code == 0, out
     assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "needs-reconciliation")]
@@ -351,14 +354,16 @@ def test_a_release_that_waits_for_a_delivery_lock_sees_its_inbox_row(pg_url: str
         releaser = threading.Thread(target=release)
         releaser.start()
 
-        def blocked() -> bool:
-            rows = sql_in(pg_url, schema, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        holder = operator.info.backend_pid
+
+        def blocked() -> bool:  # the releaser, and only it, waits for the operator's lock (other tests share the server)
+            rows = sql_in(pg_url, schema, "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", holder)
             return rows == [(1,)]
 
         wait_for("the release waiting for the row lock", blocked)
         assert not done.is_set()
         operator.commit()
-    releaser.join(timeout=30)
+    releaser.join(timeout=60)
     assert done.is_set()
     assert sql_in(pg_url, schema, "SELECT owner, wake_at FROM {s}.runs") == [(None, None)]
 

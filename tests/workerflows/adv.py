@@ -1,7 +1,8 @@
 """An adversarial worker process: ``python -c 'from workerflows.adv import main; main()' URL SCHEMA``.
 
-Like ``workerflows.start`` (heartbeat 0.2 s, dead after 0.8 s, stops when
-idle, SIGINT/SIGTERM stop it gracefully), with hooks on the moments a
+Like ``workerflows.start`` (heartbeat 0.2 s, dead after 300 s, SIGUSR1
+moves its clock an hour on, stops when idle, SIGINT/SIGTERM stop it
+gracefully), with hooks on the moments a
 worker's view of a run holds records back (``ADV_HOOK``):
 
 - ``kill-held-start`` / ``kill-held-end``: SIGKILL right after the view
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 
 from workerflows.pay import PAY
 from workerflows.pooled import HURRY, THINK
+from workerflows.start import DEAD_AFTER, HEARTBEAT, clock, jump_on_sigusr1
 from workerflows.start import _kill_after  # pyright: ignore[reportPrivateUsage]
 
 from attempt_kernel import JSON, Dispatched, RetryPolicy, Step, StepContext, load_workflow
@@ -36,9 +38,6 @@ from attempt_kernel.postgres._journal import PgJournal
 from attempt_kernel._records import Change, IntentChanged, RunFinished, RunStarted
 from attempt_kernel.postgres._worker import HeartbeatLate, WorkerDeclaredDead, run_worker
 from attempt_kernel.postgres._worker import _OneRun, _WorkerJournal  # pyright: ignore[reportPrivateUsage]  # the hooks patch them
-
-HEARTBEAT = 0.2
-DEAD_AFTER = 0.8
 
 
 async def _boom(ctx: StepContext) -> JSON:
@@ -115,6 +114,7 @@ def main() -> None:
     kill_after = int(os.environ.get("KILL_AFTER", "0"))
     if kill_after:
         _kill_after(kill_after)
+    jump_on_sigusr1()
     chosen = os.environ.get("WORKFLOWS", "pay")
     workflows = {"pay": [PAY], "pooled": [THINK, HURRY], "failing": [BOOM, ALLFAIL]}[chosen]
     try:
@@ -127,6 +127,7 @@ def main() -> None:
             stop_when_idle=True,
             progress=_say,
             stop_on_signals=True,
+            clock=clock,
         )
     except WorkerDeclaredDead as error:
         _say(f"declared dead: {error}")

@@ -4,7 +4,9 @@ The step's work is a database query, ``SELECT pg_sleep(S)``, on a
 connection of its own named ``admission-work`` (``application_name``) to
 the server named by ``PG_URL``: a sampler counts the attempts at work in
 ``pg_stat_activity``, independently of the journal and the slots table.
-The run's input ``{"sleep": S}`` sets S (default 0.05 s).
+The run's input ``{"sleep": S}`` sets S (default 0.05 s); ``{"gate": G}``
+makes the work wait instead until it gets the advisory lock
+``hashtext(G)``, which the test holds for as long as the step must work.
 
 ``CRASH_IN_STEP=1`` SIGKILLs the process inside the step, right after its
 work (the attempt is Running and holds its slot).
@@ -25,15 +27,23 @@ WORK: str = "admission-work"
 
 async def think(ctx: StepContext) -> JSON:
     pause = 0.05
+    gate: str | None = None
     order = ctx.input
     if isinstance(order, dict):
         given = order.get("sleep")
         if isinstance(given, (int, float)):
             pause = float(given)
+        named = order.get("gate")
+        if isinstance(named, str):
+            gate = named
     async with await psycopg.AsyncConnection.connect(
         os.environ["PG_URL"], autocommit=True, application_name=WORK
     ) as conn:
-        await conn.execute("SELECT pg_sleep(%s)", (pause,))
+        if gate is None:
+            await conn.execute("SELECT pg_sleep(%s)", (pause,))
+        else:
+            await conn.execute("SELECT pg_advisory_lock(hashtext(%s))", (gate,))
+            await conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (gate,))
     if os.environ.get("CRASH_IN_STEP") == "1":
         os.kill(os.getpid(), signal.SIGKILL)
     return {"thought": ctx.run}

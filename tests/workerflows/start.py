@@ -5,6 +5,11 @@ after its N-th record reached the journal (a crash at that point). Exits 0
 after `run_worker` returns (``closed N``), 3 when the worker was declared
 dead. ``WORKFLOWS=pooled`` serves the admission tests' workflows
 (``workerflows.pooled``) instead of ``pay``.
+
+Its lease never expires by itself (dead after 300 s, longer than any
+test waits for anything): a test that needs it expired says so, to the database
+(`pgtools.expire_heartbeats`) and to the worker's own clock, which SIGUSR1
+moves an hour on (`clock`), as if the worker had been frozen that long.
 """
 
 from __future__ import annotations
@@ -12,7 +17,9 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
+from types import FrameType
 
 from workerflows.pay import PAY
 from workerflows.pooled import HURRY, THINK
@@ -22,7 +29,22 @@ from attempt_kernel._records import Change
 from attempt_kernel.postgres._worker import WorkerDeclaredDead, run_worker
 
 HEARTBEAT = 0.2
-DEAD_AFTER = 0.8
+DEAD_AFTER = 300.0
+_AHEAD = [0.0]
+
+
+def clock() -> float:
+    """The worker's own clock: monotonic, plus an hour for every SIGUSR1 (`jump_on_sigusr1`)."""
+    return time.monotonic() + _AHEAD[0]
+
+
+def _jump(signum: int, frame: FrameType | None) -> None:
+    _AHEAD[0] += 3600.0
+
+
+def jump_on_sigusr1() -> None:
+    """From now on SIGUSR1 moves `clock` an hour on (sent while frozen: it wakes up past its lease)."""
+    signal.signal(signal.SIGUSR1, _jump)
 
 
 def _kill_after(n: int) -> None:
@@ -71,6 +93,7 @@ def main() -> None:
     kill_after = int(os.environ.get("KILL_AFTER", "0"))
     if kill_after:
         _kill_after(kill_after)
+    jump_on_sigusr1()
     try:
         closed = run_worker(
             url,
@@ -80,6 +103,7 @@ def main() -> None:
             dead_after=DEAD_AFTER,
             stop_when_idle=True,
             progress=lambda line: print(line, flush=True),
+            clock=clock,
         )
     except WorkerDeclaredDead as error:
         print(f"declared dead: {error}", flush=True)

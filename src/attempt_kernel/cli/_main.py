@@ -1380,6 +1380,10 @@ def _worker(args: argparse.Namespace) -> int:
     url: str = args.url
     if _is_url(url):
         _needs_psycopg(url)
+        # Whole, before the metrics server's thread may import a part of it
+        # during a scrape (two threads importing one package can each see
+        # the other's half-initialized module).
+        importlib.import_module("attempt_kernel.postgres")
     exposition = _metrics_served(args)
     if not _is_url(url):
         return _worker_file(args)

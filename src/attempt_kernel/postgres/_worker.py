@@ -398,19 +398,21 @@ def _submitted(
 class _Heart:
     """Beats from a thread and a connection of its own.
 
-    ``last_ok`` is the worker's monotonic time at which the last successful
-    beat was *sent* (before the database stamped it), so the worker's age
-    of its lease is never younger than the database's (see `_lease`).
+    ``last_ok`` is the worker's time (``clock``, the worker's own) at which
+    the last successful beat was *sent* (before the database stamped it), so
+    the worker's age of its lease is never younger than the database's (see
+    `_lease`).
     """
 
-    def __init__(self, url: str, schema: str, worker: str, period: float, started: float) -> None:
+    def __init__(self, url: str, schema: str, worker: str, period: float, clock: Callable[[], float]) -> None:
         self._url: Final = url
         self._beat: Final = _statement(_BEAT, schema)
         self._worker: Final = worker
         self._period: Final = period
         self._halt: Final = threading.Event()
         self._changed: Final = threading.Condition()
-        self.last_ok = started
+        self.clock: Final = clock
+        self.last_ok = clock()
         self.declared_dead = False
         self._timeout: Final = max(2, int(period * 2))
         """Seconds a beat's connection attempt may take."""
@@ -452,7 +454,7 @@ class _Heart:
         conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
             while not self._halt.wait(self._period):
-                sent = time.monotonic()
+                sent = self.clock()
                 try:
                     if conn is None:
                         conn = psycopg.connect(
@@ -514,11 +516,11 @@ class _WorkerJournal:
         if commits_synchronously(change) and not may_dispatch(self._live()):
             heart = self._heart
             seen = heart.last_ok
-            left = self._dead_after - (time.monotonic() - seen)
+            left = self._dead_after - (heart.clock() - seen)
             if not heart.wait_for_beat(seen, max(0.0, left)) or not may_dispatch(self._live()):
                 raise HeartbeatLate(
                     f"run {run!r}: this worker's last heartbeat is"
-                    f" {time.monotonic() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
+                    f" {heart.clock() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
                     " it sends no new effect until a heartbeat succeeds"
                 )
         return self._journal.append(run, change)
@@ -702,7 +704,10 @@ class Worker:
     are handed to the executor of every run it drives (`RunObserver`), and
     told of what recovery writes when it takes a run up (the orphans it ends).
     ``watcher`` is told of its start, claims, takeovers and lost leases
-    (`WorkerWatcher`).
+    (`WorkerWatcher`). ``clock`` is the worker's own clock in seconds
+    (monotonic by default), by which it judges the age of its last
+    heartbeat; the database judges it by its own (a test may hand in a
+    clock that jumps, to see a worker find its lease expired).
 
     When the database is unreachable (at the start too: a container may
     start before its database) the worker waits and connects again
@@ -729,6 +734,7 @@ class Worker:
         watcher: WorkerWatcher | None = None,
         reconnect_for: float = RECONNECT_FOR,
         backoff: Backoff | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise ValueError(f"concurrency must be a positive integer, got {concurrency!r}")
@@ -765,6 +771,7 @@ class Worker:
         self._stop_reason: str | None = None
         self._heart: _Heart | None = None
         self._watcher: Final = watcher
+        self._clock: Final = clock
 
     # ------------------------------------------------------------ public
 
@@ -812,7 +819,7 @@ class Worker:
         assert heart is not None
         if heart.declared_dead:
             return LeaseVerdict.EXPIRED
-        return lease_decision(time.monotonic(), heart.last_ok, self._dead_after, self._margin)
+        return lease_decision(heart.clock(), heart.last_ok, self._dead_after, self._margin)
 
     def _find_dead(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         """Mark dead every worker whose heartbeat expired by the database's clock."""
@@ -1192,7 +1199,7 @@ class Worker:
         """
         schema = self._schema
         conn = session.conn
-        heart = _Heart(self._url, schema, self.id, self._heartbeat, time.monotonic())
+        heart = _Heart(self._url, schema, self.id, self._heartbeat, self._clock)
         self._heart = heart
         tasks: dict[asyncio.Task[bool], str] = {}
         expired = False
@@ -1330,6 +1337,7 @@ def run_worker(
     watcher: WorkerWatcher | None = None,
     reconnect_for: float = RECONNECT_FOR,
     backoff: Backoff | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run one worker (`Worker`) until it is stopped; return how many runs it closed."""
     worker = Worker(
@@ -1345,5 +1353,6 @@ def run_worker(
         watcher=watcher,
         reconnect_for=reconnect_for,
         backoff=backoff,
+        clock=clock,
     )
     return worker.run(stop_on_signals=stop_on_signals)
