@@ -22,7 +22,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -160,3 +160,24 @@ class ThrowawayServer:
                 )  # fmt: skip
         finally:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def own_server() -> Iterator[tuple[ThrowawayServer, str]]:
+    """A server of a test module's own (and its URL), for a module-scoped fixture to yield from.
+
+    For tests that restart or stop the server, which the session's shared
+    one must never be. No binaries: a failure when CI is set, else a skip.
+    """
+    import pytest  # only the test modules that use this need it
+
+    bindir = find_server_bin()
+    if bindir is None:
+        reason = f"no PostgreSQL server binaries in {' or '.join(SEARCHED)}"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI is set, so the PostgreSQL tests must run: {reason}", pytrace=False)
+        pytest.skip(reason)
+    throwaway = ThrowawayServer(bindir)
+    try:
+        yield throwaway, throwaway.start()
+    finally:
+        throwaway.stop()

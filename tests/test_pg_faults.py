@@ -27,11 +27,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from pgserver import SEARCHED, ThrowawayServer, find_server_bin
-from pgtools import expire_heartbeats
-from psycopg import sql
+from pgserver import ThrowawayServer, own_server
+from pgtools import expire_heartbeats, sql_in
 from typing_extensions import LiteralString
 from workerflows.pay import calls
 
@@ -65,17 +63,7 @@ EXIT_IO_ERROR = 2
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[ThrowawayServer, str]]:
     """A PostgreSQL of this module's own (and its URL), which the tests may restart."""
-    bindir = find_server_bin()
-    if bindir is None:
-        reason = f"no PostgreSQL server binaries in {' or '.join(SEARCHED)}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set, so the PostgreSQL tests must run: {reason}", pytrace=False)
-        pytest.skip(reason)
-    throwaway = ThrowawayServer(bindir)
-    try:
-        yield throwaway, throwaway.start()
-    finally:
-        throwaway.stop()
+    yield from own_server()
 
 
 @pytest.fixture
@@ -136,10 +124,7 @@ def finish(process: subprocess.Popen[str], timeout: float = 60) -> tuple[int, st
 
 def query(url: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
     """Run ``statement`` ({s} is the journal's schema) on a connection of its own."""
-    composed = sql.SQL(statement).format(s=sql.Identifier(DEFAULT_SCHEMA))
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(composed, params or None)
-        return cursor.fetchall() if cursor.description is not None else []
+    return sql_in(url, DEFAULT_SCHEMA, statement, *params)
 
 
 def closed_runs(url: str) -> list[tuple[object, ...]]:

@@ -27,10 +27,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
-from pgserver import SEARCHED, ThrowawayServer, find_server_bin
-from psycopg import sql
+from pgserver import ThrowawayServer, own_server
+from pgtools import sql_in
 from typing_extensions import LiteralString
 from workerflows.pay import PAY, calls
 
@@ -202,17 +201,7 @@ def test_a_reconnect_window_that_is_not_seconds_is_a_usage_error(capsys: pytest.
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[ThrowawayServer, str]]:
     """A PostgreSQL of this module's own (and its URL), which the tests restart and stop."""
-    bindir = find_server_bin()
-    if bindir is None:
-        reason = f"no PostgreSQL server binaries in {' or '.join(SEARCHED)}"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set, so the PostgreSQL tests must run: {reason}", pytrace=False)
-        pytest.skip(reason)
-    throwaway = ThrowawayServer(bindir)
-    try:
-        yield throwaway, throwaway.start()
-    finally:
-        throwaway.stop()
+    yield from own_server()
 
 
 @pytest.fixture
@@ -248,10 +237,7 @@ def start_again(throwaway: ThrowawayServer, url: str) -> None:
 
 def query(url: str, statement: LiteralString, *params: object) -> list[tuple[object, ...]]:
     """Run ``statement`` ({s} is the journal's schema) on a connection of its own."""
-    composed = sql.SQL(statement).format(s=sql.Identifier(DEFAULT_SCHEMA))
-    with psycopg.connect(url, autocommit=True) as conn:
-        cursor = conn.execute(composed, params or None)
-        return cursor.fetchall() if cursor.description is not None else []
+    return sql_in(url, DEFAULT_SCHEMA, statement, *params)
 
 
 def worker(url: str, tmp_path: Path, *flags: str) -> subprocess.Popen[str]:

@@ -434,25 +434,27 @@ def _targets(text: str) -> list[str]:
     return targets
 
 
-def _positive_float(text: str) -> float:
+def _number_of_seconds(text: str, *, zero: bool) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text}")
+    if not (0 <= value if zero else 0 < value) or value == float("inf"):
+        kind = "0 or more" if zero else "positive"
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, {kind}, got {text}" if zero
+            else f"expected a {kind} number of seconds, got {text}"
+        )  # fmt: skip
     return value
+
+
+def _positive_float(text: str) -> float:
+    return _number_of_seconds(text, zero=False)
 
 
 def _seconds(text: str) -> float:
     """``--reconnect-for``: a finite number of seconds, 0 or more."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more, got {text}")
-    return value
+    return _number_of_seconds(text, zero=True)
 
 
 def _non_negative_int(text: str) -> int:
