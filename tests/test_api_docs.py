@@ -108,7 +108,8 @@ def test_public_name_has_a_docstring_of_its_own(module_name: str, name: str) -> 
     """A public name has a docstring: its own ``__doc__``, or a string literal after its assignment."""
     value: object = getattr(importlib.import_module(module_name), name)
     # On Python 3.10 an alias such as Callable[[str], X] passes isinstance(_, type).
-    if isinstance(value, type) and not isinstance(value, types.GenericAlias):
+    alias = isinstance(value, types.GenericAlias)
+    if isinstance(value, type) and not alias:
         assert _own_class_doc(value), f"{module_name}.{name}: the class has no docstring of its own"
         missing = _undocumented_members(value)
         assert not missing, f"{module_name}.{name}: no docstring on {', '.join(missing)}"
