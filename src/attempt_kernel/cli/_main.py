@@ -76,6 +76,14 @@ class _Usage(AttemptKernelError):
     """Internal: a wrong argument found after parsing (exit 2, message as is)."""
 
 
+def _workflows_flag(parser: argparse.ArgumentParser, help: str, *, required: bool = False) -> None:
+    """``--workflows MODULE:ATTR``: one a flag, repeated or a comma list, in any order (`_targets`)."""
+    parser.add_argument(
+        "--workflows", type=_targets, action="extend", default=None if required else [],
+        required=required, metavar="MODULE:ATTR", help=help + _REPEAT,
+    )  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attempt-kernel",
@@ -171,10 +179,7 @@ def _parser() -> argparse.ArgumentParser:
         "130/143 when stopped by SIGINT/SIGTERM.",
     )
     recover.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
-    recover.add_argument(
-        "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
-        help="your workflows, beside the built-in demo's" + _REPEAT,
-    )  # fmt: skip
+    _workflows_flag(recover, "your workflows, beside the built-in demo's")
     recover.add_argument("--json", action="store_true", help=_JSON_HELP)
     runs = commands.add_parser(
         "runs",
@@ -280,10 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     resume.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     resume.add_argument("run", metavar="RUN", help="the run's id")
-    resume.add_argument(
-        "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
-        help="on a log file: the run's workflow (beside the built-in demo's)" + _REPEAT,
-    )  # fmt: skip
+    _workflows_flag(resume, "on a log file: the run's workflow (beside the built-in demo's)")
     resume.add_argument("--json", action="store_true", help=_JSON_HELP)
     export = commands.add_parser(
         "export",
@@ -327,10 +329,7 @@ def _parser() -> argparse.ArgumentParser:
         "the database stayed unreachable for --reconnect-for seconds.",
     )
     worker.add_argument("url", metavar="LOG|URL", help=_LOG_HELP)
-    worker.add_argument(
-        "--workflows", type=_targets, action="extend", required=True, metavar="MODULE:ATTR",
-        help="the workflows this worker can run" + _REPEAT,
-    )  # fmt: skip
+    _workflows_flag(worker, "the workflows this worker can run", required=True)
     worker.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
                         help="runs driven at once (default 4)")  # fmt: skip
     worker.add_argument("--heartbeat", type=_positive_float, default=1.0, metavar="S",
@@ -404,10 +403,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     serve.add_argument("--port", type=_non_negative_int, default=8421, metavar="N",
                        help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
-    serve.add_argument(
-        "--workflows", type=_targets, action="extend", default=[], metavar="MODULE:ATTR",
-        help="workflows that resume may drive in this process (a file log)" + _REPEAT,
-    )  # fmt: skip
+    _workflows_flag(serve, "workflows that resume may drive in this process (a file log)")
     for command_parser in commands.choices.values():
         # So that an error found later is told in the command's name, as argparse tells its own.
         command_parser.set_defaults(command_parser=command_parser)
