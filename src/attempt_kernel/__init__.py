@@ -135,6 +135,7 @@ from ._resume import Resumed as Resumed
 from ._resume import Supervisor as Supervisor
 from ._resume import resume_log as resume_log
 from ._store import DispatchRefused as DispatchRefused
+from ._store import GroupCommitLog as GroupCommitLog
 from ._store import Journal as Journal
 from ._store import LogSource as LogSource
 from ._store import RunLog as RunLog
@@ -178,6 +179,7 @@ __all__ = [
     "Fail",
     "Failed",
     "FileLog",
+    "GroupCommitLog",
     "IllegalIntentTransition",
     "IllegalTransition",
     "Indeterminate",

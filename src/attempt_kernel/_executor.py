@@ -105,7 +105,15 @@ from ._observe import LogRecords, ProgressLines, RunObserver, tell
 from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
-from ._store import BatchLog, DispatchRefused, LogSource, RunLog, is_batch_log, is_log_source
+from ._store import (
+    BatchLog,
+    DispatchRefused,
+    LogSource,
+    RunLog,
+    is_batch_log,
+    is_group_commit_log,
+    is_log_source,
+)
 from ._workflow import Step, Workflow
 
 T = TypeVar("T")
@@ -406,6 +414,9 @@ class Executor:
         # A log that takes several records in one go gets the records that
         # are written back to back that way (one round trip to a database).
         self._batch: Final = log if is_batch_log(log) else None
+        # A log whose durability can be awaited lets the other runs go on
+        # while one waits, and share its flush (group commit).
+        self._group: Final = log if is_group_commit_log(log) else None
         self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
@@ -446,6 +457,14 @@ class Executor:
         if ledger.violation_count:  # the executor asked the ledger first: a bug
             raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
         tell(self._observers, run, change, int(self._clock() * 1_000_000))
+
+    async def _durable(self, run: str) -> None:
+        """Return once every record of ``run`` written so far survives a crash of the machine."""
+        group = self._group
+        if group is None:
+            self._log.flush()
+        else:
+            await group.durable(run)
 
     def _move(self, run: str, step: str, cause: TransitionCause) -> AttemptState:
         """Through the kernel, into the log, and only then into the ledger."""
@@ -542,7 +561,7 @@ class Executor:
             raise AssertionError("a stopped executor left an attempt waiting") from refused
         # docs/contracts.md, "The write-ahead rule": Dispatched is durable
         # before the effect is sent
-        self._log.flush()
+        await self._durable(run)
         try:
             value = await perform(key)
         except EffectRejected:
@@ -1063,7 +1082,7 @@ class Executor:
             # itself failing, most likely) recovery closes it.
             if (failure is None or cancelled) and not stopped and not step_errors:
                 self._write(run, RunFinished())
-            self._log.flush()
+            await self._durable(run)
             if failure is None and step_errors:
                 raise step_errors[0]
         steps = tuple(
@@ -1259,14 +1278,14 @@ class Executor:
         if failure is None and code.failure is not None:
             failure = code.failure
         if failure is not None and not cancelled:
-            self._log.flush()
+            await self._durable(run)
             raise failure
         view = ledger.runs[run]
         steps = tuple(outcome(c.step, view.steps.get(c.step)) for c in view.calls)
         result: JSON = None
         error: str | None = None
         if stopped or (let_go and not cancelled):
-            self._log.flush()
+            await self._durable(run)
             status: RunStatus = "interrupted" if stopped else "waiting"
             return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
         if not cancelled:
@@ -1288,7 +1307,7 @@ class Executor:
             result = None
             error = f"the workflow function returned a value the run log cannot encode: {unencodable}"
             self._write(run, RunFinished(error=error))
-        self._log.flush()
+        await self._durable(run)
         ended = ledger.runs[run].status
         assert ended is not None  # set by run_finished
         status = ended

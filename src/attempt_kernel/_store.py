@@ -87,6 +87,35 @@ class BatchLog(Protocol):
     def append_all(self, run: str, changes: Sequence[Change]) -> int: ...
 
 
+@runtime_checkable
+class GroupCommitLog(Protocol):
+    """A run log whose durability can be awaited, so that concurrent runs share one flush (optional).
+
+    The async seam beside `RunLog.flush`. The executor awaits `durable`
+    where it must know a record survives a crash of the machine: after a
+    ``Dispatched`` and before its effect is sent (docs/contracts.md, "The
+    write-ahead rule"), and before it reports a run's end. While one run
+    waits, the event loop goes on with the others, and a store may make
+    all their records durable with one flush (group commit).
+
+    With it, a store's `RunLog.append` may hand a record over without
+    waiting for the store (it still raises `UnencodableRecord`,
+    `RecordTooLarge` and `DispatchRefused` at once, handing over nothing,
+    and keeps each run's records in order). A record the store then fails
+    to write fails that run: the run's next `append` or `durable` raises
+    the error, and no later record of that run is written.
+    """
+
+    async def durable(self, run: str) -> None:
+        """Return once every record of ``run`` appended so far survives a crash of the machine.
+
+        Raises the store's error if one of them could not be written or
+        made durable; the store may then refuse every later append (the
+        file store does), or only that run's (a lost lease).
+        """
+        ...
+
+
 # isinstance against a runtime-checkable protocol looks up every member on
 # every call; the executor asks once per run (a worker makes one per run),
 # so the answer is kept per class (members are looked up on the class).
@@ -109,3 +138,8 @@ def is_log_source(log: object) -> TypeGuard[LogSource]:
 def is_batch_log(log: object) -> TypeGuard[BatchLog]:
     """``isinstance(log, BatchLog)``, answered once per class."""
     return _is(log, BatchLog)
+
+
+def is_group_commit_log(log: object) -> TypeGuard[GroupCommitLog]:
+    """``isinstance(log, GroupCommitLog)``, answered once per class."""
+    return _is(log, GroupCommitLog)
