@@ -888,7 +888,9 @@ class Executor:
         pools = self._pools if step.pool is not None else None
         # Admitted at once (a free slot of this executor's limit): creation and
         # admission go to a batch log together, else one after the other.
-        batch = self._batch if pools is None and not admission.locked() else None
+        # (Nothing between here and the acquire awaits: the slot stays free.)
+        free = pools is None and not admission.locked()
+        batch = self._batch if free else None
         if batch is None:
             self._write(run, created)
         try:
@@ -896,7 +898,7 @@ class Executor:
                 if not await pools.acquire(run, step, number):
                     self._move(run, name, _QUEUE_DEADLINE_PASSED)
                     return
-            elif admission.locked():  # a free slot is taken at once, without a timer
+            elif not free:  # a free slot is taken at once, without a timer
                 await _within(self._deadlines, step.queue_deadline, admission.acquire())
             else:
                 await admission.acquire()
@@ -1291,8 +1293,8 @@ class Executor:
             if self._on_wait is not None and isinstance(change, WaitStarted):
                 self._on_wait(run, change)
 
-        async def drive(step: Step) -> StepOutcome:
-            return await self._drive(run, step, input, {}, admission)
+        def drive(step: Step) -> Awaitable[StepOutcome]:
+            return self._drive(run, step, input, {}, admission)
 
         asked: list[Asked] = []
         orphans: list[OrphanEnded] = []
