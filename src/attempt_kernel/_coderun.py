@@ -359,7 +359,8 @@ class CodeRun:
         reconcilers: Mapping[str, Reconciler] | None = None,
         domain_states: Sequence[str] = (),
     ) -> Awaitable[Any]:
-        self._check_call(f"run.step({name!r})", "a step")
+        if self._closed or _CURRENT.get() is not self:  # the message only when refused
+            self._check_call(f"run.step({name!r})", "a step")
         # typed str; this guards callers that ignored the annotations
         if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
             raise WorkflowError(f"run.step needs a non-empty step name, got {name!r}")
@@ -384,7 +385,8 @@ class CodeRun:
 
         step = Step(
             name=step_id,
-            run=call,
+            # no arguments to bind: the step's own function, one coroutine less
+            run=call if decoded else fn,
             retry=defaults.retry if retry is None else retry,
             step_deadline=defaults.step_deadline if step_deadline is None else step_deadline,
             queue_deadline=defaults.queue_deadline if queue_deadline is None else queue_deadline,
