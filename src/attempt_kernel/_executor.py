@@ -320,8 +320,9 @@ if sys.version_info >= (3, 11):
         ``asyncio.timeout``). What differs is the bookkeeping. One
         ``asyncio.timeout`` per attempt cost a Timeout, a TimerHandle pushed
         on the loop's heap and cancelled, and that dead handle popped again
-        when its time came: most of the executor's own time per step, when
-        almost no deadline ever passes. Here, deadlines of one length pass in
+        when its time came, for deadlines that almost never pass
+        (``benchmarks/bench_executor.py`` prints what each way costs an
+        attempt). Here, deadlines of one length pass in
         the order they were set (the loop's clock never goes back), so each
         length keeps its live deadlines in an insertion-ordered dict: setting
         one is an insert and ending one a delete. One loop timer is armed for
