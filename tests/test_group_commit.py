@@ -206,7 +206,7 @@ def test_a_failed_group_fsync_fails_every_waiting_attempt_and_sends_no_effect(
     LogWriteFailed, no effect is sent, the writer refuses appends, and the log recovers clean."""
     # Every fsync on the flush thread, so that the held one does not block
     # the loop while the other runs reach their effects.
-    monkeypatch.setattr(RunLogWriter, "inline_when_alone", False)
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
     sent: list[str] = []
 
     async def pay(ctx: StepContext) -> JSON:

@@ -21,7 +21,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, ClassVar, Final, Protocol
+from typing import BinaryIO, ClassVar, Final, Literal, Protocol
 
 from typing_extensions import Self, assert_never, final
 
@@ -328,13 +328,13 @@ class RunLogWriter:
 
     Group commit (`GroupCommitLog`): ``await durable(run)`` returns once
     every record appended so far is on disk, and concurrent waiters share
-    one fsync. The fsync runs on a thread the writer owns, so the event loop
-    goes on (other runs append) while it runs; a waiter is released only by
-    an fsync that began after its records were written, and returns at once
-    when an earlier one covered them. A waiter that finds no fsync in
-    flight and nobody else waiting, even after letting the loop run once,
-    fsyncs inline, as `flush` does (a thread hop would only slow a lone
-    run). A failed fsync raises `LogWriteFailed` in every waiter it would
+    one fsync. A waiter is released only by an fsync that began after its
+    records were written, and returns at once when an earlier one covered
+    them. The first waiter lets the loop run while more waiters keep coming;
+    then the group's fsync runs on a thread the writer owns, so the event
+    loop goes on (other runs append for the next fsync) while it runs. A
+    lone waiter fsyncs inline, as `flush` does (a thread hop only slows a
+    lone run). A failed fsync raises `LogWriteFailed` in every waiter it would
     have released, and breaks the writer. `flush` and `close` may be called
     while such an fsync is in flight: `flush` fsyncs itself, `close` waits
     for it (it never closes the file under it). The writer holds no state
@@ -351,10 +351,13 @@ class RunLogWriter:
     (`LogOpenError`) instead of a new, empty log.
     """
 
-    # Measured (benchmarks/bench_group_commit.py): see _start_flush for why
-    # a lone waiter fsyncs inline. Tests and the benchmark's baselines turn
-    # it off or on to measure each path.
-    inline_when_alone: ClassVar[bool] = True
+    # How durable() fsyncs once it has gathered its waiters (see
+    # _start_flush for the measurements behind the default).
+    flush_on: ClassVar[Literal["alone", "loop", "thread"]] = "alone"
+    """How `durable` fsyncs: ``"alone"`` (the default) inline for a lone
+    waiter and on the flush thread for a group; ``"loop"`` always inline;
+    ``"thread"`` always on the flush thread, without gathering first. For
+    benchmarks and tests that measure or pin one path."""
 
     def __init__(
         self,
@@ -389,6 +392,7 @@ class RunLogWriter:
         # per waiter); dropped with the flush.
         self._inflight_wait: asyncio.Future[OSError | None] | None = None
         self._waiters = 0
+        self._gathering: asyncio.Future[None] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
         fd = open_regular(self.path, flags, "for appending")
@@ -526,24 +530,45 @@ class RunLogWriter:
             self._waiters -= 1
 
     async def _start_flush(self) -> None:
-        """Begin an fsync covering every record written so far, or do it inline when alone.
+        """Make one fsync cover every waiter that can join it; return once it is in flight or done.
 
-        Inline when this is the only waiter, even after yielding to the loop
-        once (so runs that are ready get to append and wait too): a lone run
-        gains nothing from a thread, and the hop to it and back measured
-        slower than today's inline fsync for sequential runs
-        (benchmarks/bench_group_commit.py prints both). With others waiting,
-        the fsync goes to the flush thread and the loop goes on, so records
-        pile up for the next fsync while this one runs.
+        First the leader gathers: it yields to the loop while more waiters
+        keep coming (runs that are ready get to append and wait too), and
+        those that come wait for it instead of starting fsyncs of their own.
+        Then, under ``flush_on = "alone"`` (the default): a lone waiter
+        fsyncs inline, as `flush` does, and a group's fsync goes to the
+        flush thread, so the loop goes on and records pile up for the next
+        fsync while this one runs. benchmarks/bench_group_commit.py measures
+        the alternatives in one run: on a 2-core machine shared with other
+        work, a thread hop made a sequential run slower than an inline fsync
+        (1,176 against 847 us per effect on a fast disk), and with 100 runs
+        at once the three ways of grouping came within the machine's noise
+        of one another (the thread ahead when fsync is slow, where blocking
+        the loop for it costs most; inline ahead when fsync is fast, where
+        handing the GIL to and from the thread costs most).
         """
-        if self.inline_when_alone:
-            if self._waiters == 1:
-                await asyncio.sleep(0)
-            if self._inflight is not None or self._synced >= self._seq:
-                return  # someone else began one, or covered us, meanwhile
-            if self._waiters == 1:
-                self.flush()
+        mode = self.flush_on
+        if mode != "thread":
+            gathering = self._gathering
+            if gathering is not None:
+                await asyncio.shield(gathering)
                 return
+            gathering = self._gathering = asyncio.get_running_loop().create_future()
+            try:
+                while True:  # gather: yield while more waiters keep coming
+                    before = self._waiters
+                    await asyncio.sleep(0)
+                    if self._waiters == before:
+                        break
+                if self._synced >= self._seq or self._inflight is not None:
+                    return
+                if mode == "loop" or self._waiters == 1:
+                    if self._broken is None and self._fd is not None:
+                        self.flush()
+                    return
+            finally:
+                self._gathering = None
+                gathering.set_result(None)
         if self._broken is not None or self._fd is None:
             return  # the caller's loop reports it
         pool = self._pool
