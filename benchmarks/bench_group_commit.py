@@ -162,7 +162,7 @@ def bare_seconds(path: Path, records: int) -> float:
         os.close(fd)
 
 
-def quantile(values: list[float], q: float) -> float:
+def quantile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
