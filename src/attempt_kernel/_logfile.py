@@ -333,8 +333,8 @@ class RunLogWriter:
     them. The first waiter lets the loop run while more waiters keep coming;
     then the group's fsync runs on a thread the writer owns, so the event
     loop goes on (other runs append for the next fsync) while it runs. A
-    lone waiter fsyncs inline, as `flush` does (a thread hop only slows a
-    lone run). A failed fsync raises `LogWriteFailed` in every waiter it would
+    lone waiter fsyncs inline, as `flush` does (a thread hop measured slower
+    for a lone run). A failed fsync raises `LogWriteFailed` in every waiter it would
     have released, and breaks the writer. `flush` and `close` may be called
     while such an fsync is in flight: `flush` fsyncs itself, `close` waits
     for it (it never closes the file under it). The writer holds no state
@@ -541,11 +541,12 @@ class RunLogWriter:
         fsync while this one runs. benchmarks/bench_group_commit.py measures
         the alternatives in one run: on a 2-core machine shared with other
         work, a thread hop made a sequential run slower than an inline fsync
-        (1,176 against 847 us per effect on a fast disk), and with 100 runs
-        at once the three ways of grouping came within the machine's noise
-        of one another (the thread ahead when fsync is slow, where blocking
-        the loop for it costs most; inline ahead when fsync is fast, where
-        handing the GIL to and from the thread costs most).
+        in four runs of six (1,176 against 847 us per effect in one), and
+        with 100 runs at once this mix was never behind always-inline or
+        always-thread by more than the noise, while always-thread fell
+        behind when fsync was fast (handing the GIL to the thread and back
+        costs more than the fsync) and always-inline blocks the loop for
+        every fsync, which costs most when fsync is slow.
         """
         mode = self.flush_on
         if mode != "thread":
