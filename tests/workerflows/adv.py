@@ -97,13 +97,13 @@ def _hook(hook: str) -> None:
     setattr(_OneRun, "append_all", append_all)
 
     if hook == "stop-before-close":
-        complete = PgJournal.append_and_complete
+        complete = _WorkerJournal.complete
 
-        def before_close(self: PgJournal, run: str, changes: Sequence[Change], *, outcome: str) -> int:
+        async def before_close(self: _WorkerJournal, run: str, changes: Sequence[Change], *, outcome: str) -> None:
             act(f"close of {run}")
-            return complete(self, run, changes, outcome=outcome)
+            await complete(self, run, changes, outcome=outcome)
 
-        setattr(PgJournal, "append_and_complete", before_close)
+        setattr(_WorkerJournal, "complete", before_close)
 
 
 def main() -> None:
