@@ -34,7 +34,6 @@ from workerflows.start import DEAD_AFTER, HEARTBEAT, clock, jump_on_sigusr1
 from workerflows.start import _kill_after  # pyright: ignore[reportPrivateUsage]
 
 from attempt_kernel import JSON, Dispatched, RetryPolicy, Step, StepContext, load_workflow
-from attempt_kernel.postgres._journal import PgJournal
 from attempt_kernel._records import Change, IntentChanged, RunFinished, RunStarted
 from attempt_kernel.postgres._worker import HeartbeatLate, WorkerDeclaredDead, run_worker
 from attempt_kernel.postgres._worker import _OneRun, _WorkerJournal  # pyright: ignore[reportPrivateUsage]  # the hooks patch them

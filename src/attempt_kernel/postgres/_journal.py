@@ -1556,15 +1556,24 @@ class PgJournal:
                         top = self._written  # nothing to do after all (woken for a waiter it covers)
                 sent: list[tuple[_Job, psycopg.Cursor[TupleRow]]] = []
                 try:
+                    failure: psycopg.Error | None = None
                     with conn.pipeline():
-                        for _, job in batch:
-                            if job.run in lost:
-                                continue  # its lease is gone: none of its later records is written
-                            cursor = conn.cursor()
-                            cursor.execute(job.statement, job.params)
-                            sent.append((job, cursor))
-                        if want_sync:
-                            conn.execute(self._flush_statement)
+                        # An error raised through the pipeline's end makes
+                        # psycopg log a second one (its sync fails too, on a
+                        # lost connection): the end raises it instead.
+                        try:
+                            for _, job in batch:
+                                if job.run in lost:
+                                    continue  # its lease is gone: none of its later records is written
+                                cursor = conn.cursor()
+                                cursor.execute(job.statement, job.params)
+                                sent.append((job, cursor))
+                            if want_sync:
+                                conn.execute(self._flush_statement)
+                        except psycopg.Error as error:
+                            failure = error
+                    if failure is not None:
+                        raise failure
                     found: dict[str, Lease | None] = {}
                     for job, cursor in sent:
                         written = _int_of(cursor.fetchone()) if job.summarized else cursor.rowcount
