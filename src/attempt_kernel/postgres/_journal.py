@@ -972,6 +972,8 @@ class PgJournal:
         self._writer: threading.Thread | None = None
         self._cond: Final = threading.Condition()
         self._queue: list[tuple[int, _Job]] = []
+        self._queued: Final[dict[str, int]] = {}
+        """Where each run's job is in the queue (its last, which later hand-overs join)."""
         self._tickets = 0
         """The last ticket handed out: one per job, in the order jobs are queued."""
         self._written = 0
@@ -1266,10 +1268,11 @@ class PgJournal:
             last = self._hand_over(run, changes, outcome)
             self.settle(run)
             return last
-        job = self._prepare(run, changes, outcome, grouped=False)
+        job = self._prepare(run, changes, outcome)
         try:
-            cursor = self._cursor.execute(job.statement, job.params)
-            written = _int_of(cursor.fetchone()) if job.summarized else cursor.rowcount
+            statement, params = self._statement_of(job, self._conn, sync=job.sync)
+            cursor = self._cursor.execute(statement, params)
+            written = _int_of(cursor.fetchone()) if job.summary else cursor.rowcount
         except psycopg.Error as error:
             self._forget(run)
             self._broken = f"append of record {job.numbers()} of run {run!r} failed: {_reason(error)}"
@@ -1288,16 +1291,13 @@ class PgJournal:
         self._sync_commits += job.sync
         return job.last
 
-    def _prepare(self, run: str, changes: Sequence[Change], outcome: str | None, *, grouped: bool) -> _Job:
-        """Check, number and encode ``changes`` into the statement that writes them (nothing is sent).
+    def _prepare(self, run: str, changes: Sequence[Change], outcome: str | None) -> _Job:
+        """Check, number and encode ``changes`` into a job that writes them (nothing is sent).
 
         Raises at once, handing nothing over: `PgWriteFailed` (the journal
         is broken), `LeaseLost` (no lease on the run), `UnencodableRecord`
         and `RecordTooLarge`. The run's next number, fold and summary move
         on here; whoever fails to write the job forgets the run.
-        ``grouped``: the writer thread writes it, in a group whose one
-        synchronous commit (if any) comes last, so the statement itself
-        commits asynchronously.
         """
         if self._broken is not None:
             raise PgWriteFailed(
@@ -1338,16 +1338,7 @@ class PgJournal:
             summary = summary_of(fold, run)
             summarized = summary is not None and summary != self._summaries.get(run)
             extra = () if summary is None or not summarized else (run, *summary.values())
-            rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
-            params: tuple[object, ...]
-            if outcome is not None and lease is not None:
-                statement = self._insert_closing(len(lines), summarized)
-                params = (outcome, run, lease.owner, lease.fence, *rows, *extra)
-            else:
-                mode = "on" if sync and not grouped else "off"
-                fence = () if lease is None else (run, lease.owner, lease.fence)
-                statement = self._insert(len(lines), lease is not None, summarized)
-                params = (run, *rows, mode, *fence, *extra)
+            rows = tuple(value for i, line in enumerate(lines) for value in (first + i, line))
         except psycopg.Error as error:  # the database's clock could not be read
             self._forget(run)
             self._broken = f"append to run {run!r} failed: {_reason(error)}"
@@ -1363,9 +1354,27 @@ class PgJournal:
             self._next[run] = last + 1
             self._summaries[run] = summary
         return _Job(
-            run=run, statement=statement, params=params, count=len(lines),
-            summarized=summarized, lease=lease, sync=sync, first=first, last=last,
+            run=run, rows=rows, summary=extra, outcome=outcome if lease is not None else None,
+            lease=lease, sync=sync, first=first, last=last,
         )  # fmt: skip
+
+    def _statement_of(
+        self, job: _Job, conn: psycopg.Connection[TupleRow], *, sync: bool
+    ) -> tuple[bytes, tuple[object, ...]]:
+        """The statement that writes ``job``, and its parameters (composed for ``conn``).
+
+        ``sync``: it commits synchronously (a closing always does). In a
+        group of several statements, none does: the group's one
+        synchronous commit comes last.
+        """
+        run, lease, count, summarized = job.run, job.lease, job.count, bool(job.summary)
+        if job.outcome is not None and lease is not None:
+            closing = self._insert_closing(count, summarized, conn)
+            return closing, (job.outcome, run, lease.owner, lease.fence, *job.rows, *job.summary)
+        mode = "on" if sync else "off"
+        fence = () if lease is None else (run, lease.owner, lease.fence)
+        insert = self._insert(count, lease is not None, summarized, conn)
+        return insert, (run, *job.rows, mode, *fence, *job.summary)
 
     # ------------------------------------------------------------ the writer thread
 
@@ -1395,11 +1404,23 @@ class PgJournal:
             raise LeaseLost(run, lost)
         if self._writer is None:
             self._start_writer()
-        job = self._prepare(run, changes, outcome, grouped=True)
+        job = self._prepare(run, changes, outcome)
         with self._cond:
-            self._tickets += 1
-            ticket = self._tickets
-            self._queue.append((ticket, job))
+            # The run's job still queued takes these records too (one
+            # statement for the run in the group, not one per hand-over),
+            # under its ticket: its records come first, and nothing of
+            # the run is written in between.
+            at = self._queued.get(run)
+            queued = None if at is None else self._queue[at]
+            if queued is not None and at is not None and queued[1].takes(job):
+                ticket = queued[0]
+                job = queued[1].merged(job)
+                self._queue[at] = (ticket, job)
+            else:
+                self._tickets += 1
+                ticket = self._tickets
+                self._queued[run] = len(self._queue)
+                self._queue.append((ticket, job))
             self._cond.notify_all()
         self._last_ticket[run] = ticket
         if job.sync:
@@ -1523,11 +1544,10 @@ class PgJournal:
     def _writer_loop(self, conn: psycopg.Connection[TupleRow]) -> None:
         """The writer thread: take what is queued, write it as one transaction, release who it covers.
 
-        A group is one pipelined transaction (psycopg's pipeline mode: one
-        round trip): every job's statement, fenced as a direct append's
-        is, then, if a job or a waiter needs durability, today's flush
-        statement, which makes the transaction's commit synchronous: one
-        synchronous commit for the group. A statement that finds its
+        A group is one transaction in one round trip (`_write_group`):
+        every job's statement, fenced as a direct append's is, and, if a
+        job or a waiter needs durability, one synchronous commit for the
+        whole group. A statement that finds its
         run's lease lost inserts nothing (the statement's own check) and
         the others commit; the run is marked lost, so its later jobs are
         dropped here and its later appends refused. A database error
@@ -1543,6 +1563,7 @@ class PgJournal:
                     while not (self._queue or self._closing or self._flush_due()):
                         cond.wait()
                     batch, self._queue = self._queue, []
+                    self._queued.clear()
                     top = batch[-1][0] if batch else self._tickets if self._closing else self._written
                     lost = set(self._lost)
                     want_sync = (
@@ -1554,39 +1575,13 @@ class PgJournal:
                         if self._closing:
                             return
                         top = self._written  # nothing to do after all (woken for a waiter it covers)
-                sent: list[tuple[_Job, psycopg.Cursor[TupleRow]]] = []
-                try:
-                    failure: psycopg.Error | None = None
-                    with conn.pipeline():
-                        # An error raised through the pipeline's end makes
-                        # psycopg log a second one (its sync fails too, on a
-                        # lost connection): the end raises it instead.
-                        try:
-                            for _, job in batch:
-                                if job.run in lost:
-                                    continue  # its lease is gone: none of its later records is written
-                                cursor = conn.cursor()
-                                cursor.execute(job.statement, job.params)
-                                sent.append((job, cursor))
-                            if want_sync:
-                                conn.execute(self._flush_statement)
-                        except psycopg.Error as error:
-                            failure = error
-                    if failure is not None:
-                        raise failure
-                    found: dict[str, Lease | None] = {}
-                    for job, cursor in sent:
-                        written = _int_of(cursor.fetchone()) if job.summarized else cursor.rowcount
-                        if written != job.count:
-                            found.setdefault(job.run, job.lease)
-                finally:
-                    for _, cursor in sent:
-                        cursor.close()
+                jobs = [job for _, job in batch if job.run not in lost]  # a lost run's later records: dropped
+                found, synced = self._write_group(conn, jobs, want_sync)
                 with cond:
                     for run, lease in found.items():
                         self._lost.setdefault(run, lease)
                     self._written = max(self._written, top)
-                    if want_sync:
+                    if synced:
                         self._durable = self._written
                         self._sync_commits += 1
                     self._release()
@@ -1596,9 +1591,61 @@ class PgJournal:
                 self._broken = f"a group append failed: {reason}"
                 self._broken_by = error
                 self._queue.clear()
+                self._queued.clear()
                 self._release()
         finally:
             conn.close()
+
+    def _write_group(
+        self, conn: psycopg.Connection[TupleRow], jobs: list[_Job], sync: bool
+    ) -> tuple[dict[str, Lease | None], bool]:
+        """Send ``jobs`` as one transaction, synchronously committed if ``sync``.
+
+        Returns the runs whose lease a statement found lost (with the lease
+        it carried), and whether the commit was synchronous: a statement
+        that wrote nothing (a lost lease) commits nothing, so it makes
+        nothing durable. One job alone is one plain statement (one round
+        trip, as a direct append); several go in psycopg's pipeline mode
+        (one round trip too; one implicit transaction in autocommit mode),
+        then, with ``sync``, the flush statement, whose setting makes the
+        transaction's commit synchronous.
+        """
+        found: dict[str, Lease | None] = {}
+        if len(jobs) == 1:
+            job = jobs[0]
+            with conn.cursor() as cursor:
+                cursor.execute(*self._statement_of(job, conn, sync=sync))
+                written = _int_of(cursor.fetchone()) if job.summary else cursor.rowcount
+            if written != job.count:
+                found[job.run] = job.lease
+                return found, False
+            return found, sync or job.outcome is not None
+        sent: list[tuple[_Job, psycopg.Cursor[TupleRow]]] = []
+        try:
+            failure: psycopg.Error | None = None
+            with conn.pipeline():
+                # An error raised through the pipeline's end makes psycopg
+                # log a second one (its sync fails too, on a lost
+                # connection): the end raises it instead.
+                try:
+                    for job in jobs:
+                        cursor = conn.cursor()
+                        cursor.execute(*self._statement_of(job, conn, sync=False))
+                        sent.append((job, cursor))
+                    if sync:
+                        conn.execute(self._flush_statement)
+                except psycopg.Error as error:
+                    failure = error
+            if failure is not None:
+                raise failure
+            for job, cursor in sent:
+                written = _int_of(cursor.fetchone()) if job.summary else cursor.rowcount
+                if written != job.count:
+                    found.setdefault(job.run, job.lease)
+        finally:
+            for _, cursor in sent:
+                cursor.close()
+        return found, sync
 
     def _flush_due(self) -> bool:
         """Whether a waiter needs a synchronous commit of what is written already (the lock held)."""
@@ -1619,7 +1666,9 @@ class PgJournal:
         self._waiters[:] = keep
         self._cond.notify_all()  # the synchronous wrappers look for themselves
 
-    def _insert(self, count: int, fenced: bool, summarized: bool = False) -> bytes:
+    def _insert(
+        self, count: int, fenced: bool, summarized: bool, conn: psycopg.Connection[TupleRow]
+    ) -> bytes:
         """The statement that inserts ``count`` rows of one run, in order (made once per shape).
 
         One statement, its own transaction: set_config(..., true) sets
@@ -1642,15 +1691,18 @@ class PgJournal:
                     " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
                 )
             text += " ORDER BY v.n"
-            statement = self._composed(summary_upsert_after(text) if summarized else text)
+            statement = self._composed(summary_upsert_after(text) if summarized else text, conn)
             self._inserts[(count, fenced, summarized)] = statement
         return statement
 
-    def _composed(self, text: LiteralString) -> bytes:
-        """``text`` for this journal's schema, as bytes (composed once per statement)."""
-        return sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(self._conn)
+    def _composed(self, text: LiteralString, conn: psycopg.Connection[TupleRow]) -> bytes:
+        """``text`` for this journal's schema, as bytes (composed once per statement, for the
+        connection that sends it: the writer thread never touches the caller's)."""
+        return sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(conn)
 
-    def _insert_closing(self, count: int, summarized: bool = False) -> bytes:
+    def _insert_closing(
+        self, count: int, summarized: bool = False, conn: psycopg.Connection[TupleRow] | None = None
+    ) -> bytes:
         """`append_and_complete`'s statement for ``count`` rows (made once per shape).
 
         The fenced update of the run's row comes first (a data-modifying
@@ -1676,7 +1728,7 @@ class PgJournal:
                 )
             else:
                 text = closing + " " + insert
-            statement = self._composed(text)
+            statement = self._composed(text, self._conn if conn is None else conn)
             self._closings[(count, summarized)] = statement
         return statement
 
@@ -1741,26 +1793,52 @@ class PgJournal:
         return f"PgJournal(schema={self.schema!r})"
 
 
+MERGED_ROWS: Final = 16
+"""The most records one queued job of a run takes (`_Job.takes`): each count is a statement shape, prepared once."""
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class _Job:
-    """One append made ready to send: its statement, what it must write, and under which lease."""
+    """One run's records made ready to send, numbered ``first`` to ``last``, and under which lease."""
 
     run: str
-    statement: bytes
-    params: tuple[object, ...]
-    count: int
-    """How many rows it must insert (fewer: the lease is lost)."""
-    summarized: bool
-    """The statement answers the count itself (it upserts the run's summary too)."""
+    rows: tuple[object, ...]
+    """(seq, line) of each record, flat: the statement's VALUES."""
+    summary: tuple[object, ...]
+    """The run's summary row to upsert with them (`RunSummary.values` after the run), or () when unchanged."""
+    outcome: str | None
+    """The run's outcome, for the records that end a leased run and close its row."""
     lease: Lease | None
     sync: bool
     """It must be durable before its caller goes on (`commits_synchronously`, a closing)."""
     first: int
     last: int
 
+    @property
+    def count(self) -> int:
+        """How many rows it must insert (fewer: the lease is lost)."""
+        return self.last - self.first + 1
+
     def numbers(self) -> str:
         return f"seq {self.first or '?'}" if self.first == self.last else f"seq {self.first}-{self.last}"
+
+    def takes(self, later: _Job) -> bool:
+        """Whether ``later`` (the run's next records) can go in this job's statement."""
+        return (
+            self.outcome is None
+            and later.lease == self.lease
+            and later.first == self.last + 1
+            and later.last - self.first < MERGED_ROWS
+        )
+
+    def merged(self, later: _Job) -> _Job:
+        """This job and ``later`` as one: all the rows, the latest summary, the closing if ``later`` closes."""
+        return _Job(
+            run=self.run, rows=self.rows + later.rows, summary=later.summary or self.summary,
+            outcome=later.outcome, lease=self.lease, sync=self.sync or later.sync,
+            first=self.first, last=later.last,
+        )  # fmt: skip
 
 
 @final
