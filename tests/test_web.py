@@ -178,7 +178,10 @@ class Client:
             with self.opener.open(req, timeout=TIMEOUT) as answer:
                 return answer.status, dict(answer.headers.items()), answer.read().decode()
         except urllib.error.HTTPError as error:
-            return error.code, dict(error.headers.items()), error.read().decode()
+            # The error holds the response and its socket: close it here,
+            # not in the garbage collector (a ResourceWarning under -W error).
+            with error:
+                return error.code, dict(error.headers.items()), error.read().decode()
 
     def get(self, path: str) -> tuple[int, str]:
         status, _, body = self.request(path)
