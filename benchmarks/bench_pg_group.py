@@ -34,7 +34,7 @@ import multiprocessing
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Final
@@ -51,7 +51,7 @@ from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import JSON, Change, Dispatched, IntentChanged, Step, StepContext, load_workflow  # noqa: E402
 from attempt_kernel.postgres._journal import PgJournal, commits_synchronously  # noqa: E402
-from attempt_kernel.postgres._worker import _WorkerJournal, run_worker  # noqa: E402
+from attempt_kernel.postgres._worker import _WorkerJournal, run_worker  # noqa: E402  # pyright: ignore[reportPrivateUsage]  # patched to time and to compare
 
 SCHEMA: Final = "attempt_kernel"  # run_worker's default schema
 ROUNDS: Final = 2  # each side's best, alternating: the machine is shared
@@ -101,7 +101,7 @@ def sync_commits(url: str) -> int:
 
 
 @contextmanager
-def todays_path() -> Iterator[None]:
+def todays_path() -> Generator[None, None, None]:
     """The worker's journal as it was before the writer thread: synchronous appends on the loop."""
     saved = (_WorkerJournal.append_all, _WorkerJournal.durable, _WorkerJournal.complete)
 
@@ -127,7 +127,7 @@ def todays_path() -> Iterator[None]:
 
 
 @contextmanager
-def effect_waits(into: list[float]) -> Iterator[None]:
+def effect_waits(into: list[float]) -> Generator[None, None, None]:
     """Record, for each effect, the seconds from its ``Dispatched`` hand-over to the end of its durable wait."""
     append_all, durable = _WorkerJournal.append_all, _WorkerJournal.durable
     handed: dict[str, float] = {}

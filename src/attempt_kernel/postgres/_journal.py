@@ -968,7 +968,7 @@ class PgJournal:
         leases: Mapping[str, Lease] | None = None,
         clock: Callable[[], int] | None = None,
         connect_timeout: int = 10,
-        writer_hook: Callable[[], None] | None = None,
+        writer_hook: Callable[[], object] | None = None,
     ) -> None:
         if lease is not None and leases is not None:
             raise ValueError("give lease (one run) or leases (per run), not both")
