@@ -5,7 +5,7 @@ writer is held with the journal's ``writer_hook`` (a `threading.Event`
 it waits on before each group) while records queue, so what goes into
 one group is decided by the test, never by timing. A worker that must die
 runs as a subprocess (``workerflows.start``), SIGKILLed right after the
-group holding its N-th record committed.
+group holding its N-th record committed, or inside an effect.
 """
 
 from __future__ import annotations
@@ -173,17 +173,28 @@ def dispatched_runs(records: list[Record]) -> set[str]:
     }
 
 
+# Where the first worker dies: right after the group holding record N
+# committed (the hand-over of record N waits for it, then kills), or inside
+# the first effect sent, right after the downstream service saw the call.
+KILLS = [
+    pytest.param({"KILL_AFTER": "12"}, id="after-record-12"),
+    pytest.param({"KILL_AFTER": "30"}, id="after-record-30"),
+    pytest.param({"KILL_AFTER": "55"}, id="after-record-55"),
+    pytest.param({"CRASH_IN_EFFECT": "1"}, id="inside-the-first-effect"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [12, 30, 55])
+@pytest.mark.parametrize("kill", KILLS)
 def test_a_worker_killed_among_concurrent_runs_sent_no_effect_before_its_dispatched(
-    pg_url: str, schema: str, tmp_path: Path, downstream: Path, n: int
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path, kill: dict[str, str]
 ) -> None:
-    """Six runs, four at a time; SIGKILL right after the group with record N: every effect the
-    downstream service saw has its ``Dispatched`` in the journal; another worker finishes every
-    run, and each card is charged once."""
+    """Six runs, four at a time; SIGKILL in the middle: every effect the downstream service saw
+    has its ``Dispatched`` in the journal; another worker finishes every run, and each card is
+    charged once."""
     for run in KILLED_RUNS:
         submit_run(pg_url, "pay", run, schema=schema)
-    code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER=str(n)))
+    code, out = finish(worker(pg_url, schema, tmp_path, **kill))
     assert code == -signal.SIGKILL, out
     before = journal_records(pg_url, schema)
     sent = {key.split("/")[0] for key in calls(downstream)}
