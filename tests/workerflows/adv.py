@@ -90,6 +90,9 @@ def _hook(hook: str) -> None:
         if hook.endswith("held-start") and isinstance(changes[-1], RunStarted) and self._held:  # pyright: ignore[reportPrivateUsage]
             act(f"start of {run} held (seq {seq})")
         if hook.endswith("held-end") and isinstance(changes[-1], RunFinished) and self.end:
+            # What went before the end was handed over to the journal's
+            # writer: written first, so that only the end is held.
+            self._journal.settle(run)  # pyright: ignore[reportPrivateUsage]
             act(f"end of {run} held (seq {seq})")
         return seq
 
