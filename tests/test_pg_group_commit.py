@@ -36,6 +36,8 @@ from attempt_kernel import (
     Record,
     RunStarted,
     Running,
+    StepResult,
+    UnencodableRecord,
 )
 from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal
 from attempt_kernel.postgres._worker import submit_run
@@ -158,6 +160,28 @@ def test_a_dispatched_alone_is_not_committed_until_the_writer_runs(pg_url: str, 
         assert asyncio.run(scenario()) == (False, 0, 0)
         assert journal.synchronous_commits == 1
     assert len(journal_records(pg_url, schema)) == 5
+
+
+def test_a_record_refused_at_the_hand_over_leaves_the_runs_queued_records_in_order(pg_url: str, schema: str) -> None:
+    """A value JSON cannot carry raises at once, handing nothing over; the run's records queued
+    before and after it are written, numbered one after the other."""
+    PgJournal(pg_url, schema=schema).close()
+    leases = claimed(pg_url, schema, ("a",))
+    journal, gate = held_journal(pg_url, schema, leases)
+
+    async def scenario() -> int:
+        journal.new_run("a")
+        journal.hand_over("a", up_to_dispatched("s")[:2])
+        with pytest.raises(UnencodableRecord):
+            journal.hand_over("a", [StepResult(step="s", attempt=1, value=float("nan"))])
+        seq = journal.hand_over("a", [AttemptCreated(step="t", attempt=1)])
+        gate.set()
+        await journal.committed("a")
+        return seq
+
+    with journal:
+        assert asyncio.run(scenario()) == 3
+    assert kinds_of(pg_url, schema, "a") == ["RunStarted", "AttemptCreated", "AttemptCreated"]
 
 
 # --------------------------------------------------------------------------

@@ -1344,9 +1344,15 @@ class PgJournal:
             raise LeaseLost(run, None)
         sync = outcome is not None or any(commits_synchronously(change) for change in changes)
         first = self._next.get(run, 0)
+        applied = False
         try:
             fold = self._folds.get(run)
             if first == 0 or fold is None:
+                if self._writer is not None and run in self._last_ticket:
+                    # The run's records handed over before it was forgotten
+                    # are written before it is read again (the caller's
+                    # thread waits, as a synchronous append would).
+                    self._wait(run, self._last_ticket[run], 0)
                 # What the run holds so far: its next number, and the fold its summary comes from.
                 numbering = _Numbering(self._per_run_after, journal=False)
                 fold = Ledger()
@@ -1367,6 +1373,7 @@ class PgJournal:
             ]
             # The fold takes the records before they are sent; were they not
             # written, the run is forgotten (read again at its next append).
+            applied = True
             for at, change in zip(times, changes):
                 number = fold.records + 1
                 fold.apply(Record(line=number, seq=number, time_us=at, run=run, change=change))
@@ -1380,7 +1387,8 @@ class PgJournal:
             self._broken_by = error
             raise PgWriteFailed(f"{self._broken}; nothing was written") from error
         except BaseException:
-            self._forget(run)  # the fold may hold records that are not written
+            if applied:  # the fold holds records that are not written: read the run again next time
+                self._forget(run)
             raise
         last = first + len(lines) - 1
         if isinstance(changes[-1], RunFinished):
