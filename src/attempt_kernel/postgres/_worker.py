@@ -42,6 +42,10 @@ Theory of operation:
   drives runs it takes in the operators' changes the ``inbox`` holds for
   them (`INBOX_POLL`), through each run's executor; on a claim, those
   already waiting are recorded before the run's recovery.
+- A worker's executors do not wait for the database at each append: the
+  journal's writer thread writes what they hand over in groups, one
+  synchronous commit per group, and each effect waits only for the group
+  that makes its ``Dispatched`` durable (`_journal`, "Group commit").
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
@@ -489,12 +493,15 @@ class _Heart:
 
 @final
 class _WorkerJournal:
-    """The worker's `PgJournal` with the last guard before an effect.
+    """The worker's `PgJournal` with the last guard before an effect, off the event loop.
 
     A ``Dispatched`` append (the last write before an effect is sent) first
     makes sure this worker's heartbeat is live (`_lease.may_dispatch`); if it
     is not, it waits for a beat until the lease would expire, then refuses
-    with `HeartbeatLate`, writing nothing.
+    with `HeartbeatLate`, writing nothing. Appends are handed to the
+    journal's writer thread (`PgJournal.hand_over`) and the executor awaits
+    `durable` where it must (the `GroupCommitLog` seam), so concurrent runs
+    share the writer's groups and their synchronous commits.
     """
 
     def __init__(self, journal: PgJournal, live: Callable[[], LeaseVerdict], heart: _Heart, dead_after: float) -> None:
