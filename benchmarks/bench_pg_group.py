@@ -22,6 +22,11 @@ commit costs a real WAL flush), and measures, in the same run:
 3. The time an effect waits for its ``Dispatched`` to be durable (from the
    hand-over to the end of `_WorkerJournal.durable`), p50 and p99: grouped
    (the concurrent run of 1) against alone (the sequential run).
+4. The choice of a writer thread over psycopg's ``AsyncConnection``: the
+   same queue-and-group loop both ways (50 tasks, each handing over four
+   one-row inserts and then waiting for a group's synchronous commit, 40
+   times), records/s and the share of the time the event loop's thread
+   spent on the CPU (what the executors' own work then lacks).
 
 Usage: python benchmarks/bench_pg_group.py [--runs M] [--concurrency C]
 (TMPDIR picks the folder of the server's data; its disk decides the fsync cost)
@@ -30,9 +35,12 @@ Usage: python benchmarks/bench_pg_group.py [--runs M] [--concurrency C]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import multiprocessing
+import resource
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Generator, Sequence
 from contextlib import contextmanager
@@ -175,6 +183,165 @@ def one_effect_worker(url: str, ready: Event, go: Event) -> None:
     run_worker(url, [ONE], stop_when_idle=True)
 
 
+# --------------------------------------------------------------------------
+# 4. A writer thread or an AsyncConnection
+# --------------------------------------------------------------------------
+
+TASKS: Final = 50
+ROUNDS_OF_TASK: Final = 40
+PER_ROUND: Final = 4
+INSERT: Final = (
+    b"INSERT INTO bench_writer (run, seq, line) SELECT %s, %s, %s"
+    b" WHERE set_config('synchronous_commit', 'off', true) IS NOT NULL"
+)
+FLUSH: Final = (
+    b"SELECT set_config('synchronous_commit', 'on', true), pg_logical_emit_message(true, 'bench', 'flush')"
+)
+Row = tuple[str, int, bytes]
+
+
+async def tasks_writing(submit: Callable[[Row], None], wait: Callable[[], asyncio.Future[None]]) -> None:
+    """TASKS tasks, each handing over PER_ROUND rows then waiting for their group, ROUNDS_OF_TASK times."""
+
+    async def one(task: int) -> None:
+        for round_ in range(ROUNDS_OF_TASK):
+            for i in range(PER_ROUND):
+                submit((f"t{task}", round_ * PER_ROUND + i, b"x" * 200))
+            await wait()
+
+    await asyncio.gather(*(one(task) for task in range(TASKS)))
+
+
+def loop_cpu() -> float:
+    """CPU seconds of the calling thread so far."""
+    usage = resource.getrusage(resource.RUSAGE_THREAD)
+    return usage.ru_utime + usage.ru_stime
+
+
+def with_thread(url: str) -> tuple[float, float]:
+    """Seconds, and the loop thread's CPU seconds, with a writer thread on a synchronous connection."""
+    cond = threading.Condition()
+    queue: list[Row] = []
+    waiters: list[asyncio.Future[None]] = []
+    stop = [False]
+    loop = asyncio.new_event_loop()
+
+    def release(future: asyncio.Future[None]) -> None:
+        if not future.done():
+            future.set_result(None)
+
+    def writer(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+        while True:
+            with cond:
+                while not queue and not waiters and not stop[0]:
+                    cond.wait()
+                if stop[0] and not queue and not waiters:
+                    return
+                rows, queue[:] = list(queue), []
+                released, waiters[:] = list(waiters), []
+            with conn.pipeline():
+                for row in rows:
+                    conn.execute(INSERT, row)
+                conn.execute(FLUSH)
+            for future in released:
+                loop.call_soon_threadsafe(release, future)
+
+    def submit(row: Row) -> None:
+        with cond:
+            queue.append(row)
+            cond.notify()
+
+    def wait() -> asyncio.Future[None]:
+        future: asyncio.Future[None] = loop.create_future()
+        with cond:
+            waiters.append(future)
+            cond.notify()
+        return future
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        thread = threading.Thread(target=writer, args=(conn,))
+        thread.start()
+        cpu, start = loop_cpu(), time.perf_counter()
+        loop.run_until_complete(tasks_writing(submit, wait))
+        elapsed, cpu = time.perf_counter() - start, loop_cpu() - cpu
+        with cond:
+            stop[0] = True
+            cond.notify()
+        thread.join()
+    loop.close()
+    return elapsed, cpu
+
+
+def with_async_connection(url: str) -> tuple[float, float]:
+    """Seconds, and the loop thread's CPU seconds, with a writer task on an AsyncConnection."""
+
+    async def measured() -> tuple[float, float]:
+        queue: list[Row] = []
+        waiters: list[asyncio.Future[None]] = []
+        wake = asyncio.Event()
+        stop = [False]
+        loop = asyncio.get_running_loop()
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+
+            async def writer() -> None:
+                while True:
+                    await wake.wait()
+                    wake.clear()
+                    if stop[0] and not queue and not waiters:
+                        return
+                    rows, queue[:] = list(queue), []
+                    released, waiters[:] = list(waiters), []
+                    async with conn.pipeline():
+                        for row in rows:
+                            await conn.execute(INSERT, row)
+                        await conn.execute(FLUSH)
+                    for future in released:
+                        if not future.done():
+                            future.set_result(None)
+
+            def submit(row: Row) -> None:
+                queue.append(row)
+                wake.set()
+
+            def wait() -> asyncio.Future[None]:
+                future: asyncio.Future[None] = loop.create_future()
+                waiters.append(future)
+                wake.set()
+                return future
+
+            task = asyncio.ensure_future(writer())
+            cpu, start = loop_cpu(), time.perf_counter()
+            await tasks_writing(submit, wait)
+            elapsed, cpu = time.perf_counter() - start, loop_cpu() - cpu
+            stop[0] = True
+            wake.set()
+            await task
+        return elapsed, cpu
+
+    return asyncio.run(measured())
+
+
+def writer_choice(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE bench_writer (run text, seq integer, line bytea, PRIMARY KEY (run, seq))")
+    records = TASKS * ROUNDS_OF_TASK * PER_ROUND
+    results: dict[str, tuple[float, float]] = {}
+    for _ in range(ROUNDS):
+        for label, measure in (("writer thread", with_thread), ("AsyncConnection", with_async_connection)):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("TRUNCATE bench_writer")
+            elapsed, cpu = measure(url)
+            if label not in results or elapsed < results[label][0]:
+                results[label] = (elapsed, cpu)
+    print(f"the writer: {TASKS} tasks x {ROUNDS_OF_TASK} groups' waits, {records} one-row inserts:")
+    for label, (elapsed, cpu) in results.items():
+        print(f"  {label:16}: {records / elapsed:8,.0f} records/s; the event loop's thread on the CPU"
+              f" {cpu / elapsed:4.0%} of the time")
+    thread, other = results["writer thread"], results["AsyncConnection"]
+    print(f"  thread = {other[0] / thread[0]:.2f}x the AsyncConnection's rate, its loop busy"
+          f" {thread[1] / thread[0]:.0%} against {other[1] / other[0]:.0%}")
+
+
 def best(measure: Callable[[], tuple[float, int]]) -> tuple[float, int]:
     return min(measure() for _ in range(ROUNDS))
 
@@ -228,6 +395,7 @@ def main() -> int:
         for label, waits in ((f"grouped ({args.concurrency} at once)", grouped_waits), ("alone (1 at a time)", alone_waits)):
             print(f"  {label:22}: p50 {percentile(waits, 0.5) * 1e3:7.3f} ms, p99 {percentile(waits, 0.99) * 1e3:7.3f} ms"
                   f" ({len(waits)} effects)")
+        writer_choice(url)
     finally:
         server.stop()
     print("all targets met" if ok else "TARGETS MISSED (see the figures above)")

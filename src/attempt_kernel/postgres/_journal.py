@@ -52,8 +52,9 @@ group must be durable. `PgJournal.committed` awaits the group that covers a
 run's records, so concurrent runs' ``Dispatched`` records share one WAL
 flush, and each effect is still sent only after its ``Dispatched`` is
 durable. A thread, not psycopg's ``AsyncConnection``: measured side by
-side, both wrote groups at the same rate, but the async connection spent
-about half the event loop's time in psycopg's own code, where the thread
+side (benchmarks/bench_pg_group.py), both wrote groups at about the same
+rate, but the async connection kept the event loop's thread busy about
+half the time in psycopg's own code, where the thread
 leaves the loop to the executors (psycopg releases the GIL while it waits
 for the server); and the synchronous entry points, which recovery, the
 command line and the executor's ``flush`` call from inside or outside a
