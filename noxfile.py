@@ -185,6 +185,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_kernel.py")
     session.run("python", "benchmarks/bench_runlog.py")
     session.run("python", "benchmarks/bench_executor.py")
+    session.run("python", "benchmarks/bench_group_commit.py")
     session.run("python", "benchmarks/bench_coderun.py")
     session.run("python", "benchmarks/bench_workers.py")
     session.run("python", "benchmarks/bench_waits.py")

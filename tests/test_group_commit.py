@@ -1,0 +1,236 @@
+"""Group commit in the file store: `RunLogWriter.durable` waiters share one fsync.
+
+The fsyncs are counted by an injected `FileOps`, and held on
+``threading.Event``s so that waiters pile up behind one in flight: every
+test waits on events, none on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    AttemptCreated,
+    Executor,
+    LogWriteFailed,
+    RunLogWriter,
+    RunStarted,
+    StepContext,
+    recover_log,
+    replay,
+)
+from attempt_kernel._records import JSON
+from attempt_kernel._workflow import Step, load_workflow
+
+# Long enough never to fire on a loaded machine; only a hung test reaches it.
+HUNG = 60.0
+
+
+class HeldOps:
+    """Real writes and fsyncs; the n-th fsync (1-based) in ``hold`` first says it has
+    begun (``began[n]``), then waits for ``release[n]``; ``fail`` makes fsyncs raise EIO."""
+
+    def __init__(self, hold: tuple[int, ...] = (), fail: bool = False) -> None:
+        self.fsyncs = 0
+        self.began = {n: threading.Event() for n in hold}
+        self.release = {n: threading.Event() for n in hold}
+        self.fail = fail
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        n = self.fsyncs
+        if n in self.began:
+            self.began[n].set()
+            assert self.release[n].wait(HUNG), "the test never released the fsync"
+        if self.fail:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        os.fsync(fd)
+
+
+async def began(event: threading.Event) -> None:
+    """Wait, off the loop, until the flush thread says its fsync began."""
+    assert await asyncio.to_thread(event.wait, HUNG), "the fsync never began"
+
+
+def test_concurrent_waiters_are_released_by_one_fsync(tmp_path: Path) -> None:
+    """Ten waiters on records all written before the fsync began share that one fsync."""
+    ops = HeldOps(hold=(1,))
+
+    async def main(log: RunLogWriter) -> list[int]:
+        for i in range(10):
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(10)]
+        await began(ops.began[1])
+        assert not any(w.done() for w in waiters)  # all held behind the fsync in flight
+        ops.release[1].set()
+        await asyncio.gather(*waiters)
+        return [ops.fsyncs]
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        assert asyncio.run(main(log)) == [1]
+
+
+def test_a_record_written_after_the_fsync_began_waits_for_the_next(tmp_path: Path) -> None:
+    """A waiter whose record came after the fsync in flight began is released by the next fsync only."""
+    ops = HeldOps(hold=(1,))
+
+    async def main(log: RunLogWriter) -> tuple[list[int], int]:
+        async def wait(run: str) -> int:
+            await log.durable(run)
+            return ops.fsyncs  # which fsync released it
+
+        log.append("a", RunStarted(workflow="w"))
+        log.append("b", RunStarted(workflow="w"))
+        first = [asyncio.ensure_future(wait("a")), asyncio.ensure_future(wait("b"))]
+        await began(ops.began[1])
+        log.append("c", RunStarted(workflow="w"))  # while the first fsync is in flight
+        late = asyncio.ensure_future(wait("c"))
+        ops.release[1].set()
+        return list(await asyncio.gather(*first)), await late
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        assert asyncio.run(main(log)) == ([1, 1], 2)
+
+
+def test_a_waiter_with_nothing_new_returns_without_an_fsync(tmp_path: Path) -> None:
+    """durable() after flush(), with no append between, makes no fsync."""
+    ops = HeldOps()
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        log.append("r", RunStarted(workflow="w"))
+        log.flush()
+        asyncio.run(log.durable("r"))
+        assert ops.fsyncs == 1
+
+
+def test_a_lone_waiter_is_made_durable(tmp_path: Path) -> None:
+    """One waiter alone gets its own fsync (inline) and returns."""
+    ops = HeldOps()
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        log.append("r", RunStarted(workflow="w"))
+        asyncio.run(log.durable("r"))
+        assert ops.fsyncs == 1
+
+
+def test_a_failed_fsync_raises_in_every_waiter_of_it_and_breaks_the_writer(tmp_path: Path) -> None:
+    """Every waiter of a failed fsync gets LogWriteFailed, and the writer then refuses appends."""
+    ops = HeldOps(hold=(1,), fail=True)
+
+    async def main(log: RunLogWriter) -> list[str]:
+        for i in range(3):
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(3)]
+        await began(ops.began[1])
+        ops.release[1].set()
+        done = await asyncio.gather(*waiters, return_exceptions=True)
+        return [type(d).__name__ for d in done]
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        assert asyncio.run(main(log)) == ["LogWriteFailed"] * 3
+        with pytest.raises(LogWriteFailed):
+            log.append("r0", AttemptCreated(step="s", attempt=1))
+
+
+def test_close_waits_for_the_fsync_in_flight(tmp_path: Path) -> None:
+    """close() during an fsync of durable() waits for it: the waiters are released, not failed."""
+    ops = HeldOps(hold=(1,))
+    log = RunLogWriter(tmp_path / "log", ops=ops)
+
+    async def main() -> list[str]:
+        for i in range(2):
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(2)]
+        await began(ops.began[1])
+        threading.Timer(0.0, ops.release[1].set).start()  # close() blocks the loop
+        log.close()
+        done = await asyncio.gather(*waiters, return_exceptions=True)
+        return [type(d).__name__ for d in done]
+
+    assert asyncio.run(main()) == ["NoneType", "NoneType"]
+    assert ops.fsyncs == 1  # close found everything covered by the one in flight
+
+
+def test_the_writer_serves_one_event_loop_after_another(tmp_path: Path) -> None:
+    """Two asyncio.run calls in a row, each grouping waiters, on one writer."""
+    ops = HeldOps(hold=(1, 2))
+
+    async def main(log: RunLogWriter, n: int) -> None:
+        for i in range(3):
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(3)]
+        await began(ops.began[n])
+        ops.release[n].set()
+        await asyncio.gather(*waiters)
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        asyncio.run(main(log, 1))
+        asyncio.run(main(log, 2))
+        assert ops.fsyncs == 2
+
+
+class EffectsLog:
+    """HeldOps for the executor: the first fsync waits (on the flush thread) until
+    every run has written its Dispatched, then fails with EIO."""
+
+    def __init__(self, runs: int) -> None:
+        self.runs = runs
+        self.dispatched = 0
+        self.all_dispatched = threading.Event()
+        self.fsyncs = 0
+
+    def write(self, fd: int, data: bytes) -> int:
+        if b'"to":"Dispatched"' in data:
+            self.dispatched += 1
+            if self.dispatched == self.runs:
+                self.all_dispatched.set()
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+        assert self.all_dispatched.wait(HUNG), "not every run reached its effect"
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+
+def test_a_failed_group_fsync_fails_every_waiting_attempt_and_sends_no_effect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Five runs, one effect each, all waiting on a failing fsync: every run raises
+    LogWriteFailed, no effect is sent, the writer refuses appends, and the log recovers clean."""
+    # Every fsync on the flush thread, so that the held one does not block
+    # the loop while the other runs reach their effects.
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    sent: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            return None
+
+        return await ctx.effect("pay", send)
+
+    workflow = load_workflow("w", [Step(name="s", run=pay)])
+    path = tmp_path / "log"
+    ops = EffectsLog(runs=5)
+
+    async def main(log: RunLogWriter) -> list[str]:
+        executor = Executor(log)
+        runs = [executor.run(workflow, f"r{i}") for i in range(5)]
+        return [type(r).__name__ for r in await asyncio.gather(*runs, return_exceptions=True)]
+
+    with RunLogWriter(path, ops=ops) as log:
+        assert asyncio.run(main(log)) == ["LogWriteFailed"] * 5
+        assert (ops.dispatched, ops.fsyncs, sent) == (5, 1, [])
+        with pytest.raises(LogWriteFailed):
+            log.append("r0", AttemptCreated(step="s", attempt=2))
+    writer, recovery = recover_log(path, {"w": workflow})
+    writer.close()
+    assert sorted(r.run for r in recovery.runs) == ["r0", "r1", "r2", "r3", "r4"]
+    assert replay(path).valid
