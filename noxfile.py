@@ -192,3 +192,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_waits_file.py")
     session.run("python", "benchmarks/bench_runs_filter.py")
     session.run("python", "benchmarks/bench_submit.py")
+    session.run("python", "benchmarks/bench_pg_group.py")

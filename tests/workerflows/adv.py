@@ -34,7 +34,6 @@ from workerflows.start import DEAD_AFTER, HEARTBEAT, clock, jump_on_sigusr1
 from workerflows.start import _kill_after  # pyright: ignore[reportPrivateUsage]
 
 from attempt_kernel import JSON, Dispatched, RetryPolicy, Step, StepContext, load_workflow
-from attempt_kernel.postgres._journal import PgJournal
 from attempt_kernel._records import Change, IntentChanged, RunFinished, RunStarted
 from attempt_kernel.postgres._worker import HeartbeatLate, WorkerDeclaredDead, run_worker
 from attempt_kernel.postgres._worker import _OneRun, _WorkerJournal  # pyright: ignore[reportPrivateUsage]  # the hooks patch them
@@ -91,19 +90,22 @@ def _hook(hook: str) -> None:
         if hook.endswith("held-start") and isinstance(changes[-1], RunStarted) and self._held:  # pyright: ignore[reportPrivateUsage]
             act(f"start of {run} held (seq {seq})")
         if hook.endswith("held-end") and isinstance(changes[-1], RunFinished) and self.end:
+            # What went before the end was handed over to the journal's
+            # writer: written first, so that only the end is held.
+            self._journal.settle(run)  # pyright: ignore[reportPrivateUsage]
             act(f"end of {run} held (seq {seq})")
         return seq
 
     setattr(_OneRun, "append_all", append_all)
 
     if hook == "stop-before-close":
-        complete = PgJournal.append_and_complete
+        complete = _WorkerJournal.complete
 
-        def before_close(self: PgJournal, run: str, changes: Sequence[Change], *, outcome: str) -> int:
+        async def before_close(self: _WorkerJournal, run: str, changes: Sequence[Change], *, outcome: str) -> None:
             act(f"close of {run}")
-            return complete(self, run, changes, outcome=outcome)
+            await complete(self, run, changes, outcome=outcome)
 
-        setattr(PgJournal, "append_and_complete", before_close)
+        setattr(_WorkerJournal, "complete", before_close)
 
 
 def main() -> None:

@@ -83,6 +83,22 @@ def _kill_after(n: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return seq
 
+    hand_over = PgJournal.hand_over
+
+    def counted_hand_over(
+        self: PgJournal, run: str, changes: Sequence[Change], *, outcome: str | None = None
+    ) -> int:
+        seq = hand_over(self, run, changes, outcome=outcome)
+        before = written[0]
+        written[0] += len(changes)
+        if before < n <= written[0]:  # record n is queued: die once the group writing it commits
+            self.settle(run)
+            closed = "" if outcome is None else ", row closed"
+            print(f"killed after record {n} (seq {seq - (written[0] - n)}){closed}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return seq
+
+    setattr(PgJournal, "hand_over", counted_hand_over)
     setattr(PgJournal, "append", counted)
     setattr(PgJournal, "append_all", counted_all)
     setattr(PgJournal, "append_and_complete", counted_complete)

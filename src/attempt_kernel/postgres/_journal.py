@@ -39,12 +39,34 @@ on`` before `PgJournal.append` returns (docs/contracts.md, "The write-ahead
 rule"); every other append commits asynchronously,
 which survives a crash of this process but not of the server until `flush`, or
 any later synchronous commit, makes it durable.
+
+Group commit (the writer thread): a worker's executors do not wait for the
+database at each append. `PgJournal.hand_over` checks, numbers and encodes
+the records on the caller's thread (the event loop), so that a record the
+journal refuses raises there and nothing is handed over, and queues them;
+a thread of the journal's own, on a connection of its own, takes whatever
+is queued and writes it as one transaction in one round trip (psycopg's
+pipeline mode), each run's records in one statement fenced as a direct
+append's is, with one synchronous commit at its end when any record of the
+group must be durable. `PgJournal.committed` awaits the group that covers a
+run's records, so concurrent runs' ``Dispatched`` records share one WAL
+flush, and each effect is still sent only after its ``Dispatched`` is
+durable. A thread, not psycopg's ``AsyncConnection``: measured side by
+side (benchmarks/bench_pg_group.py), both wrote groups at about the same
+rate, but the async connection kept the event loop's thread busy about
+half the time in psycopg's own code, where the thread
+leaves the loop to the executors (psycopg releases the GIL while it waits
+for the server); and the synchronous entry points, which recovery, the
+command line and the executor's ``flush`` call from inside or outside a
+loop, can wait for a thread, never for a task of the loop they block.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -901,6 +923,22 @@ class PgJournal:
     durable. A failed append breaks the journal (`PgWriteFailed`) until it
     is reopened.
 
+    `hand_over` and `committed` are the asynchronous path (a worker's
+    executors take it; the module doc, "Group commit"): `hand_over` returns
+    a record's number at once, having checked and encoded it, and a writer
+    thread writes what is queued in groups, one synchronous commit per
+    group; `committed` awaits the group that covers a run's records. The
+    first `hand_over` starts the thread and its connection (a journal that
+    never hands over starts none), and from then on the synchronous
+    entry points go through the same queue and block until their group is
+    written, so each run's records stay in order. A lease lost by one run
+    fails that run only: its `committed` and later appends raise
+    `LeaseLost`, and none of its later records is written, while the other
+    runs of the group commit. A database error fails every waiter with
+    `PgWriteFailed` (raised from the database's error, so
+    `connection_lost` tells an outage) and breaks the journal. `close`
+    writes what is queued, flushes, and ends the thread.
+
     Each append is one statement. The journal remembers the next number of
     each run it wrote or read to the end (`read_run`), and asks the database
     for it otherwise; one writer per run at a time is the caller's to
@@ -931,6 +969,7 @@ class PgJournal:
         leases: Mapping[str, Lease] | None = None,
         clock: Callable[[], int] | None = None,
         connect_timeout: int = 10,
+        writer_hook: Callable[[], object] | None = None,
     ) -> None:
         if lease is not None and leases is not None:
             raise ValueError("give lease (one run) or leases (per run), not both")
@@ -960,6 +999,36 @@ class PgJournal:
         self._synced_at_us: int | None = None
         self._last_time = 0
         self._reader: psycopg.Connection[TupleRow] | None = None
+        # The writer thread (`hand_over`): started by the first hand-over.
+        # The lock guards what both threads read: the queue, the tickets
+        # written and made durable, the waiters, the runs found lost, and
+        # the breakage (``_broken``) once the thread runs.
+        self._writer_hook: Final = writer_hook
+        """Called by the writer thread before each group (tests hold the writer with it)."""
+        self._writer: threading.Thread | None = None
+        self._cond: Final = threading.Condition()
+        self._queue: list[tuple[int, _Job]] = []
+        self._queued: Final[dict[str, int]] = {}
+        """Where each run's job is in the queue (its last, which later hand-overs join)."""
+        self._tickets = 0
+        """The last ticket handed out: one per job, in the order jobs are queued."""
+        self._written = 0
+        """Every job up to this ticket is written (committed, or dropped as lost)."""
+        self._durable = 0
+        """Every job up to this ticket survives a crash of the machine."""
+        self._waiters: Final[list[_Waiter]] = []
+        self._lost: Final[dict[str, Lease | None]] = {}
+        """Runs whose lease a group found lost, with the lease it carried."""
+        self._closing = False
+        self._sync_commits = 0
+        self._last_ticket: Final[dict[str, int]] = {}
+        """Each run's last job's ticket (the caller's side only)."""
+        self._sync_ticket: Final[dict[str, int]] = {}
+        """Each run's last job that must be durable (the caller's side only)."""
+        self._flush_statement: Final = (
+            b"SELECT set_config('synchronous_commit', 'on', true),"
+            b" pg_logical_emit_message(true, 'attempt-kernel', 'flush')"
+        )
         conn = connect(url, connect_timeout=connect_timeout)
         try:
             per_run_after = _open(conn, schema)
@@ -1011,6 +1080,9 @@ class PgJournal:
         self._next[run] = next_seq
         self._folds[run] = fold
         self._summaries[run] = summary_of(fold, run)
+        if self._lost:
+            with self._cond:  # read again from the journal: a lease lost before is the past
+                self._lost.pop(run, None)
 
     def _forget(self, run: str) -> None:
         self._next.pop(run, None)
@@ -1152,6 +1224,9 @@ class PgJournal:
         keep one number per run it ever released.
         """
         self._forget(run)
+        if self._lost:
+            with self._cond:
+                self._lost.pop(run, None)
 
     # ------------------------------------------------------------ appending
 
@@ -1208,6 +1283,10 @@ class PgJournal:
         `ValueError` (nothing written) for records whose last is not a
         ``RunFinished`` and for a journal opened without a lease.
         """
+        self._check_closing(changes)
+        return self._write(run, changes, outcome)
+
+    def _check_closing(self, changes: Sequence[Change]) -> None:
         if not changes or not isinstance(changes[-1], RunFinished):
             raise ValueError(
                 f"append_and_complete closes a run's row with the run's end: its records must end"
@@ -1217,9 +1296,45 @@ class PgJournal:
             raise ValueError(
                 "append_and_complete closes a leased run's row; this journal was opened without a lease"
             )
-        return self._write(run, changes, outcome)
 
     def _write(self, run: str, changes: Sequence[Change], outcome: str | None = None) -> int:
+        if self._writer is not None:
+            # The writer runs: every write goes through it, so that each
+            # run's records stay in order; this caller waits as it did.
+            last = self._hand_over(run, changes, outcome)
+            self.settle(run)
+            return last
+        job = self._prepare(run, changes, outcome)
+        try:
+            statement, params = self._statement_of(job, self._conn, sync=job.sync)
+            cursor = self._cursor.execute(statement, params)
+            written = _int_of(cursor.fetchone()) if job.summary else cursor.rowcount
+        except psycopg.Error as error:
+            self._forget(run)
+            self._broken = f"append of record {job.numbers()} of run {run!r} failed: {_reason(error)}"
+            self._broken_by = error
+            raise PgWriteFailed(
+                f"{self._broken}; whether it was committed is unknown until the journal is read again"
+            ) from error
+        except BaseException:
+            self._forget(run)  # the fold may hold records that were not written
+            raise
+        if written != job.count:
+            self._forget(run)
+            raise LeaseLost(run, job.lease)
+        # A synchronous commit flushes the WAL up to it: every earlier append too.
+        self._unflushed = not job.sync
+        self._sync_commits += job.sync
+        return job.last
+
+    def _prepare(self, run: str, changes: Sequence[Change], outcome: str | None) -> _Job:
+        """Check, number and encode ``changes`` into a job that writes them (nothing is sent).
+
+        Raises at once, handing nothing over: `PgWriteFailed` (the journal
+        is broken), `LeaseLost` (no lease on the run), `UnencodableRecord`
+        and `RecordTooLarge`. The run's next number, fold and summary move
+        on here; whoever fails to write the job forgets the run.
+        """
         if self._broken is not None:
             raise PgWriteFailed(
                 f"the journal failed earlier ({self._broken}); open it again before appending"
@@ -1230,9 +1345,15 @@ class PgJournal:
             raise LeaseLost(run, None)
         sync = outcome is not None or any(commits_synchronously(change) for change in changes)
         first = self._next.get(run, 0)
+        applied = False
         try:
             fold = self._folds.get(run)
             if first == 0 or fold is None:
+                if self._writer is not None and run in self._last_ticket:
+                    # The run's records handed over before it was forgotten
+                    # are written before it is read again (the caller's
+                    # thread waits, as a synchronous append would).
+                    self._wait(run, self._last_ticket[run], 0)
                 # What the run holds so far: its next number, and the fold its summary comes from.
                 numbering = _Numbering(self._per_run_after, journal=False)
                 fold = Ledger()
@@ -1253,40 +1374,22 @@ class PgJournal:
             ]
             # The fold takes the records before they are sent; were they not
             # written, the run is forgotten (read again at its next append).
+            applied = True
             for at, change in zip(times, changes):
                 number = fold.records + 1
                 fold.apply(Record(line=number, seq=number, time_us=at, run=run, change=change))
             summary = summary_of(fold, run)
             summarized = summary is not None and summary != self._summaries.get(run)
             extra = () if summary is None or not summarized else (run, *summary.values())
-            rows = [value for i, line in enumerate(lines) for value in (first + i, line)]
-            if outcome is not None and lease is not None:
-                cursor = self._cursor.execute(
-                    self._insert_closing(len(lines), summarized),
-                    (outcome, run, lease.owner, lease.fence, *rows, *extra),
-                )
-            else:
-                mode = "on" if sync else "off"
-                fence = () if lease is None else (run, lease.owner, lease.fence)
-                cursor = self._cursor.execute(
-                    self._insert(len(lines), lease is not None, summarized),
-                    (run, *rows, mode, *fence, *extra),
-                )
-            written = _int_of(cursor.fetchone()) if summarized else cursor.rowcount
-            if written != len(lines):
-                self._forget(run)
-                raise LeaseLost(run, lease)
-        except psycopg.Error as error:
+            rows = tuple(value for i, line in enumerate(lines) for value in (first + i, line))
+        except psycopg.Error as error:  # the database's clock could not be read
             self._forget(run)
-            last = first + len(changes) - 1
-            numbers_text = f"seq {first or '?'}" if len(changes) == 1 else f"seq {first}-{last}"
-            self._broken = f"append of record {numbers_text} of run {run!r} failed: {_reason(error)}"
+            self._broken = f"append to run {run!r} failed: {_reason(error)}"
             self._broken_by = error
-            raise PgWriteFailed(
-                f"{self._broken}; whether it was committed is unknown until the journal is read again"
-            ) from error
+            raise PgWriteFailed(f"{self._broken}; nothing was written") from error
         except BaseException:
-            self._forget(run)  # the fold may hold records that were not written
+            if applied:  # the fold holds records that are not written: read the run again next time
+                self._forget(run)
             raise
         last = first + len(lines) - 1
         if isinstance(changes[-1], RunFinished):
@@ -1294,11 +1397,322 @@ class PgJournal:
         else:
             self._next[run] = last + 1
             self._summaries[run] = summary
-        # A synchronous commit flushes the WAL up to it: every earlier append too.
-        self._unflushed = not sync
-        return last
+        return _Job(
+            run=run, rows=rows, summary=extra, outcome=outcome if lease is not None else None,
+            lease=lease, sync=sync, first=first, last=last,
+        )  # fmt: skip
 
-    def _insert(self, count: int, fenced: bool, summarized: bool = False) -> bytes:
+    def _statement_of(
+        self, job: _Job, conn: psycopg.Connection[TupleRow], *, sync: bool
+    ) -> tuple[bytes, tuple[object, ...]]:
+        """The statement that writes ``job``, and its parameters (composed for ``conn``).
+
+        ``sync``: it commits synchronously (a closing always does). In a
+        group of several statements, none does: the group's one
+        synchronous commit comes last.
+        """
+        run, lease, count, summarized = job.run, job.lease, job.count, bool(job.summary)
+        if job.outcome is not None and lease is not None:
+            closing = self._insert_closing(count, summarized, conn)
+            return closing, (job.outcome, run, lease.owner, lease.fence, *job.rows, *job.summary)
+        mode = "on" if sync else "off"
+        fence = () if lease is None else (run, lease.owner, lease.fence)
+        insert = self._insert(count, lease is not None, summarized, conn)
+        return insert, (run, *job.rows, mode, *fence, *job.summary)
+
+    # ------------------------------------------------------------ the writer thread
+
+    def hand_over(self, run: str, changes: Sequence[Change], *, outcome: str | None = None) -> int:
+        """Queue ``changes`` for the journal's writer thread and return the last one's number at once.
+
+        The asynchronous path (a worker's executors take it; see the class
+        doc). What `append_all` (or, with ``outcome``,
+        `append_and_complete`) checks is checked here, before anything is
+        queued: `UnencodableRecord`, `RecordTooLarge`, `PgWriteFailed` for
+        a broken journal, and `LeaseLost` for a run with no lease, or one
+        whose lease a write of this journal found lost (none of its later
+        records is written). `committed` awaits the write. The first call
+        starts the writer thread and its connection; `close` ends them.
+        """
+        if not changes:
+            raise ValueError("hand_over needs at least one change")
+        if outcome is not None:
+            self._check_closing(changes)
+        return self._hand_over(run, changes, outcome)
+
+    def _hand_over(self, run: str, changes: Sequence[Change], outcome: str | None) -> int:
+        with self._cond:
+            lost = self._lost.get(run, _NOT_LOST)
+        if lost is not _NOT_LOST:
+            self._forget(run)
+            raise LeaseLost(run, lost)
+        if self._writer is None:
+            self._start_writer()
+        job = self._prepare(run, changes, outcome)
+        with self._cond:
+            # The run's job still queued takes these records too (one
+            # statement for the run in the group, not one per hand-over),
+            # under its ticket: its records come first, and nothing of
+            # the run is written in between.
+            at = self._queued.get(run)
+            queued = None if at is None else self._queue[at]
+            if queued is not None and at is not None and queued[1].takes(job):
+                ticket = queued[0]
+                job = queued[1].merged(job)
+                self._queue[at] = (ticket, job)
+            else:
+                self._tickets += 1
+                ticket = self._tickets
+                self._queued[run] = len(self._queue)
+                self._queue.append((ticket, job))
+            self._cond.notify_all()
+        self._last_ticket[run] = ticket
+        if job.sync:
+            self._sync_ticket[run] = ticket
+        return job.last
+
+    async def committed(self, run: str) -> None:
+        """Return once every record of ``run`` handed over is committed, and durable where it must be.
+
+        Durable (it survives a crash of the machine) when one of them
+        commits synchronously (`commits_synchronously`, and a run's
+        closing), as `append` would have returned; committed otherwise.
+        Concurrent runs waiting here share the writer's groups: one
+        synchronous commit covers them all. Raises `LeaseLost` when a
+        write of the run found its lease lost (the other runs' records are
+        written), `PgWriteFailed` (from the database's error) when the
+        database failed: then every waiter fails and the journal is broken.
+        """
+        ticket = self._last_ticket.get(run)
+        if ticket is None:
+            self._refuse_if_failed(run)
+            return
+        wants = self._sync_ticket.get(run, 0)
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            error = self._failure_of(run)
+            future: asyncio.Future[None] | None = None
+            if error is None and not (ticket <= self._written and wants <= self._durable):
+                future = loop.create_future()
+                self._waiters.append(_Waiter(run=run, ticket=ticket, wants=wants, future=future, loop=loop))
+                self._cond.notify_all()
+        try:
+            if error is not None:
+                raise error
+            if future is not None:
+                await future
+        except (LeaseLost, PgWriteFailed):
+            self._forget(run)
+            raise
+        if run not in self._next and self._last_ticket.get(run) == ticket:
+            del self._last_ticket[run]  # the run is finished or forgotten: nothing more to wait for
+            self._sync_ticket.pop(run, None)
+
+    def settle(self, run: str) -> None:
+        """`committed`, blocking this thread: for a caller that is not a coroutine (the synchronous wrappers)."""
+        ticket = self._last_ticket.get(run)
+        if ticket is None:
+            self._refuse_if_failed(run)
+            return
+        self._wait(run, ticket, self._sync_ticket.get(run, 0))
+        if run not in self._next and self._last_ticket.get(run) == ticket:
+            del self._last_ticket[run]
+            self._sync_ticket.pop(run, None)
+
+    @property
+    def synchronous_commits(self) -> int:
+        """How many synchronous commits this journal's appends and flushes made so far (for benchmarks and tests)."""
+        with self._cond:
+            return self._sync_commits
+
+    def _refuse_if_failed(self, run: str) -> None:
+        with self._cond:
+            error = self._failure_of(run)
+        if error is not None:
+            self._forget(run)
+            raise error
+
+    def _failure_of(self, run: str | None) -> PgJournalError | None:
+        """What a waiter for ``run`` (None: every run) raises now, or None (call with the lock held)."""
+        if run is not None:
+            lost = self._lost.get(run, _NOT_LOST)
+            if lost is not _NOT_LOST:
+                return LeaseLost(run, lost)
+        if self._broken is not None:
+            failed = PgWriteFailed(
+                f"{self._broken}; whether it was committed is unknown until the journal is read again"
+            )
+            failed.__cause__ = self._broken_by
+            return failed
+        return None
+
+    def _wait(self, run: str | None, ticket: int, wants: int) -> None:
+        """Block this thread until ``ticket`` is written and ``wants`` durable (the synchronous wrappers)."""
+        with self._cond:
+            waiter: _Waiter | None = None
+            try:
+                while True:
+                    error = self._failure_of(run)
+                    if error is not None:
+                        if run is not None:
+                            self._forget(run)
+                        raise error
+                    if ticket <= self._written and wants <= self._durable:
+                        return
+                    if waiter is None:
+                        waiter = _Waiter(run=run, ticket=ticket, wants=wants, future=None, loop=None)
+                        self._waiters.append(waiter)
+                        self._cond.notify_all()
+                    self._cond.wait()
+            finally:
+                if waiter is not None and waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _start_writer(self) -> None:
+        try:
+            conn = connect(self._url, connect_timeout=self._connect_timeout)
+        except PgConnectFailed as error:
+            self._broken = f"connecting the journal's writer failed: {error}"
+            self._broken_by = error
+            raise PgWriteFailed(f"{self._broken}; nothing was written") from error
+        with self._cond:
+            # What the direct path left unflushed is ticket 1: written, not durable.
+            self._written = self._tickets = 1 if self._unflushed else 0
+            self._durable = 0
+        self._writer = threading.Thread(
+            target=self._writer_loop, args=(conn,), name=f"attempt-kernel journal writer ({self.schema})",
+            daemon=True,
+        )
+        self._writer.start()
+
+    def _writer_loop(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """The writer thread: take what is queued, write it as one transaction, release who it covers.
+
+        A group is one transaction in one round trip (`_write_group`):
+        every job's statement, fenced as a direct append's is, and, if a
+        job or a waiter needs durability, one synchronous commit for the
+        whole group. A statement that finds its
+        run's lease lost inserts nothing (the statement's own check) and
+        the others commit; the run is marked lost, so its later jobs are
+        dropped here and its later appends refused. A database error
+        rolls the group back and breaks the journal: every waiter fails.
+        """
+        cond = self._cond
+        try:
+            while True:
+                hook = self._writer_hook
+                if hook is not None:
+                    hook()
+                with cond:
+                    while not (self._queue or self._closing or self._flush_due()):
+                        cond.wait()
+                    batch, self._queue = self._queue, []
+                    self._queued.clear()
+                    top = batch[-1][0] if batch else self._tickets if self._closing else self._written
+                    lost = set(self._lost)
+                    want_sync = (
+                        any(job.sync for _, job in batch)
+                        or any(w.wants > self._durable and w.ticket <= top for w in self._waiters)
+                        or (self._closing and self._durable < top)
+                    )
+                    if not batch and not want_sync:
+                        if self._closing:
+                            return
+                        top = self._written  # nothing to do after all (woken for a waiter it covers)
+                jobs = [job for _, job in batch if job.run not in lost]  # a lost run's later records: dropped
+                found, synced = self._write_group(conn, jobs, want_sync)
+                with cond:
+                    for run, lease in found.items():
+                        self._lost.setdefault(run, lease)
+                    self._written = max(self._written, top)
+                    if synced:
+                        self._durable = self._written
+                        self._sync_commits += 1
+                    self._release()
+        except Exception as error:  # noqa: BLE001  # every waiter is told, and the journal breaks
+            with cond:
+                reason = _reason(error) if isinstance(error, psycopg.Error) else repr(error)
+                self._broken = f"a group append failed: {reason}"
+                self._broken_by = error
+                self._queue.clear()
+                self._queued.clear()
+                self._release()
+        finally:
+            conn.close()
+
+    def _write_group(
+        self, conn: psycopg.Connection[TupleRow], jobs: list[_Job], sync: bool
+    ) -> tuple[dict[str, Lease | None], bool]:
+        """Send ``jobs`` as one transaction, synchronously committed if ``sync``.
+
+        Returns the runs whose lease a statement found lost (with the lease
+        it carried), and whether the commit was synchronous: a statement
+        that wrote nothing (a lost lease) commits nothing, so it makes
+        nothing durable. One job alone is one plain statement (one round
+        trip, as a direct append); several go in psycopg's pipeline mode
+        (one round trip too; one implicit transaction in autocommit mode),
+        then, with ``sync``, the flush statement, whose setting makes the
+        transaction's commit synchronous.
+        """
+        found: dict[str, Lease | None] = {}
+        if len(jobs) == 1:
+            job = jobs[0]
+            with conn.cursor() as cursor:
+                cursor.execute(*self._statement_of(job, conn, sync=sync))
+                written = _int_of(cursor.fetchone()) if job.summary else cursor.rowcount
+            if written != job.count:
+                found[job.run] = job.lease
+                return found, False
+            return found, sync or job.outcome is not None
+        sent: list[tuple[_Job, psycopg.Cursor[TupleRow]]] = []
+        try:
+            failure: psycopg.Error | None = None
+            with conn.pipeline():
+                # An error raised through the pipeline's end makes psycopg
+                # log a second one (its sync fails too, on a lost
+                # connection): the end raises it instead.
+                try:
+                    for job in jobs:
+                        cursor = conn.cursor()
+                        cursor.execute(*self._statement_of(job, conn, sync=False))
+                        sent.append((job, cursor))
+                    if sync:
+                        conn.execute(self._flush_statement)
+                except psycopg.Error as error:
+                    failure = error
+            if failure is not None:
+                raise failure
+            for job, cursor in sent:
+                written = _int_of(cursor.fetchone()) if job.summary else cursor.rowcount
+                if written != job.count:
+                    found.setdefault(job.run, job.lease)
+        finally:
+            for _, cursor in sent:
+                cursor.close()
+        return found, sync
+
+    def _flush_due(self) -> bool:
+        """Whether a waiter needs a synchronous commit of what is written already (the lock held)."""
+        return any(w.ticket <= self._written and w.wants > self._durable for w in self._waiters)
+
+    def _release(self) -> None:
+        """Release every waiter the writer's progress covers or its failure fails (the lock held)."""
+        keep: list[_Waiter] = []
+        for waiter in self._waiters:
+            error = self._failure_of(waiter.run)
+            if error is None and not (waiter.ticket <= self._written and waiter.wants <= self._durable):
+                keep.append(waiter)
+            elif waiter.future is not None and waiter.loop is not None:
+                try:
+                    waiter.loop.call_soon_threadsafe(_settle, waiter.future, error)
+                except RuntimeError:
+                    pass  # its loop is closed: no one waits any more
+        self._waiters[:] = keep
+        self._cond.notify_all()  # the synchronous wrappers look for themselves
+
+    def _insert(
+        self, count: int, fenced: bool, summarized: bool, conn: psycopg.Connection[TupleRow]
+    ) -> bytes:
         """The statement that inserts ``count`` rows of one run, in order (made once per shape).
 
         One statement, its own transaction: set_config(..., true) sets
@@ -1321,15 +1735,18 @@ class PgJournal:
                     " WHERE run = %s AND owner = %s AND fence = %s FOR SHARE)"
                 )
             text += " ORDER BY v.n"
-            statement = self._composed(summary_upsert_after(text) if summarized else text)
+            statement = self._composed(summary_upsert_after(text) if summarized else text, conn)
             self._inserts[(count, fenced, summarized)] = statement
         return statement
 
-    def _composed(self, text: LiteralString) -> bytes:
-        """``text`` for this journal's schema, as bytes (composed once per statement)."""
-        return sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(self._conn)
+    def _composed(self, text: LiteralString, conn: psycopg.Connection[TupleRow]) -> bytes:
+        """``text`` for this journal's schema, as bytes (composed once per statement, for the
+        connection that sends it: the writer thread never touches the caller's)."""
+        return sql.SQL(text).format(s=sql.Identifier(self.schema)).as_bytes(conn)
 
-    def _insert_closing(self, count: int, summarized: bool = False) -> bytes:
+    def _insert_closing(
+        self, count: int, summarized: bool = False, conn: psycopg.Connection[TupleRow] | None = None
+    ) -> bytes:
         """`append_and_complete`'s statement for ``count`` rows (made once per shape).
 
         The fenced update of the run's row comes first (a data-modifying
@@ -1355,7 +1772,7 @@ class PgJournal:
                 )
             else:
                 text = closing + " " + insert
-            statement = self._composed(text)
+            statement = self._composed(text, self._conn if conn is None else conn)
             self._closings[(count, summarized)] = statement
         return statement
 
@@ -1366,20 +1783,23 @@ class PgJournal:
         message is the smallest write that makes a commit wait for the disk,
         and it touches no table another writer holds. One statement.
         """
+        if self._writer is not None:
+            with self._cond:
+                ticket = self._tickets
+            self._wait(None, ticket, ticket)
+            return
         if not self._unflushed:
             return
         if self._broken is not None:
             raise PgWriteFailed(f"the journal failed earlier ({self._broken})") from self._broken_by
         try:
-            self._conn.execute(
-                "SELECT set_config('synchronous_commit', 'on', true),"
-                " pg_logical_emit_message(true, 'attempt-kernel', 'flush')"
-            )
+            self._conn.execute(self._flush_statement)
         except psycopg.Error as error:
             self._broken = f"flush failed: {_reason(error)}"
             self._broken_by = error
             raise PgWriteFailed(self._broken) from error
         self._unflushed = False
+        self._sync_commits += 1
 
     # ------------------------------------------------------------ lifetime
 
@@ -1387,6 +1807,18 @@ class PgJournal:
         """Flush (if the journal is healthy) and close the connections. Idempotent."""
         if self._reader is not None:
             self._reader.close()
+        writer = self._writer
+        if writer is not None:
+            # The writer writes what is queued, flushes, and ends (its connection too).
+            with self._cond:
+                healthy = self._broken is None
+                self._closing = True
+                self._cond.notify_all()
+            writer.join()
+            self._conn.close()
+            if healthy and self._broken is not None:
+                raise PgWriteFailed(f"flush failed: {self._broken}") from self._broken_by
+            return
         if self._conn.closed:
             return
         try:
@@ -1403,6 +1835,84 @@ class PgJournal:
 
     def __repr__(self) -> str:
         return f"PgJournal(schema={self.schema!r})"
+
+
+MERGED_ROWS: Final = 16
+"""The most records one queued job of a run takes (`_Job.takes`): each count is a statement shape, prepared once."""
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Job:
+    """One run's records made ready to send, numbered ``first`` to ``last``, and under which lease."""
+
+    run: str
+    rows: tuple[object, ...]
+    """(seq, line) of each record, flat: the statement's VALUES."""
+    summary: tuple[object, ...]
+    """The run's summary row to upsert with them (`RunSummary.values` after the run), or () when unchanged."""
+    outcome: str | None
+    """The run's outcome, for the records that end a leased run and close its row."""
+    lease: Lease | None
+    sync: bool
+    """It must be durable before its caller goes on (`commits_synchronously`, a closing)."""
+    first: int
+    last: int
+
+    @property
+    def count(self) -> int:
+        """How many rows it must insert (fewer: the lease is lost)."""
+        return self.last - self.first + 1
+
+    def numbers(self) -> str:
+        return f"seq {self.first or '?'}" if self.first == self.last else f"seq {self.first}-{self.last}"
+
+    def takes(self, later: _Job) -> bool:
+        """Whether ``later`` (the run's next records) can go in this job's statement."""
+        return (
+            self.outcome is None
+            and later.lease == self.lease
+            and later.first == self.last + 1
+            and later.last - self.first < MERGED_ROWS
+        )
+
+    def merged(self, later: _Job) -> _Job:
+        """This job and ``later`` as one: all the rows, the latest summary, the closing if ``later`` closes."""
+        return _Job(
+            run=self.run, rows=self.rows + later.rows, summary=later.summary or self.summary,
+            outcome=later.outcome, lease=self.lease, sync=self.sync or later.sync,
+            first=self.first, last=later.last,
+        )  # fmt: skip
+
+
+@final
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class _Waiter:
+    """Someone waiting for the writer: until ``ticket`` is written and ``wants`` durable.
+
+    ``future`` (on ``loop``) for `PgJournal.committed`; None for a thread
+    that waits on the journal's condition (the synchronous wrappers).
+    """
+
+    run: str | None
+    ticket: int
+    wants: int
+    future: asyncio.Future[None] | None
+    loop: asyncio.AbstractEventLoop | None
+
+
+_NOT_LOST: Final = Lease(owner="", fence=-1)
+"""The answer of ``PgJournal._lost.get`` for a run whose lease no group found lost."""
+
+
+def _settle(future: asyncio.Future[None], error: BaseException | None) -> None:
+    """Release ``future`` on its loop (the writer thread calls this through ``call_soon_threadsafe``)."""
+    if future.done():  # its waiter was cancelled (an executor stopped)
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)
 
 
 def _rows(count: int) -> LiteralString:

@@ -42,6 +42,10 @@ Theory of operation:
   drives runs it takes in the operators' changes the ``inbox`` holds for
   them (`INBOX_POLL`), through each run's executor; on a claim, those
   already waiting are recorded before the run's recovery.
+- A worker's executors do not wait for the database at each append: the
+  journal's writer thread writes what they hand over in groups, one
+  synchronous commit per group, and each effect waits only for the group
+  that makes its ``Dispatched`` durable (`_journal`, "Group commit").
 - A worker that cannot beat stops sending effects before anyone may take
   its runs over: each ``Dispatched`` append first waits (briefly) for a
   live heartbeat, else it is refused (`HeartbeatLate`); once its own
@@ -489,12 +493,15 @@ class _Heart:
 
 @final
 class _WorkerJournal:
-    """The worker's `PgJournal` with the last guard before an effect.
+    """The worker's `PgJournal` with the last guard before an effect, off the event loop.
 
     A ``Dispatched`` append (the last write before an effect is sent) first
     makes sure this worker's heartbeat is live (`_lease.may_dispatch`); if it
     is not, it waits for a beat until the lease would expire, then refuses
-    with `HeartbeatLate`, writing nothing.
+    with `HeartbeatLate`, writing nothing. Appends are handed to the
+    journal's writer thread (`PgJournal.hand_over`) and the executor awaits
+    `durable` where it must (the `GroupCommitLog` seam), so concurrent runs
+    share the writer's groups and their synchronous commits.
     """
 
     def __init__(self, journal: PgJournal, live: Callable[[], LeaseVerdict], heart: _Heart, dead_after: float) -> None:
@@ -512,40 +519,63 @@ class _WorkerJournal:
     def forget(self, run: str) -> None:
         self._journal.forget(run)
 
+    def _guard(self, run: str) -> None:
+        """Refuse (`HeartbeatLate`) the write before an effect unless this worker's heartbeat is live."""
+        if may_dispatch(self._live()):
+            return
+        heart = self._heart
+        seen = heart.last_ok
+        left = self._dead_after - (heart.clock() - seen)
+        if not heart.wait_for_beat(seen, max(0.0, left)) or not may_dispatch(self._live()):
+            raise HeartbeatLate(
+                f"run {run!r}: this worker's last heartbeat is"
+                f" {heart.clock() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
+                " it sends no new effect until a heartbeat succeeds"
+            )
+
     def append(self, run: str, change: Change) -> int:
-        if commits_synchronously(change) and not may_dispatch(self._live()):
-            heart = self._heart
-            seen = heart.last_ok
-            left = self._dead_after - (heart.clock() - seen)
-            if not heart.wait_for_beat(seen, max(0.0, left)) or not may_dispatch(self._live()):
-                raise HeartbeatLate(
-                    f"run {run!r}: this worker's last heartbeat is"
-                    f" {heart.clock() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
-                    " it sends no new effect until a heartbeat succeeds"
-                )
-        return self._journal.append(run, change)
+        return self.append_all(run, (change,))
 
     def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        """Hand the records to the journal's writer thread (`PgJournal.hand_over`); the loop goes on.
+
+        A ``Dispatched`` among them is refused first, handing nothing over,
+        when the heartbeat is late; `durable` then waits for the group
+        commit that covers it, before its effect is sent.
+        """
         if any(commits_synchronously(change) for change in changes):
-            seq = 0
-            for change in changes:  # one by one, each behind the guard before an effect
-                seq = self.append(run, change)
-            return seq
-        return self._journal.append_all(run, changes)
+            self._guard(run)
+        return self._journal.hand_over(run, changes)
+
+    async def durable(self, run: str) -> None:
+        """Return once ``run``'s records are committed: durable for a ``Dispatched`` (`PgJournal.committed`).
+
+        The run's other records are made durable by the statement that
+        closes or releases its row, which commits synchronously, and a
+        synchronous commit flushes the WAL up to it: every earlier commit
+        of every run (see `flush`).
+        """
+        await self._journal.committed(run)
+
+    def settle(self, run: str) -> None:
+        """`durable`, blocking: for the executor's synchronous `flush` (an operator's change taken in)."""
+        self._journal.settle(run)
 
     def flush(self) -> None:
         """Nothing to wait for here: the worker makes a run durable when it closes it.
 
-        A ``Dispatched`` append committed synchronously already (before its
-        effect). Every other record a run's executor flushes is made durable
-        by the statement that closes or releases the run's row, which
-        commits synchronously, and a synchronous commit flushes the WAL up
-        to it: every earlier commit of every run. A worker that
-        stops otherwise flushes as it closes its journal.
+        A ``Dispatched`` append is durable before its effect (`durable`).
+        Every other record a run's executor flushes is made durable by the
+        statement that closes or releases the run's row, which commits
+        synchronously, and a synchronous commit flushes the WAL up to it:
+        every earlier commit of every run. A worker that stops otherwise
+        flushes as it closes its journal.
         """
 
-    def append_and_complete(self, run: str, changes: Sequence[Change], *, outcome: str) -> int:
-        return self._journal.append_and_complete(run, changes, outcome=outcome)
+    async def complete(self, run: str, changes: Sequence[Change], *, outcome: str) -> None:
+        """`PgJournal.append_and_complete` through the writer thread: it shares a group commit too."""
+        self._journal.hand_over(run, changes, outcome=outcome)
+        await self._journal.committed(run)
 
     def one_run(self, run: str, *, fresh: bool = False) -> _OneRun:
         """This journal as seen by the executor driving ``run``: only its records
@@ -664,7 +694,19 @@ class _OneRun:
         return last
 
     def flush(self) -> None:
-        self._writer.flush()
+        writer = self._writer
+        if isinstance(writer, _WorkerJournal):
+            writer.settle(self._run)  # written (or its LeaseLost) before the caller goes on
+        else:
+            writer.flush()
+
+    async def durable(self, run: str) -> None:
+        """`GroupCommitLog.durable`: the worker's executors wait here for the writer's group commit."""
+        writer = self._writer
+        if isinstance(writer, _WorkerJournal):
+            await writer.durable(run)
+        else:
+            writer.flush()
 
     def __repr__(self) -> str:
         return f"run {self._run!r} of {self._journal!r}"
@@ -927,7 +969,7 @@ class Worker:
                 self._say(f"{run}: waiting, released ({wake})")
                 return False
             if view.end:  # the run's end and the row's close: one statement (see `_OneRun`)
-                journal.append_and_complete(run, view.end, outcome=report.status)
+                await journal.complete(run, view.end, outcome=report.status)
             elif conn.execute(
                 _statement(_COMPLETE, schema), (report.status, run, lease.owner, lease.fence)
             ).rowcount != 1:
