@@ -7,12 +7,19 @@ loop flushes at the same places). Target: the executor at least 50% of the
 writer-alone rate, i.e. its own overhead no larger than the logging. The
 same again with one intent (a confirmed effect) per step.
 
+Then what a deadline that is met costs an attempt (no target), on Python
+3.11 and later: 64 tasks each await one loop turn under a 60 s deadline,
+many times over, on the executor's shared timer and under one
+``asyncio.timeout`` each (what the executor did before), each beside the
+same loop with no deadline at all, in CPU time.
+
 Usage: python benchmarks/bench_executor.py [--steps N]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 import tempfile
@@ -92,6 +99,50 @@ def writer_seconds(path: Path, steps: int, intent: bool) -> float:
     return time.perf_counter() - start
 
 
+# Python 3.10 has no asyncio.timeout, and the executor uses asyncio.wait_for there.
+if sys.version_info >= (3, 11):
+    from attempt_kernel._executor import _Deadlines, _within  # pyright: ignore[reportPrivateUsage]  # the executor's own deadlines, measured
+
+    def deadline_seconds(kind: str, awaits: int) -> float:
+        """CPU seconds of ``awaits`` one-turn awaits by 64 tasks, each under a deadline of ``kind``."""
+        per_task = awaits // 64
+
+        async def shared(deadlines: _Deadlines) -> None:
+            for _ in range(per_task):
+                await _within(deadlines, 60.0, asyncio.sleep(0))
+
+        async def one_timeout_each(deadlines: _Deadlines) -> None:
+            for _ in range(per_task):
+                async with asyncio.timeout(60.0):
+                    await asyncio.sleep(0)
+
+        async def none(deadlines: _Deadlines) -> None:
+            for _ in range(per_task):
+                await asyncio.sleep(0)
+
+        body = {"shared": shared, "asyncio.timeout": one_timeout_each, "none": none}[kind]
+
+        async def run() -> None:
+            deadlines = _Deadlines()
+            await asyncio.gather(*(body(deadlines) for _ in range(64)))
+
+        start = time.process_time()
+        asyncio.run(run())
+        return time.process_time() - start
+
+    def bench_deadlines(awaits: int) -> None:
+        best = {"shared": float("inf"), "asyncio.timeout": float("inf"), "none": float("inf")}
+        for _ in range(ROUNDS):
+            for kind in best:
+                best[kind] = min(best[kind], deadline_seconds(kind, awaits))
+        n = awaits // 64 * 64
+        shared = (best["shared"] - best["none"]) / n
+        timeout = (best["asyncio.timeout"] - best["none"]) / n
+        print(f"a deadline met, per attempt ({n:,} awaits by 64 tasks, CPU time, beyond the same awaits without one):")
+        print(f"  the executor's shared timer: {shared * 1e6:6.2f} us")
+        print(f"  one asyncio.timeout each   : {timeout * 1e6:6.2f} us  = {timeout / shared:.1f}x the shared timer (no target)")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="executor vs writer-alone benchmark")
     parser.add_argument("--steps", type=int, default=10_000)
@@ -111,6 +162,8 @@ def main() -> int:
             print(f"  writer alone: {args.steps / t_write:10,.0f} attempts' worth of records/s")
             print(f"  executor = {ratio:.0%} of the writer-alone rate (target >= 50%)")
             ok = ok and ratio >= 0.5
+    if sys.version_info >= (3, 11):
+        bench_deadlines(args.steps * 10)
     print("all targets met" if ok else "TARGETS MISSED (see the figures above)")
     return 0
 

@@ -310,6 +310,9 @@ class CodeRun:
         self._loop = asyncio.get_running_loop()
         self.tasks: Final[set[asyncio.Task[None]]] = set()
         """Steps being driven now."""
+        # One context for the done-callback of every step's task (which only
+        # forgets the task): add_done_callback would otherwise copy one each.
+        self._callbacks: Final = contextvars.Context()
         self.failure: BaseException | None = None
         """An error of the run's own machinery (the log failing): the run stops."""
         self.on_failure: Callable[[], None] | None = None
@@ -356,7 +359,8 @@ class CodeRun:
         reconcilers: Mapping[str, Reconciler] | None = None,
         domain_states: Sequence[str] = (),
     ) -> Awaitable[Any]:
-        self._check_call(f"run.step({name!r})", "a step")
+        if self._closed or _CURRENT.get() is not self:  # the message only when refused
+            self._check_call(f"run.step({name!r})", "a step")
         # typed str; this guards callers that ignored the annotations
         if type(name) is not str or not name:  # pyright: ignore[reportUnnecessaryComparison]
             raise WorkflowError(f"run.step needs a non-empty step name, got {name!r}")
@@ -381,7 +385,8 @@ class CodeRun:
 
         step = Step(
             name=step_id,
-            run=call,
+            # no arguments to bind: the step's own function, one coroutine less
+            run=call if decoded else fn,
             retry=defaults.retry if retry is None else retry,
             step_deadline=defaults.step_deadline if step_deadline is None else step_deadline,
             queue_deadline=defaults.queue_deadline if queue_deadline is None else queue_deadline,
@@ -580,7 +585,7 @@ class CodeRun:
     def _start(self, step: Step, future: asyncio.Future[JSON]) -> None:
         task = self._loop.create_task(self._drive_step(step, future))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        task.add_done_callback(self.tasks.discard, context=self._callbacks)
 
     async def _drive_step(self, step: Step, future: asyncio.Future[JSON]) -> None:
         # A step's own task runs outside the function (the task has a copy of
@@ -757,3 +762,8 @@ class CodeRun:
     def close(self) -> None:
         """The run is over: a later ``run.step`` is refused."""
         self._closed = True
+        # The executor's callbacks hold the function's task, whose context
+        # holds this run: let go of them, so that the run is freed when it
+        # ends rather than by a full collection of the garbage collector.
+        self.on_quiet = _no_quiet
+        self.on_failure = None

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import math
 import os
 import secrets
 import signal
@@ -292,31 +293,165 @@ async def _guarded(awaitable: Awaitable[JSON]) -> _StepOutput:
 
 if sys.version_info >= (3, 11):
 
-    async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
-        """Await with a deadline; TimeoutError when it passes (no extra task)."""
-        async with asyncio.timeout(seconds):
-            return await awaitable
+    @final
+    class _Deadline:
+        """One attempt's live deadline (loop time ``when``): the task it cancels
+        when it passes, and that task's count of cancel requests when it was set."""
 
-    async def _guarded_within(seconds: float, awaitable: Awaitable[JSON]) -> _StepOutput:
+        __slots__ = ("when", "task", "cancelling", "passed", "group")
+
+        def __init__(
+            self, when: float, task: asyncio.Task[object], group: dict[_Deadline, None] | None
+        ) -> None:
+            self.when: Final = when
+            self.task: Final = task
+            self.cancelling: Final = task.cancelling()
+            self.passed = False
+            self.group: Final = group
+
+    @final
+    class _Deadlines:
+        """Every live attempt's deadline on one timer of the event loop.
+
+        A deadline means what ``asyncio.timeout`` means: when it passes, the
+        task awaiting under it is cancelled, and the cancellation comes out
+        of the awaited block as TimeoutError unless something else cancelled
+        the task too (a cancel of the run wins, as it does under
+        ``asyncio.timeout``). What differs is the bookkeeping. One
+        ``asyncio.timeout`` per attempt cost a Timeout, a TimerHandle pushed
+        on the loop's heap and cancelled, and that dead handle popped again
+        when its time came, for deadlines that almost never pass
+        (``benchmarks/bench_executor.py`` prints what each way costs an
+        attempt). Here, deadlines of one length pass in
+        the order they were set (the loop's clock never goes back), so each
+        length keeps its live deadlines in an insertion-ordered dict: setting
+        one is an insert and ending one a delete. One loop timer is armed for
+        the earliest, and moved only when a shorter deadline comes; firing, it
+        cancels the tasks whose deadlines passed and arms itself for the next.
+        A deadline ended first is out of the dict, so it can never cancel what
+        its task does next (the next attempt, or the step after the queue).
+        """
+
+        __slots__ = ("_loop", "_live", "_timer", "_armed")
+
+        def __init__(self) -> None:
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._live: dict[float, dict[_Deadline, None]] = {}
+            """The live deadlines by length, each dict in the order they pass."""
+            self._timer: asyncio.TimerHandle | None = None
+            self._armed = math.inf
+            """The loop time the timer fires at (infinity: not armed)."""
+
+        def start(self, seconds: float | None) -> _Deadline:
+            """A deadline ``seconds`` from now for the current task (None: never;
+            0 or less: at the loop's next iteration, as ``asyncio.timeout``)."""
+            loop = asyncio.get_running_loop()
+            if loop is not self._loop:  # a new loop: the old one's timer is gone with it
+                self._loop, self._live, self._timer, self._armed = loop, {}, None, math.inf
+            task = asyncio.current_task(loop)
+            if task is None:
+                raise RuntimeError("a deadline is set inside a task")
+            if seconds is None:
+                return _Deadline(math.inf, task, None)
+            when = loop.time() + seconds
+            group = self._live.get(seconds)
+            if group is None:
+                group = self._live[seconds] = {}
+            deadline = _Deadline(when, task, group)
+            group[deadline] = None
+            if when < self._armed:
+                self._arm(loop, when)
+            return deadline
+
+        def end(self, deadline: _Deadline) -> bool:
+            """Clear ``deadline``: True when it passed and nothing else cancelled its
+            task since it was set (the cancellation is the deadline's alone)."""
+            if not deadline.passed:
+                if deadline.group is not None:
+                    del deadline.group[deadline]
+                return False
+            # as asyncio.timeout's exit: the cancel request made by the
+            # deadline is taken back, whatever the block did with it
+            return deadline.task.uncancel() <= deadline.cancelling
+
+        def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._armed = when
+            self._timer = loop.call_at(when, self._fire)
+
+        def _fire(self) -> None:
+            loop = self._loop
+            assert loop is not None  # armed by start()
+            # the loop runs a timer when its time is within the clock's
+            # resolution: what it took for now has passed
+            now = max(self._armed, loop.time())
+            self._timer, self._armed = None, math.inf
+            earliest = math.inf
+            passed: list[_Deadline] = []
+            for seconds, group in list(self._live.items()):
+                for deadline in group:
+                    if deadline.when > now:
+                        earliest = min(earliest, deadline.when)
+                        break
+                    passed.append(deadline)
+                for deadline in passed:
+                    del group[deadline]
+                    deadline.passed = True
+                    deadline.task.cancel()
+                passed.clear()
+                if not group:
+                    del self._live[seconds]
+            if earliest < math.inf:
+                self._arm(loop, earliest)
+
+    async def _within(deadlines: _Deadlines, seconds: float, awaitable: Awaitable[T]) -> T:
+        """Await with a deadline; TimeoutError when it passes (no extra task)."""
+        deadline = deadlines.start(seconds)
+        try:
+            value = await awaitable
+        except BaseException as interrupt:
+            if deadlines.end(deadline) and type(interrupt) is asyncio.CancelledError:
+                raise TimeoutError from interrupt
+            raise
+        deadlines.end(deadline)
+        return value
+
+    async def _guarded_within(
+        deadlines: _Deadlines, seconds: float, awaitable: Awaitable[JSON]
+    ) -> _StepOutput:
         """`_guarded` under a deadline, in one coroutine (one per attempt, not two).
 
-        The step's own exceptions are caught inside the timeout block; the
-        deadline's cancellation is no Exception, so it still reaches the
-        block's exit and comes out as TimeoutError.
+        The step's own exceptions are caught inside; the deadline's
+        cancellation is no Exception, so it still comes out as TimeoutError.
         """
-        async with asyncio.timeout(seconds):
-            try:
-                return _Ok(await awaitable)
-            except Exception as error:  # noqa: BLE001  # a step may raise anything
-                return _Raised(error)
+        deadline = deadlines.start(seconds)
+        try:
+            output: _StepOutput = _Ok(await awaitable)
+        except Exception as error:  # noqa: BLE001  # a step may raise anything
+            output = _Raised(error)
+        except BaseException as interrupt:
+            if deadlines.end(deadline) and type(interrupt) is asyncio.CancelledError:
+                raise TimeoutError from interrupt
+            raise
+        deadlines.end(deadline)
+        return output
 
 else:
 
-    async def _within(seconds: float, awaitable: Awaitable[T]) -> T:
+    @final
+    class _Deadlines:
+        """On Python 3.10 (no `Task.uncancel`), each deadline is `asyncio.wait_for`'s."""
+
+        __slots__ = ()
+
+    async def _within(deadlines: _Deadlines, seconds: float, awaitable: Awaitable[T]) -> T:
         """Await with a deadline; asyncio.TimeoutError when it passes."""
         return await asyncio.wait_for(awaitable, seconds)
 
-    async def _guarded_within(seconds: float, awaitable: Awaitable[JSON]) -> _StepOutput:
+    async def _guarded_within(
+        deadlines: _Deadlines, seconds: float, awaitable: Awaitable[JSON]
+    ) -> _StepOutput:
         """`_guarded` under a deadline (wait_for needs the inner coroutine)."""
         return await asyncio.wait_for(_guarded(awaitable), seconds)
 
@@ -429,6 +564,7 @@ class Executor:
         # One limit for every run this executor drives; made on first use so
         # that it belongs to the running event loop.
         self._admission: asyncio.Semaphore | None = None
+        self._deadlines: Final = _Deadlines()
         self._stop: asyncio.Event | None = None
         self._grace = 0.0
         self._stop_reason = ""
@@ -753,7 +889,9 @@ class Executor:
         pools = self._pools if step.pool is not None else None
         # Admitted at once (a free slot of this executor's limit): creation and
         # admission go to a batch log together, else one after the other.
-        batch = self._batch if pools is None and not admission.locked() else None
+        # (Nothing between here and the acquire awaits: the slot stays free.)
+        free = pools is None and not admission.locked()
+        batch = self._batch if free else None
         if batch is None:
             self._write(run, created)
         try:
@@ -761,8 +899,8 @@ class Executor:
                 if not await pools.acquire(run, step, number):
                     self._move(run, name, _QUEUE_DEADLINE_PASSED)
                     return
-            elif admission.locked():  # a free slot is taken at once, without a timer
-                await _within(step.queue_deadline, admission.acquire())
+            elif not free:  # a free slot is taken at once, without a timer
+                await _within(self._deadlines, step.queue_deadline, admission.acquire())
             else:
                 await admission.acquire()
         except asyncio.TimeoutError:
@@ -784,7 +922,7 @@ class Executor:
             else:
                 self._created_and_admitted(run, created, batch)
             try:
-                output = await _guarded_within(step.step_deadline, step.run(context))
+                output = await _guarded_within(self._deadlines, step.step_deadline, step.run(context))
             except asyncio.TimeoutError:
                 self._move(run, name, _STEP_DEADLINE_PASSED)
                 return
@@ -1156,8 +1294,8 @@ class Executor:
             if self._on_wait is not None and isinstance(change, WaitStarted):
                 self._on_wait(run, change)
 
-        async def drive(step: Step) -> StepOutcome:
-            return await self._drive(run, step, input, {}, admission)
+        def drive(step: Step) -> Awaitable[StepOutcome]:
+            return self._drive(run, step, input, {}, admission)
 
         asked: list[Asked] = []
         orphans: list[OrphanEnded] = []
