@@ -973,19 +973,18 @@ class Executor:
                 # never see more Running than slots)
                 ended = is_terminal(self._ledger.attempt(run, name).state)
                 group = self._group
-                if ended and group is not None:
-                    # A store that writes behind (the PostgreSQL journal's
-                    # writer thread) may not hold the terminal record yet:
-                    # the slot waits for it. If it never gets there, the
-                    # attempt may still be Running in the log: the slot stays
-                    # held for whoever ends it (a takeover).
-                    try:
-                        await group.durable(run)
-                    except Exception:  # noqa: BLE001  # the run's own error is raised elsewhere
-                        ended = False
-                    finally:  # cancelled meanwhile too: the record is handed over, in order
-                        pools.release(run, step, number, ended=ended)
-                else:
+                try:
+                    if ended and group is not None:
+                        # A store that writes behind (the PostgreSQL journal's
+                        # writer thread) may not hold the terminal record yet:
+                        # the slot waits for it. If it never gets there, the
+                        # attempt may still be Running in the log: the slot
+                        # stays held for whoever ends it (a takeover).
+                        try:
+                            await group.durable(run)
+                        except Exception:  # noqa: BLE001  # the run's own error is raised elsewhere
+                            ended = False
+                finally:  # cancelled meanwhile too: the record is handed over, in order
                     pools.release(run, step, number, ended=ended)
 
     # ------------------------------------------------------------ one step

@@ -1080,8 +1080,12 @@ class PgJournal:
         self._next[run] = next_seq
         self._folds[run] = fold
         self._summaries[run] = summary_of(fold, run)
+        self._unlose(run)  # read again from the journal: a lease lost before is the past
+
+    def _unlose(self, run: str) -> None:
+        """Drop ``run`` from the runs a group found lost (its next write asks the database)."""
         if self._lost:
-            with self._cond:  # read again from the journal: a lease lost before is the past
+            with self._cond:
                 self._lost.pop(run, None)
 
     def _forget(self, run: str) -> None:
@@ -1224,9 +1228,7 @@ class PgJournal:
         keep one number per run it ever released.
         """
         self._forget(run)
-        if self._lost:
-            with self._cond:
-                self._lost.pop(run, None)
+        self._unlose(run)
 
     # ------------------------------------------------------------ appending
 
