@@ -259,15 +259,28 @@ def test_cancel_without_dispatched_intent_is_cancelled(tmp_path: Path) -> None:
 
 def test_cancel_while_intent_dispatched_is_indeterminate(tmp_path: Path) -> None:
     """Cancelling while an effect is in flight: Indeterminate, with its key reported."""
+    in_flight = asyncio.Event()
+
     async def pay(ctx: StepContext) -> JSON:
         async def charge(key: str) -> JSON:
+            in_flight.set()
             await asyncio.sleep(3600)
             return None
 
         return await ctx.effect("charge", charge)
 
-    # created, Admit, intent_planned, Dispatch: cancel right after the Dispatch
-    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay)], cancel_after=5)
+    async def main() -> RunReport:
+        control = RunControl()
+        with RunLogWriter(tmp_path / "log") as log:
+            running = asyncio.ensure_future(
+                Executor(log).run(load_workflow("w", [Step(name="pay", run=pay)]), "r", control=control)
+            )
+            await in_flight.wait()  # the downstream service has the call
+            control.cancel()
+            return await running
+
+    report = asyncio.run(main())
+    check = replay(tmp_path / "log")
     pay_out = outcome(report, "pay")
     assert pay_out.state == Indeterminate() and len(pay_out.outstanding) == 1
     assert check.valid and len(check.indeterminate) == 1

@@ -17,11 +17,21 @@ import pytest
 
 from attempt_kernel import (
     AttemptCreated,
+    AttemptTransitioned,
+    Change,
     Executor,
+    IntentChanged,
     LogWriteFailed,
+    Record,
+    RetryPolicy,
+    RunControl,
     RunLogWriter,
+    RunReport,
     RunStarted,
     StepContext,
+    Workflow,
+    is_terminal,
+    read_log,
     recover_log,
     replay,
 )
@@ -233,4 +243,113 @@ def test_a_failed_group_fsync_fails_every_waiting_attempt_and_sends_no_effect(
     writer, recovery = recover_log(path, {"w": workflow})
     writer.close()
     assert sorted(r.run for r in recovery.runs) == ["r0", "r1", "r2", "r3", "r4"]
+    assert replay(path).valid
+
+
+class Ended:
+    """An observer that sets ``ended`` once an attempt of step ``s`` reaches a terminal state."""
+
+    def __init__(self) -> None:
+        self.ended = asyncio.Event()
+
+    def record_written(self, run: str, change: Change, time_us: int) -> None:
+        if isinstance(change, AttemptTransitioned) and is_terminal(change.to_state):
+            self.ended.set()
+
+
+def effect_run(sent: list[str], step_deadline: float = 60.0, retry: RetryPolicy | None = None) -> Workflow:
+    """One step, ``s``, that sends one effect, ``pay`` (noted in ``sent``)."""
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            return None
+
+        return await ctx.effect("pay", send)
+
+    step = Step(name="s", run=pay, step_deadline=step_deadline, retry=retry or RetryPolicy())
+    return load_workflow("w", [step])
+
+
+def intent_moves(path: Path) -> list[tuple[str, str]]:
+    return [
+        (type(r.change.cause).__name__, type(r.change.to_state).__name__)
+        for r in read_log(path)
+        if isinstance(r, Record) and isinstance(r.change, (IntentChanged, AttemptTransitioned))
+    ]
+
+
+@pytest.mark.parametrize("how", ["cancel", "stop"])
+def test_an_attempt_interrupted_while_its_dispatched_waits_for_the_fsync_rejects_the_effect(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel or a stop while the effect's Dispatched waits for its fsync: the effect was
+    never sent, so the intent is recorded Rejected and the attempt ends Cancelled, not Indeterminate."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")  # the held fsync must not block the loop
+    ops = HeldOps(hold=(1,))
+    sent: list[str] = []
+    path = tmp_path / "log"
+
+    async def main(log: RunLogWriter) -> RunReport:
+        ended = Ended()
+        executor = Executor(log, observers=[ended])
+        control = RunControl()
+        running = asyncio.ensure_future(executor.run(effect_run(sent), "r", control=control))
+        await began(ops.began[1])  # the Dispatched's fsync is in flight
+        if how == "cancel":
+            control.cancel("the test cancels")
+        else:
+            executor.stop("the test stops", grace=0.0)
+        await asyncio.wait_for(ended.ended.wait(), HUNG)
+        ops.release[1].set()
+        return await running
+
+    with RunLogWriter(path, ops=ops) as log:
+        report = asyncio.run(main(log))
+    assert sent == []
+    assert report.status == ("cancelled" if how == "cancel" else "interrupted")
+    assert intent_moves(path) == [
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Reject", "Rejected"),
+        ("Cancel", "Cancelled"),
+    ]
+    assert replay(path).valid
+
+
+def test_a_deadline_passing_while_the_dispatched_waits_for_the_fsync_rejects_the_effect(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step deadline passing while the Dispatched waits for its fsync: Rejected, then
+    TimedOut with nothing outstanding, so the step runs again and sends its effect once."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    ops = HeldOps(hold=(1,))
+    sent: list[str] = []
+    path = tmp_path / "log"
+    retry = RetryPolicy(max_attempts=2, initial_interval=0.0)
+
+    async def main(log: RunLogWriter) -> RunReport:
+        ended = Ended()
+        executor = Executor(log, observers=[ended])
+        running = asyncio.ensure_future(
+            executor.run(effect_run(sent, step_deadline=0.05, retry=retry), "r")
+        )
+        await began(ops.began[1])
+        await asyncio.wait_for(ended.ended.wait(), HUNG)  # the deadline passed meanwhile
+        ops.release[1].set()
+        return await running
+
+    with RunLogWriter(path, ops=ops) as log:
+        report = asyncio.run(main(log))
+    assert report.status == "succeeded" and len(sent) == 1
+    assert intent_moves(path) == [
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Reject", "Rejected"),
+        ("StepDeadlinePassed", "TimedOut"),
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Confirm", "Confirmed"),
+        ("Succeed", "Succeeded"),
+    ]
     assert replay(path).valid

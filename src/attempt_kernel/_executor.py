@@ -697,7 +697,14 @@ class Executor:
             raise AssertionError("a stopped executor left an attempt waiting") from refused
         # docs/contracts.md, "The write-ahead rule": Dispatched is durable
         # before the effect is sent
-        await self._durable(run)
+        try:
+            await self._durable(run)
+        except asyncio.CancelledError:
+            # Interrupted (a cancel, a stop, a deadline) before the effect was
+            # handed over: it is known not to have happened (docs/contracts.md,
+            # "The write-ahead rule"), so the attempt is not left Indeterminate.
+            self._intent(run, step, name, Reject())
+            raise
         try:
             value = await perform(key)
         except EffectRejected:
