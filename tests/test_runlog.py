@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from logs import fixed_clock, indeterminate_changes, simple_changes, write_log
 
 from attempt_kernel import (
@@ -20,7 +23,11 @@ from attempt_kernel import (
     AttemptTransitioned,
     Cancel,
     Cancelled,
+    Confirm,
+    Confirmed,
     CorruptLine,
+    Dispatch,
+    Dispatched,
     IntentChanged,
     IntentPlanned,
     LogLocked,
@@ -33,6 +40,8 @@ from attempt_kernel import (
     Running,
     RunFinished,
     RunLogWriter,
+    RunStarted,
+    StepCalled,
     StepResult,
     TornTail,
     UnencodableRecord,
@@ -40,6 +49,7 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel._codec import MAX_RECORD_BYTES, decode_line, encode_record
+from attempt_kernel._records import JSON
 
 
 def _line(body: str) -> bytes:
@@ -89,6 +99,47 @@ def test_every_change_round_trips(change: object, tmp_path: Path) -> None:
     path.write_bytes(encode_record(1, 2, "run-é", change))  # type: ignore[arg-type]
     items = list(read_log(path))
     assert items == [Record(line=1, seq=1, time_us=2, run="run-é", change=change)]  # type: ignore[arg-type]
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_a_value_is_written_byte_for_byte_as_json_dumps_writes_it(value: JSON) -> None:
+    """A step result's value, an effect's result and a run's input and result: json.dumps's bytes
+    (compact separators, ASCII only); the fields around them as docs/run-log.md lists them."""
+    text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    head = '{"v":1,"seq":1,"time_us":2,"run":"r",'
+    assert encode_record(1, 2, "r", StepResult(step="s", attempt=1, value=value)) == _line(
+        head + f'"type":"result","step":"s","attempt":1,"ok":true,"value":{text}}}'
+    )
+    confirmed = IntentChanged(
+        step="s", attempt=1, name="n", from_state=Dispatched(), cause=Confirm(), to_state=Confirmed(), result=value
+    )
+    tail = "}" if value is None else f',"result":{text}}}'
+    assert encode_record(1, 2, "r", confirmed) == _line(
+        head + '"type":"intent","step":"s","attempt":1,"intent":"n","from":"Dispatched","cause":"Confirm",'
+        f'"to":"Confirmed"{tail}'
+    )
+    assert encode_record(1, 2, "r", RunStarted(workflow="w", input=value)) == _line(
+        head + '"type":"run_started","workflow":"w"' + ("}" if value is None else f',"input":{text}}}')
+    )
+
+
+def test_a_circular_value_is_refused_and_the_next_one_is_still_written() -> None:
+    """A list that holds itself is no JSON value: UnencodableRecord, and the encoder it went
+    through (kept for the next values) still writes the same list once it no longer holds itself."""
+    looped: list[object] = [1]
+    looped.append(looped)
+    with pytest.raises(UnencodableRecord, match="Circular reference detected"):
+        encode_record(1, 2, "r", StepResult(step="s", attempt=1, value=looped))  # type: ignore[arg-type]
+    looped.pop()
+    assert b',"value":[1],' in encode_record(1, 2, "r", StepResult(step="s", attempt=1, value=looped))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -472,19 +523,42 @@ def test_fast_change_builders_make_exactly_the_dataclass_values() -> None:
     """The decoder's descriptor-based builders equal the classes called as usual."""
     from dataclasses import FrozenInstanceError
 
-    from attempt_kernel._codec import _new_created, _new_result, _new_transition  # pyright: ignore[reportPrivateUsage]  # the private fast builders are under test
+    from attempt_kernel._codec import new_created, new_result, new_transition  # pyright: ignore[reportPrivateUsage]  # the private fast builders are under test
 
-    transition_change = _new_transition("s", 2, Pending(), Admit(), Running())
+    transition_change = new_transition("s", 2, Pending(), Admit(), Running())
     assert transition_change == AttemptTransitioned(
         step="s", attempt=2, from_state=Pending(), cause=Admit(), to_state=Running()
     )
-    assert repr(_new_created("s", 2)) == "AttemptCreated(step='s', attempt=2)"
-    assert _new_created("s", 2) == AttemptCreated(step="s", attempt=2)
-    assert _new_result("s", 2, {"n": 1}, None) == StepResult(step="s", attempt=2, value={"n": 1})
-    assert _new_result("s", 2, None, "boom") == StepResult(step="s", attempt=2, error="boom")
-    assert repr(_new_result("s", 2, None, "boom")) == "StepResult(step='s', attempt=2, value=None, error='boom')"
+    assert repr(new_created("s", 2)) == "AttemptCreated(step='s', attempt=2)"
+    assert new_created("s", 2) == AttemptCreated(step="s", attempt=2)
+    assert new_result("s", 2, {"n": 1}, None) == StepResult(step="s", attempt=2, value={"n": 1})
+    assert new_result("s", 2, None, "boom") == StepResult(step="s", attempt=2, error="boom")
+    assert repr(new_result("s", 2, None, "boom")) == "StepResult(step='s', attempt=2, value=None, error='boom')"
     with pytest.raises(FrozenInstanceError):
         transition_change.attempt = 3  # type: ignore[misc]
+
+
+def test_fast_call_and_intent_builders_make_exactly_the_dataclass_values() -> None:
+    """The decoder's builders of step_called and intent records equal the classes called as usual."""
+    from dataclasses import FrozenInstanceError
+
+    from attempt_kernel._codec import new_intent, new_called  # pyright: ignore[reportPrivateUsage]  # the private fast builders are under test
+
+    called = new_called("think@3", 3, "think", "sha256:0123456789abcdef")
+    assert called == StepCalled(step="think@3", position=3, name="think", digest="sha256:0123456789abcdef")
+    assert repr(called) == "StepCalled(step='think@3', position=3, name='think', digest='sha256:0123456789abcdef')"
+    confirmed = new_intent("pay", 2, "charge", Dispatched(), Confirm(), Confirmed(), {"id": "ch-1"})
+    assert confirmed == IntentChanged(
+        step="pay", attempt=2, name="charge", from_state=Dispatched(), cause=Confirm(),
+        to_state=Confirmed(), result={"id": "ch-1"},
+    )  # fmt: skip
+    assert new_intent("pay", 2, "charge", Planned(), Dispatch(), Dispatched(), None) == IntentChanged(
+        step="pay", attempt=2, name="charge", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()
+    )
+    with pytest.raises(FrozenInstanceError):
+        called.position = 4  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        confirmed.result = None  # type: ignore[misc]
 
 
 DECODED_VALUES: list[tuple[str, object]] = [
