@@ -156,7 +156,7 @@ def test_an_attempt_that_waits_for_admission_is_created_and_admitted_apart(tmp_p
 
 
 def test_protocol_answers_are_kept_per_class_and_per_protocol(tmp_path: Path) -> None:
-    """A file writer reads but takes no batch; `Batched` does both; `Appender` does neither."""
+    """A file writer reads and takes batches; `Reader` only reads; `Appender` does neither."""
     from attempt_kernel._store import is_batch_log, is_log_source
 
     class Appender:
@@ -166,9 +166,22 @@ def test_protocol_answers_are_kept_per_class_and_per_protocol(tmp_path: Path) ->
         def flush(self) -> None:
             pass
 
+    class Reader:
+        def __init__(self, writer: RunLogWriter) -> None:
+            self.writer = writer
+
+        def read(self) -> Iterator[LogItem]:
+            return self.writer.read()
+
+        def append(self, run: str, change: Change) -> int:
+            return self.writer.append(run, change)
+
+        def flush(self) -> None:
+            self.writer.flush()
+
     with RunLogWriter(tmp_path / "run.jsonl") as writer:
-        batched = Batched(writer)
+        reader = Reader(writer)
         for _ in range(2):  # the second time from the kept answers
-            assert (is_log_source(writer), is_batch_log(writer)) == (True, False)
-            assert (is_log_source(batched), is_batch_log(batched)) == (True, True)
+            assert (is_log_source(writer), is_batch_log(writer)) == (True, True)
+            assert (is_log_source(reader), is_batch_log(reader)) == (True, False)
             assert (is_log_source(Appender()), is_batch_log(Appender())) == (False, False)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from attempt_kernel import (
@@ -677,6 +677,7 @@ def test_a_worker_of_another_kind_is_refused(tmp_path: Path) -> None:
         max_size=4,
     )
 )  # fmt: skip
+@example(args=[])  # a call without arguments (its digest is made once, see arguments_digest)
 def test_the_argument_digest_is_the_documented_one(args: list[JSON]) -> None:
     """sha256 of the arguments as one JSON array, keys sorted, no spaces (docs/run-log.md)."""
     text = json.dumps(args, sort_keys=True, separators=(",", ":"), allow_nan=False)

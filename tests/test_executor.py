@@ -41,9 +41,11 @@ class Ops:
 
     def write(self, fd: int, data: bytes) -> int:
         written = os.write(fd, data)
-        self.records += 1
-        if self.hook is not None:
-            self.hook(self.records)
+        # one write may carry several records (the writer's append_all)
+        for _ in range(data.count(b"\n")):
+            self.records += 1
+            if self.hook is not None:
+                self.hook(self.records)
         return written
 
     def fsync(self, fd: int) -> None:
@@ -287,6 +289,27 @@ def test_cancel_while_intent_dispatched_is_indeterminate(tmp_path: Path) -> None
     assert check.indeterminate[0].outstanding == pay_out.outstanding
 
 
+def test_cancel_before_a_dispatched_effect_is_sent_rejects_it(tmp_path: Path) -> None:
+    """Cancelling right after the Dispatch record, while it is made durable: the effect is
+    never sent, its intent is recorded Rejected and the attempt ends Cancelled."""
+    sent: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            sent.append(key)
+            return None
+
+        return await ctx.effect("charge", charge)
+
+    # run_started, created, Admit, intent_planned, Dispatch: cancel right after the Dispatch
+    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay)], cancel_after=5)
+    pay_out = outcome(report, "pay")
+    assert (pay_out.state, pay_out.outstanding, report.status, sent) == (Cancelled(), (), "cancelled", [])
+    intents = [r.change for r in records(tmp_path / "log") if isinstance(r.change, IntentChanged)]
+    assert [type(c.to_state).__name__ for c in intents] == ["Dispatched", "Rejected"]
+    assert check.valid and check.indeterminate == ()
+
+
 def test_pending_attempts_are_cancelled_cleanly(tmp_path: Path) -> None:
     """A step still waiting for admission when the run is cancelled ends Cancelled."""
     report, check = execute(
@@ -464,14 +487,14 @@ def test_cancel_before_a_started_dependent_runs_leaves_it_not_started(tmp_path: 
 
 
 class FailAt:
-    """Writes that fail (EIO, nothing written) from the n-th record on."""
+    """Writes that fail (EIO, nothing written) from the one holding the n-th record on."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.count = 0
 
     def write(self, fd: int, data: bytes) -> int:
-        self.count += 1
+        self.count += data.count(b"\n")  # one write may carry several records
         if self.count >= self.n:
             raise OSError(5, "Input/output error")
         return os.write(fd, data)

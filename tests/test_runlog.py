@@ -23,6 +23,7 @@ from attempt_kernel import (
     AttemptTransitioned,
     Cancel,
     Cancelled,
+    Change,
     Confirm,
     Confirmed,
     CorruptLine,
@@ -441,6 +442,85 @@ def test_failed_fsync_is_never_retried_as_if_nothing_happened(n: int, tmp_path: 
     log.close()
     assert ops.fsyncs == n  # close did not retry the failed fsync
     assert sum(isinstance(i, Record) for i in read_log(path)) == 3 * n
+
+
+class ShortWrites:
+    """Writes that take at most ``most`` bytes a call (the rest comes in later calls)."""
+
+    def __init__(self, most: int) -> None:
+        self.most = most
+        self.calls = 0
+
+    def write(self, fd: int, data: bytes) -> int:
+        self.calls += 1
+        return os.write(fd, data[: self.most])
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+
+def test_append_all_writes_the_records_in_order_in_one_write(tmp_path: Path) -> None:
+    """Three records, one write call, consecutive numbers, one time; they read back as given."""
+    path = tmp_path / "log"
+    ops = FailingOps()
+    changes: list[Change] = [
+        AttemptCreated(step="s", attempt=1),
+        AttemptTransitioned(step="s", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        StepResult(step="s", attempt=1, value={"n": 1}),
+    ]
+    with RunLogWriter(path, ops=ops, clock=lambda: 7) as log:
+        log.append("r", RunFinished())
+        assert log.append_all("r", changes) == 4
+        assert ops.writes == 2
+        assert log.append("r", RunFinished()) == 5
+    records = [i for i in read_log(path) if isinstance(i, Record)]
+    assert [(r.seq, r.time_us, r.change) for r in records[1:4]] == [
+        (2, 7, changes[0]), (3, 7, changes[1]), (4, 7, changes[2])
+    ]  # fmt: skip
+    assert [r.seq for r in records] == [1, 2, 3, 4, 5]
+
+
+def test_append_all_with_one_unencodable_record_writes_none_of_them(tmp_path: Path) -> None:
+    """A set in the middle of the batch: UnencodableRecord, nothing written, no number used up."""
+    path = tmp_path / "log"
+    with RunLogWriter(path) as log:
+        with pytest.raises(UnencodableRecord, match="record seq 2 of run 'r' cannot be written as JSON"):
+            unencodable = StepResult(step="s", attempt=1, value={1, 2})  # type: ignore[arg-type]
+            log.append_all("r", [AttemptCreated(step="s", attempt=1), unencodable, RunFinished()])
+        assert log.append("r", RunFinished()) == 1
+    assert [i.seq for i in read_log(path) if isinstance(i, Record)] == [1]
+
+
+def test_append_all_of_nothing_is_refused(tmp_path: Path) -> None:
+    """An empty batch is a usage error (as on PostgreSQL); nothing is written."""
+    path = tmp_path / "log"
+    with RunLogWriter(path) as log:
+        with pytest.raises(ValueError, match="append_all needs at least one change"):
+            log.append_all("r", [])
+    assert path.read_bytes() == b""
+
+
+def test_append_all_goes_on_after_a_short_write(tmp_path: Path) -> None:
+    """A write that takes only part of the batch: the rest follows, every record reads back."""
+    path = tmp_path / "log"
+    ops = ShortWrites(most=50)
+    with RunLogWriter(path, ops=ops) as log:
+        log.append_all("r", [AttemptCreated(step=f"s{i}", attempt=1) for i in range(1, 4)])
+    assert ops.calls > 3
+    assert [i.seq for i in read_log(path) if isinstance(i, Record)] == [1, 2, 3]
+
+
+def test_a_failed_append_all_names_its_records_and_breaks_the_writer(tmp_path: Path) -> None:
+    """The batch's write fails: LogWriteFailed names the records; later appends are refused."""
+    path = tmp_path / "log"
+    log = RunLogWriter(path, ops=FailingOps(fail_write_at=2))
+    log.append("r", RunFinished())
+    with pytest.raises(LogWriteFailed, match="write of records seq 2 to 3 failed"):
+        log.append_all("r", [AttemptCreated(step="s", attempt=1), RunFinished()])
+    with pytest.raises(LogWriteFailed, match="reopen the log"):
+        log.append_all("r", [RunFinished()])
+    log.close()
+    assert [i.seq for i in read_log(path) if isinstance(i, Record)] == [1]
 
 
 def test_disk_full_is_a_clear_error(tmp_path: Path) -> None:

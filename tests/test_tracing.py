@@ -3,8 +3,12 @@
 Each test runs a workflow through a real executor with a `Spans` on a
 private tracer provider (never the global one) and an in-memory exporter.
 The executor's clock says ``1000 + n`` seconds while ``n`` records have been
-written, so record ``n`` is stamped ``T(n)``; every span, parent, time,
-attribute and status below is written out by hand from the record order.
+written, so record ``n`` is stamped ``T(n)``, except that records written in
+one go (an attempt's creation and admission, with a code step's call before
+them; an effect's Planned and Dispatched; a step's result and its end) all
+get the first one's time; every
+span, parent, time, attribute and status below is written out by hand from
+the record order.
 """
 
 from __future__ import annotations
@@ -156,30 +160,32 @@ def test_a_dag_run_is_one_trace_with_a_span_per_step_attempt_and_effect(tmp_path
     exporter, seen = traced(tmp_path / "log", flow)
     # records: 0 RunStarted; greet 1-4; flaky#1 5-8 (fails), flaky#2 9-12;
     # pay 13 created, 14 running, 15 planned, 16 dispatched, 17 confirmed,
-    # 18 result, 19 succeeded; 20 RunFinished
+    # 18 result, 19 succeeded; 20 RunFinished. Written in one go, stamped
+    # with the first one's time: 1-2, 3-4, 5-6, 7-8, 9-10, 11-12, 13-14,
+    # 15-16, 18-19.
     key = key_of(seen, "pay")
     run, ok, error = {"attempt_kernel.run": "r-1"}, StatusCode.OK, StatusCode.ERROR
     assert summary(exporter.get_finished_spans()) == [
-        ("attempt greet#1", "step greet", T(1), T(4),
+        ("attempt greet#1", "step greet", T(1), T(3),
          {**run, "attempt_kernel.step": "greet", "attempt_kernel.attempt": 1,
           "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("step greet", "run w", T(1), T(4),
+        ("step greet", "run w", T(1), T(3),
          {**run, "attempt_kernel.step": "greet", "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("attempt flaky#1", "step flaky", T(5), T(8),
+        ("attempt flaky#1", "step flaky", T(5), T(7),
          {**run, "attempt_kernel.step": "flaky", "attempt_kernel.attempt": 1,
           "attempt_kernel.attempt.state": "Failed"}, error),
-        ("attempt flaky#2", "step flaky", T(9), T(12),
+        ("attempt flaky#2", "step flaky", T(9), T(11),
          {**run, "attempt_kernel.step": "flaky", "attempt_kernel.attempt": 2,
           "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("step flaky", "run w", T(5), T(12),
+        ("step flaky", "run w", T(5), T(11),
          {**run, "attempt_kernel.step": "flaky", "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("effect charge", "attempt pay#1", T(16), T(17),
+        ("effect charge", "attempt pay#1", T(15), T(17),
          {**run, "attempt_kernel.step": "pay", "attempt_kernel.attempt": 1, "attempt_kernel.intent": "charge",
           "attempt_kernel.idempotency_key": key, "attempt_kernel.intent.state": "Confirmed"}, ok),
-        ("attempt pay#1", "step pay", T(13), T(19),
+        ("attempt pay#1", "step pay", T(13), T(18),
          {**run, "attempt_kernel.step": "pay", "attempt_kernel.attempt": 1,
           "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("step pay", "run w", T(13), T(19),
+        ("step pay", "run w", T(13), T(18),
          {**run, "attempt_kernel.step": "pay", "attempt_kernel.attempt.state": "Succeeded"}, ok),
         ("run w", None, T(0), T(20),
          {**run, "attempt_kernel.workflow": "w", "attempt_kernel.run.status": "succeeded"}, ok),
@@ -205,12 +211,13 @@ def test_a_cancel_with_an_effect_in_flight_leaves_an_indeterminate_attempt_and_a
 ) -> None:
     """The effect span ends with its attempt, still Dispatched; the run needs reconciliation."""
     # records: 0 RunStarted, 1 created, 2 running, 3 planned, 4 dispatched,
-    # 5 cancel requested, 6 Indeterminate, 7 RunFinished
+    # 5 cancel requested, 6 Indeterminate, 7 RunFinished (1-2 and 3-4 written
+    # in one go, stamped T(1) and T(3))
     exporter, seen = traced(tmp_path / "log", load_workflow("w", [Step(name="pay", run=pay_forever)]), cancel_after=5)
     key = key_of(seen, "pay")
     run, error = {"attempt_kernel.run": "r-1"}, StatusCode.ERROR
     assert summary(exporter.get_finished_spans()) == [
-        ("effect charge", "attempt pay#1", T(4), T(6),
+        ("effect charge", "attempt pay#1", T(3), T(6),
          {**run, "attempt_kernel.step": "pay", "attempt_kernel.attempt": 1, "attempt_kernel.intent": "charge",
           "attempt_kernel.idempotency_key": key, "attempt_kernel.intent.state": "Dispatched"}, StatusCode.UNSET),
         ("attempt pay#1", "step pay", T(1), T(6),
@@ -233,23 +240,24 @@ def test_a_code_workflows_steps_are_named_by_their_call_position(tmp_path: Path)
     """A code run: steps ``greet@1`` and ``pay@2``, the run's status from its function's return."""
     # records: 0 RunStarted, 1 StepCalled, greet@1 2-5, 6 StepCalled,
     # pay@2 7 created, 8 running, 9 planned, 10 dispatched, 11 confirmed,
-    # 12 result, 13 succeeded; 14 RunFinished
+    # 12 result, 13 succeeded; 14 RunFinished. Written in one go, stamped
+    # with the first one's time: 1-3, 4-5, 6-8, 9-10, 12-13.
     exporter, seen = traced(tmp_path / "log", coded)
     key = key_of(seen, "pay@2")
     run, ok = {"attempt_kernel.run": "r-1"}, StatusCode.OK
     assert summary(exporter.get_finished_spans()) == [
-        ("attempt greet@1#1", "step greet@1", T(2), T(5),
+        ("attempt greet@1#1", "step greet@1", T(1), T(4),
          {**run, "attempt_kernel.step": "greet@1", "attempt_kernel.attempt": 1,
           "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("step greet@1", "run coded", T(2), T(5),
+        ("step greet@1", "run coded", T(1), T(4),
          {**run, "attempt_kernel.step": "greet@1", "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("effect charge", "attempt pay@2#1", T(10), T(11),
+        ("effect charge", "attempt pay@2#1", T(9), T(11),
          {**run, "attempt_kernel.step": "pay@2", "attempt_kernel.attempt": 1, "attempt_kernel.intent": "charge",
           "attempt_kernel.idempotency_key": key, "attempt_kernel.intent.state": "Confirmed"}, ok),
-        ("attempt pay@2#1", "step pay@2", T(7), T(13),
+        ("attempt pay@2#1", "step pay@2", T(6), T(12),
          {**run, "attempt_kernel.step": "pay@2", "attempt_kernel.attempt": 1,
           "attempt_kernel.attempt.state": "Succeeded"}, ok),
-        ("step pay@2", "run coded", T(7), T(13),
+        ("step pay@2", "run coded", T(6), T(12),
          {**run, "attempt_kernel.step": "pay@2", "attempt_kernel.attempt.state": "Succeeded"}, ok),
         ("run coded", None, T(0), T(14),
          {**run, "attempt_kernel.workflow": "coded", "attempt_kernel.run.status": "succeeded"}, ok),

@@ -39,6 +39,7 @@ from typing import Any, Final, cast
 from typing_extensions import final
 
 from ._attempt import is_terminal
+from ._codec import new_called
 from ._errors import AttemptKernelError
 from ._findings import Reconciler
 from ._ledger import Ledger, has_succeeded, may_run_again
@@ -152,6 +153,8 @@ def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]
     spaces, ASCII only. Raises `WorkflowError` naming the first argument
     that is not a JSON value.
     """
+    if not args:
+        return _NO_ARGUMENTS, []
     try:
         scalars = _scalars_json(args)
         if scalars is None:
@@ -183,6 +186,8 @@ def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]
 
 
 _canonical: Final = json.JSONEncoder(allow_nan=False, sort_keys=True, separators=(",", ":")).encode
+_NO_ARGUMENTS: Final = "sha256:" + hashlib.sha256(b"[]").hexdigest()[:16]
+"""The digest of a call without arguments (many steps take none): made once."""
 _decode: Final = json.JSONDecoder().decode
 _string: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
 
@@ -263,7 +268,8 @@ _CURRENT: Final[contextvars.ContextVar[CodeRun | None]] = contextvars.ContextVar
 )
 """The run whose function is executing here: a step's own task has None."""
 
-Drive = Callable[[Step], Awaitable[StepOutcome]]
+Drive = Callable[[Step, StepCalled | None], Awaitable[StepOutcome]]
+"""Drives a step's attempts; the call, when given, is written with the first one."""
 EndOrphan = Callable[[Step], Awaitable[None]]
 
 
@@ -274,6 +280,14 @@ def _no_quiet() -> None:
 @final
 class CodeRun:
     """The executor's `RunContext` for one run of a code workflow (see the module doc)."""
+
+    # Slots: one of these is made for every run, and its attributes are read at every step.
+    __slots__ = (
+        "_run", "_input", "_ledger", "_defaults", "_declared", "_write", "_may_start", "_drive",
+        "_end_orphan", "_replaying", "_clock", "_sleep", "_quiet_after", "_next", "_closed",
+        "_loop", "tasks", "failure", "on_failure", "diverged", "_asked", "_asked_waits", "_held",
+        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten",
+    )
 
     def __init__(
         self,
@@ -310,9 +324,6 @@ class CodeRun:
         self._loop = asyncio.get_running_loop()
         self.tasks: Final[set[asyncio.Task[None]]] = set()
         """Steps being driven now."""
-        # One context for the done-callback of every step's task (which only
-        # forgets the task): add_done_callback would otherwise copy one each.
-        self._callbacks: Final = contextvars.Context()
         self.failure: BaseException | None = None
         """An error of the run's own machinery (the log failing): the run stops."""
         self.on_failure: Callable[[], None] | None = None
@@ -325,13 +336,18 @@ class CodeRun:
         self._held: list[Callable[[], None]] = []
         """New calls made while replaying: started, in position order, once the run is taken up."""
         self._steps: list[str] = []
+        self._unwritten: dict[int, StepCalled] = {}
+        """Calls whose ``step_called`` is not written yet, by position: each is
+        written with its step's first attempt, when the step's task starts
+        (one write instead of two), or before a later position's wait."""
         """Step ids by position, as the code asked for them ("" where it waited)."""
         self.waiters: Final[dict[int, asyncio.Task[None]]] = {}
         """Waits being waited now, by position."""
         self._blocked: set[int] = set()
         """Waits with nothing to take and no wake time come: they wait for news."""
-        self._news: asyncio.Future[None] = self._loop.create_future()
-        """Resolved (and replaced) by `notify`: a signal may have come."""
+        self._news: asyncio.Future[None] | None = None
+        """Resolved (and dropped) by `notify`: a signal may have come. Made by
+        the first wait that waits for it (most runs never wait)."""
         self.on_quiet: Callable[[], None] = _no_quiet
         """Called when every branch of the function waits (no step live) and no
         wake time comes within ``quiet_after`` seconds (see `quiet`)."""
@@ -481,6 +497,7 @@ class CodeRun:
             return
         wake = None if seconds is None else self._now_us() + round(seconds * 1_000_000)
         try:
+            self._write_unwritten()  # positions are written in order
             self._write(WaitStarted(position=position, signal=signal, wake_us=wake))
         except BaseException as error:  # the log failed: the run stops
             self._fail(error)
@@ -515,6 +532,8 @@ class CodeRun:
                     future.set_result(None if taken is None else as_logged(taken.payload))
                     return
                 news = self._news
+                if news is None:
+                    news = self._news = self._loop.create_future()
                 timer = None if wake is None else asyncio.ensure_future(self._sleep((wake - now) / 1e6))
                 self._blocked.add(position)
                 try:
@@ -560,8 +579,8 @@ class CodeRun:
 
     def notify(self) -> None:
         """News for the run's waits (a signal was recorded): each looks again."""
-        news, self._news = self._news, self._loop.create_future()
-        if not news.done():
+        news, self._news = self._news, None
+        if news is not None and not news.done():
             news.set_result(None)
 
     # ------------------------------------------------------------ live steps
@@ -575,24 +594,35 @@ class CodeRun:
             # function awaiting it in a `finally` must not wait forever).
             future.cancel()
             return
-        try:
-            self._write(StepCalled(step=step.name, position=position, name=name, digest=digest))
-        except BaseException as error:  # the log failed: the run stops, whatever the code catches
-            self._fail(error)
-            raise
-        self._start(step, future)
+        self._unwritten[position] = new_called(step.name, position, name, digest)
+        self._start(step, future, position)
 
-    def _start(self, step: Step, future: asyncio.Future[JSON]) -> None:
-        task = self._loop.create_task(self._drive_step(step, future))
+    def _write_unwritten(self) -> None:
+        """Write the calls not written yet (before a record of a later position)."""
+        unwritten = self._unwritten
+        while unwritten:
+            position = next(iter(unwritten))
+            self._write(unwritten.pop(position))
+
+    def _start(self, step: Step, future: asyncio.Future[JSON], position: int = 0) -> None:
+        task = self._loop.create_task(self._drive_step(step, future, position))
         self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard, context=self._callbacks)
 
-    async def _drive_step(self, step: Step, future: asyncio.Future[JSON]) -> None:
+    async def _drive_step(self, step: Step, future: asyncio.Future[JSON], position: int) -> None:
         # A step's own task runs outside the function (the task has a copy of
         # the context it was made in): run.step from inside a step is refused.
         _CURRENT.set(None)
+        # Tasks start in the order they were made, so calls are written in
+        # position order (a wait writes those before it first, see _launch_wait).
+        called = self._unwritten.pop(position, None) if position else None
+        if called is not None and not self._may_start():
+            # The run was cancelled or stopped since the call: as in `_launch`,
+            # nothing is written and nothing starts.
+            future.cancel()
+            self._discard_current()
+            return
         try:
-            done = await self._drive(step)
+            done = await self._drive(step, called)
         except asyncio.CancelledError:
             future.cancel()
             raise
@@ -600,7 +630,17 @@ class CodeRun:
             future.cancel()
             self._fail(error)
             return
+        finally:
+            self._discard_current()
         self._settle(future, done)
+
+    def _discard_current(self) -> None:
+        # A step's task leaves `tasks` itself: one done-callback less per step.
+        # (One cancelled before it ran never gets here; the run is over then:
+        # `close` empties the set.)
+        current = asyncio.current_task(self._loop)
+        if current is not None:
+            self.tasks.discard(current)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
@@ -762,6 +802,7 @@ class CodeRun:
     def close(self) -> None:
         """The run is over: a later ``run.step`` is refused."""
         self._closed = True
+        self.tasks.clear()
         # The executor's callbacks hold the function's task, whose context
         # holds this run: let go of them, so that the run is freed when it
         # ends rather than by a full collection of the garbage collector.

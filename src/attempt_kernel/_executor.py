@@ -40,6 +40,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Final, Protocol, TypeVar, Union
 
 from typing_extensions import TypeAlias, assert_never, final
@@ -56,7 +57,7 @@ from ._attempt import (
     is_terminal,
     transition,
 )
-from ._codec import RunLogError, UnencodableRecord
+from ._codec import RunLogError, UnencodableRecord, new_created, new_result, new_transition
 from ._coderun import CodeRun, WorkflowDiverged, non_string_key
 from ._context import Perform
 from ._errors import AttemptKernelError
@@ -65,6 +66,7 @@ from ._intent import (
     Confirm,
     Dispatch,
     IntentCause,
+    Planned,
     Reject,
     idempotency_key,
     intent_transition,
@@ -83,7 +85,6 @@ from ._ledger import (
 from ._records import (
     JSON,
     AttemptCreated,
-    AttemptTransitioned,
     Change,
     DomainStateSet,
     IntentChanged,
@@ -152,6 +153,9 @@ class RunControl:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        # The executor's own wake-ups, called once by the first cancel: a
+        # callback each instead of a task awaiting `wait` per run.
+        self._listeners: list[Callable[[], None]] = []
         self.reason: str = ""
         """Why it was cancelled, as the record says (set by `cancel`)."""
 
@@ -162,9 +166,12 @@ class RunControl:
         ``reason``, by default ``RunControl.cancel()``), so a crash before
         the run's end is written never resumes it. A waiting run ends at once.
         """
-        if not self._event.is_set():
-            self.reason = reason
+        if self._event.is_set():
+            return
+        self.reason = reason
         self._event.set()
+        for listener in list(self._listeners):
+            listener()
 
     @property
     def cancelled(self) -> bool:
@@ -280,6 +287,8 @@ _SUCCEED: Final = Succeed()
 _FAIL: Final = Fail()
 _QUEUE_DEADLINE_PASSED: Final = QueueDeadlinePassed()
 _STEP_DEADLINE_PASSED: Final = StepDeadlinePassed()
+_DISPATCH: Final = Dispatch()
+_PLANNED: Final = Planned()
 
 
 async def _guarded(awaitable: Awaitable[JSON]) -> _StepOutput:
@@ -456,6 +465,10 @@ else:
         return await asyncio.wait_for(_guarded(awaitable), seconds)
 
 
+_NO_INPUTS: Final[Mapping[str, JSON]] = MappingProxyType({})
+"""A code step's ``ctx.inputs``: a code step gets its inputs as arguments."""
+
+
 def _report(workflow: Workflow, run: str, ledger: Ledger, status: RunStatus) -> RunReport:
     view = ledger.runs[run]
     if view.code:
@@ -566,6 +579,9 @@ class Executor:
         self._admission: asyncio.Semaphore | None = None
         self._deadlines: Final = _Deadlines()
         self._stop: asyncio.Event | None = None
+        # Each driven run's wake-up on a stop, called once by the first `stop`
+        # (see RunControl._listeners).
+        self._stop_listeners: list[Callable[[], None]] = []
         self._grace = 0.0
         self._stop_reason = ""
         self._workflows: dict[str, Workflow] = {}
@@ -620,20 +636,29 @@ class Executor:
         for change in changes:
             tell(self._observers, run, change, now_us)
 
-    def _created_and_admitted(self, run: str, created: AttemptCreated, batch: BatchLog) -> None:
-        """A new attempt admitted at once: its creation and its admission in one append.
+    def _write_together(self, run: str, changes: tuple[Change, ...]) -> None:
+        """Records written back to back (a code step's call and its first attempt's
+        creation; an effect's Planned and Dispatched): in one append where the log
+        can (`BatchLog`), else one by one."""
+        if len(changes) == 1:
+            self._write(run, changes[0])
+        elif self._batch is not None:
+            self._write_all(run, changes, self._batch)
+        else:
+            for change in changes:
+                self._write(run, change)
+
+    def _created_and_admitted(self, run: str, lead: tuple[Change, ...], batch: BatchLog) -> None:
+        """A new attempt admitted at once: its creation (``lead``'s last record) and its
+        admission in one append.
 
         The admission goes through `transition` from ``Pending``, the state
         every created attempt is in; the ledger checks it as it applies it.
         """
-        admit = AttemptTransitioned(
-            step=created.step,
-            attempt=created.attempt,
-            from_state=PENDING,
-            cause=_ADMIT,
-            to_state=transition(PENDING, _ADMIT),
-        )
-        self._write_all(run, (created, admit), batch)
+        created = lead[-1]
+        assert isinstance(created, AttemptCreated)
+        admit = new_transition(created.step, created.attempt, PENDING, _ADMIT, transition(PENDING, _ADMIT))
+        self._write_all(run, (*lead, admit), batch)
 
     def _conclude(self, run: str, step: str, result: StepResult, cause: TransitionCause) -> None:
         """A step's result and the move it makes (`Succeed` or `Fail`), back to back.
@@ -685,9 +710,15 @@ class Executor:
         if name in view.confirmed:
             return view.confirmed[name]
         key = self._key(run, step, name)
-        self._write(run, IntentPlanned(step=step, attempt=number, name=name, key=key))
+        planned = IntentPlanned(step=step, attempt=number, name=name, key=key)
+        dispatched = IntentChanged(
+            step=step, attempt=number, name=name, from_state=_PLANNED, cause=_DISPATCH,
+            to_state=intent_transition(_PLANNED, _DISPATCH),
+        )  # fmt: skip
         try:
-            self._intent(run, step, name, Dispatch())
+            # back to back: in one append where the log can (the ledger checks
+            # the pair as it applies it)
+            self._write_together(run, (planned, dispatched))
         except DispatchRefused as refused:
             # Nothing was written or sent: not the step's failure. The executor
             # stops, and this attempt, waiting here until the stop
@@ -872,7 +903,25 @@ class Executor:
         self._stop_reason = reason
         if self._stop is None:
             self._stop = asyncio.Event()
+        if self._stop.is_set():
+            return
         self._stop.set()
+        for listener in list(self._stop_listeners):
+            listener()
+
+    def _listen(self, control: RunControl, on_cancel: Callable[[], None], on_stop: Callable[[], None]) -> None:
+        """Call ``on_cancel`` once the run is cancelled and ``on_stop`` once the
+        executor stops (at once for what already happened); `_unlisten` ends it."""
+        control._listeners.append(on_cancel)  # pyright: ignore[reportPrivateUsage]
+        self._stop_listeners.append(on_stop)
+        if control.cancelled:
+            on_cancel()
+        if self.stopping:
+            on_stop()
+
+    def _unlisten(self, control: RunControl, on_cancel: Callable[[], None], on_stop: Callable[[], None]) -> None:
+        control._listeners.remove(on_cancel)  # pyright: ignore[reportPrivateUsage]
+        self._stop_listeners.remove(on_stop)
 
     @property
     def stopping(self) -> bool:
@@ -888,10 +937,16 @@ class Executor:
         number: int,
         context: _Context,
         admission: asyncio.Semaphore,
+        called: StepCalled | None,
     ) -> None:
-        """Run attempt ``number`` of ``step`` to a terminal state (the ledger has it)."""
+        """Run attempt ``number`` of ``step`` to a terminal state (the ledger has it).
+
+        ``called``: a code step's call, not written yet (the step's first
+        attempt writes it with its own creation, see `_coderun`).
+        """
         name = step.name
-        created = AttemptCreated(step=name, attempt=number)
+        created = new_created(name, number)
+        lead: tuple[Change, ...] = (created,) if called is None else (called, created)
         # A pooled step takes a shared slot instead of this executor's limit.
         pools = self._pools if step.pool is not None else None
         # Admitted at once (a free slot of this executor's limit): creation and
@@ -900,7 +955,7 @@ class Executor:
         free = pools is None and not admission.locked()
         batch = self._batch if free else None
         if batch is None:
-            self._write(run, created)
+            self._write_together(run, lead)
         try:
             if pools is not None:
                 if not await pools.acquire(run, step, number):
@@ -915,19 +970,19 @@ class Executor:
             return
         except asyncio.CancelledError:
             if batch is not None:
-                self._write(run, created)
+                self._write_together(run, lead)
             self._cancel(run, name)
             raise
         try:
             if not self._may_start(run):
                 if batch is not None:
-                    self._write(run, created)
+                    self._write_together(run, lead)
                 self._cancel(run, name)  # admitted just as the run was cancelled or stopped
                 return
             if batch is None:
                 self._move(run, name, _ADMIT)
             else:
-                self._created_and_admitted(run, created, batch)
+                self._created_and_admitted(run, lead, batch)
             try:
                 output = await _guarded_within(self._deadlines, step.step_deadline, step.run(context))
             except asyncio.TimeoutError:
@@ -945,7 +1000,7 @@ class Executor:
                 case _Ok():
                     try:
                         self._conclude(
-                            run, name, StepResult(step=name, attempt=number, value=output.value), _SUCCEED
+                            run, name, new_result(name, number, output.value, None), _SUCCEED
                         )
                     except UnencodableRecord as error:  # nothing was written
                         message = f"the step returned a value the run log cannot encode: {error}"
@@ -1030,9 +1085,18 @@ class Executor:
             await asyncio.sleep(0)
 
     async def _drive(
-        self, run: str, step: Step, input: JSON, inputs: Mapping[str, JSON], admission: asyncio.Semaphore
+        self,
+        run: str,
+        step: Step,
+        input: JSON,
+        inputs: Mapping[str, JSON],
+        admission: asyncio.Semaphore,
+        called: StepCalled | None = None,
     ) -> StepOutcome:
-        """Attempts of one step until it succeeds or may not run again (the ledger says)."""
+        """Attempts of one step until it succeeds or may not run again (the ledger says).
+
+        ``called``: a code step's call, written with its first attempt (`_attempt`).
+        """
         ledger = self._ledger
         while True:
             view = ledger.step(run, step.name)
@@ -1045,7 +1109,8 @@ class Executor:
                 return outcome(step.name, view)
             number = 1 if view is None else view.attempt.number + 1
             context = _Context(self._effect, self._set_state, self._key, run, step.name, number, input, inputs)
-            await self._attempt(run, step, number, context, admission)
+            await self._attempt(run, step, number, context, admission, called)
+            called = None
             view = ledger.step(run, step.name)
             assert view is not None  # the attempt was created above
             attempt = view.attempt
@@ -1163,10 +1228,14 @@ class Executor:
             for d in s.after:
                 dependents.setdefault(d, []).append(s)
         finished: asyncio.Queue[str | None] = asyncio.Queue()
-        cancel_wait = asyncio.ensure_future(control.wait())
-        cancel_wait.add_done_callback(lambda _: finished.put_nowait(""))
-        stop_wait = asyncio.ensure_future(self._stop.wait())
-        stop_wait.add_done_callback(lambda _: finished.put_nowait(None))
+
+        def on_cancel() -> None:
+            finished.put_nowait("")
+
+        def on_stop() -> None:
+            finished.put_nowait(None)
+
+        self._listen(control, on_cancel, on_stop)
         loop = asyncio.get_running_loop()
         # One done-callback and one context for every step's task (each
         # add_done_callback would otherwise copy the context): a task is
@@ -1223,8 +1292,7 @@ class Executor:
             # failure: end every live attempt (each task logs its own Cancel),
             # and await every task, so none is left behind with an unread
             # exception.
-            cancel_wait.cancel()
-            stop_wait.cancel()
+            self._unlisten(control, on_cancel, on_stop)
             for task in tasks.values():
                 task.cancel()
             step_errors: list[Exception] = []
@@ -1314,8 +1382,8 @@ class Executor:
             if self._on_wait is not None and isinstance(change, WaitStarted):
                 self._on_wait(run, change)
 
-        def drive(step: Step) -> Awaitable[StepOutcome]:
-            return self._drive(run, step, input, {}, admission)
+        def drive(step: Step, called: StepCalled | None) -> Awaitable[StepOutcome]:
+            return self._drive(run, step, input, _NO_INPUTS, admission, called)
 
         asked: list[Asked] = []
         orphans: list[OrphanEnded] = []
@@ -1355,7 +1423,7 @@ class Executor:
         )
         self._code_runs[run] = code
         let_go = False
-        main = asyncio.ensure_future(code.main(function))
+        main = asyncio.get_running_loop().create_task(code.main(function))
         if resuming:
             try:
                 await code.replay(main)
@@ -1391,10 +1459,7 @@ class Executor:
 
         code.on_quiet = quiet
         main.add_done_callback(rouse)
-        cancel_wait = asyncio.ensure_future(control.wait())
-        cancel_wait.add_done_callback(rouse)
-        stop_wait = asyncio.ensure_future(self._stop.wait())
-        stop_wait.add_done_callback(rouse)
+        self._listen(control, rouse, rouse)
         code.on_failure = rouse
         if code.failure is not None:
             rouse()
@@ -1421,8 +1486,7 @@ class Executor:
             self._cancel_decided(run, "the task driving the run was cancelled")
             failure = asyncio.CancelledError()
         finally:
-            for waiter in (cancel_wait, stop_wait):
-                waiter.cancel()
+            self._unlisten(control, rouse, rouse)
             # Steps still live (the run was cancelled or stopped, or the function
             # returned without awaiting them) end as a cancel ends them; waits
             # end with nothing written.
@@ -1431,7 +1495,10 @@ class Executor:
                 task.cancel()
             if not main.done():
                 main.cancel()
-            await asyncio.gather(main, *code.tasks, *code.waiters.values(), return_exceptions=True)
+            if not main.done() or code.tasks or code.waiters:
+                await asyncio.gather(main, *code.tasks, *code.waiters.values(), return_exceptions=True)
+            elif not main.cancelled():
+                main.exception()  # read here, as gather reads it: it is never left unretrieved
             code.close()
         if failure is None and code.failure is not None:
             failure = code.failure

@@ -70,7 +70,7 @@ from ._attempt import (
     is_terminal,
     transition,
 )
-from ._codec import state_name
+from ._codec import new_transition, state_name
 from ._intent import (
     DISPATCHED,
     PLANNED,
@@ -805,13 +805,7 @@ class Ledger:
         """
         attempt = self.runs[run].steps[step].attempt
         before = attempt.state
-        change = AttemptTransitioned(
-            step=step,
-            attempt=attempt.number,
-            from_state=before,
-            cause=cause,
-            to_state=transition(before, cause),
-        )
+        change = new_transition(step, attempt.number, before, cause, transition(before, cause))
         self._proposed = change
         return change
 
@@ -836,6 +830,8 @@ class Ledger:
                 if step is not None:
                     step.result, step.error = change.value, change.error
                     step.retryable = change.retryable
+            case StepCalled():
+                self._called(run, view, change)
             case IntentChanged():
                 self._intent_changed(run, view, change)
             case IntentPlanned():
@@ -844,8 +840,6 @@ class Ledger:
                 self._reconciled(run, view, change)
             case DomainStateSet():
                 self._domain_state(run, view, change)
-            case StepCalled():
-                self._called(run, view, change)
             case WaitStarted():
                 self._wait_started(run, view, change)
             case WaitEnded():
@@ -1010,7 +1004,14 @@ class Ledger:
         view.attempts += 1
         position = 0
         if view.code:
-            position = _position(view, change.step)
+            at = view.at
+            last = at[-1] if at else None
+            # most often the step called last (its call was written with it)
+            position = (
+                len(at)
+                if type(last) is StepCalled and last.step == change.step
+                else _position(view, change.step)
+            )
             if not position:
                 self._violate(
                     f"attempt {change.attempt} of {_where(run, change)} created, but no"

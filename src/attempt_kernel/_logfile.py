@@ -19,7 +19,7 @@ import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, ClassVar, Final, Literal, Protocol
 
@@ -446,6 +446,42 @@ class RunLogWriter:
         `RecordTooLarge`, before anything is written: the log and the next
         sequence number stay as they were.
         """
+        fd = self._writable()
+        seq = self._seq + 1
+        self._write_out(fd, encode_record(seq, self._clock(), run, change), f"record seq {seq}")
+        self._seq = seq
+        if seq - self._started >= self._batch:
+            self.flush()
+        return seq
+
+    def append_all(self, run: str, changes: Sequence[Change]) -> int:
+        """Write several records of ``run`` with one ``write`` call; return the last one's
+        sequence number (`BatchLog`).
+
+        Each record is encoded first, so one that JSON cannot carry (or that
+        is too large) raises before anything is written, as `append` does
+        (and an empty ``changes`` raises `ValueError`). The records share one
+        ``time_us``, read once for the call. A
+        crash in the middle of the call may keep a prefix of the records (the
+        last one maybe torn, which recovery cuts, as after any append). The
+        executor writes records that follow one another at once this way (an
+        attempt's creation and admission, a step's result and its end).
+        """
+        if not changes:
+            raise ValueError("append_all needs at least one change")
+        fd = self._writable()
+        first = self._seq + 1
+        now = self._clock()
+        data = b"".join([encode_record(seq, now, run, change) for seq, change in enumerate(changes, first)])
+        last = first + len(changes) - 1
+        self._write_out(fd, data, f"records seq {first} to {last}" if last > first else f"record seq {last}")
+        self._seq = last
+        if last - self._started >= self._batch:
+            self.flush()
+        return last
+
+    def _writable(self) -> int:
+        """The file's descriptor, once `append` may write: LogWriteFailed if broken or closed."""
         if self._inflight is not None and self._inflight[1].done():
             self._settle()  # a failed fsync refuses this append, not only a later one
         if self._broken is not None:
@@ -455,21 +491,19 @@ class RunLogWriter:
             )
         if self._fd is None:
             raise LogWriteFailed(f"{self.path}: the writer is closed")
-        seq = self._seq + 1
-        data = encode_record(seq, self._clock(), run, change)
+        return self._fd
+
+    def _write_out(self, fd: int, data: bytes, what: str) -> None:
+        """All of ``data`` (``what``: which records, for the error) to the file; a failure breaks the writer."""
         try:
-            written = self._write(self._fd, data)
+            written = self._write(fd, data)
             while written < len(data):  # a short write: go on with the rest
-                n = self._write(self._fd, data[written:])
+                n = self._write(fd, data[written:])
                 if n <= 0:  # a regular file that takes nothing is full
                     raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
                 written += n
         except OSError as error:
-            raise self._fail(f"write of record seq {seq}", error) from error
-        self._seq = seq
-        if seq - self._started >= self._batch:
-            self.flush()
-        return seq
+            raise self._fail(f"write of {what}", error) from error
 
     def flush(self) -> None:
         """fsync: every append that has returned is now durable on disk.

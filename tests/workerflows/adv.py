@@ -52,17 +52,19 @@ def _say(text: str) -> None:
 
 
 def _refuse_dispatch_once() -> None:
-    original = _WorkerJournal.append
+    # append_all: the Dispatched goes in with its Planned (and append calls append_all)
+    original = _WorkerJournal.append_all
     refused = [False]
 
-    def append(self: _WorkerJournal, run: str, change: Change) -> int:
-        if isinstance(change, IntentChanged) and change.to_state == Dispatched() and not refused[0]:
-            refused[0] = True
-            _say(f"hook refuse-dispatch-once at {run}/{change.step}#{change.attempt}")
-            raise HeartbeatLate("the test's hook says the heartbeat is late")
-        return original(self, run, change)
+    def append_all(self: _WorkerJournal, run: str, changes: Sequence[Change]) -> int:
+        for change in changes:
+            if isinstance(change, IntentChanged) and change.to_state == Dispatched() and not refused[0]:
+                refused[0] = True
+                _say(f"hook refuse-dispatch-once at {run}/{change.step}#{change.attempt}")
+                raise HeartbeatLate("the test's hook says the heartbeat is late")
+        return original(self, run, changes)
 
-    setattr(_WorkerJournal, "append", append)
+    setattr(_WorkerJournal, "append_all", append_all)
 
 
 def _hook(hook: str) -> None:

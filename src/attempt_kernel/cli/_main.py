@@ -495,17 +495,27 @@ def _positive_int(text: str) -> int:
 
 
 class _CrashAfter:
-    """File operations that kill the process right after the N-th write returns."""
+    """File operations that kill the process right after the N-th record is written.
 
-    def __init__(self, writes: int) -> None:
-        self._left = writes
+    A write of several records (the writer's ``append_all``) that holds the
+    N-th one is cut after it, as a crash in the middle of that write could
+    leave the log: the records before survive, the rest never land.
+    """
+
+    def __init__(self, records: int) -> None:
+        self._left = records
 
     def write(self, fd: int, data: bytes) -> int:
-        written = os.write(fd, data)
-        self._left -= 1
-        if self._left == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return written
+        lines = data.count(b"\n")
+        if lines < self._left:
+            self._left -= lines
+            return os.write(fd, data)
+        end = 0
+        for _ in range(self._left):
+            end = data.index(b"\n", end) + 1
+        os.write(fd, data[:end])
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("not reached: the process was killed")
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
