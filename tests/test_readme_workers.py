@@ -106,7 +106,8 @@ def test_the_session_is_three_blocks_with_the_commands_a_new_user_needs() -> Non
     lines = [c.line for c in setup]
     assert lines[:3] == [*NOT_RUN, "REPO=$PWD"]
     assert lines[-1] == "cd $REPO/examples/workers"
-    assert any(c.line.startswith("until ") and "claimed" in c.line for c in session)  # the wait for claims
+    # the wait until every run is claimed and its fetch running (worker 1 is killed in the middle of it)
+    assert any(c.line.startswith("until ") and "fetch#1: Pending -> Running" in c.line for c in session)
     assert any(c.line.startswith("until ") and "--status succeeded" in c.line for c in session)
     assert [c.line for c in stop][0] == "kill %2 %3 && wait"
     assert any("pg_ctl -D /tmp/ak-pg/data stop" in c.line for c in stop)
