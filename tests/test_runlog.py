@@ -27,6 +27,7 @@ from attempt_kernel import (
     Confirm,
     Confirmed,
     CorruptLine,
+    Failed,
     Dispatch,
     Dispatched,
     IntentChanged,
@@ -616,6 +617,22 @@ def test_fast_change_builders_make_exactly_the_dataclass_values() -> None:
     assert repr(new_result("s", 2, None, "boom")) == "StepResult(step='s', attempt=2, value=None, error='boom')"
     with pytest.raises(FrozenInstanceError):
         transition_change.attempt = 3  # type: ignore[misc]
+
+
+def test_the_fast_step_outcome_builder_makes_exactly_the_dataclass_value() -> None:
+    """outcome()'s builder equals StepOutcome called as usual, and is as frozen."""
+    from dataclasses import FrozenInstanceError
+
+    from attempt_kernel import StepOutcome
+    from attempt_kernel._outcome import _new_outcome  # pyright: ignore[reportPrivateUsage]  # the private fast builder is under test
+
+    built = _new_outcome("pay", Failed(), 2, None, "boom", ("ak1-k",))
+    assert built == StepOutcome(step="pay", state=Failed(), attempts=2, error="boom", outstanding=("ak1-k",))
+    assert repr(built) == (
+        "StepOutcome(step='pay', state=Failed(), attempts=2, result=None, error='boom', outstanding=('ak1-k',))"
+    )
+    with pytest.raises(FrozenInstanceError):
+        built.attempts = 3  # type: ignore[misc]
 
 
 def test_fast_call_and_intent_builders_make_exactly_the_dataclass_values() -> None:

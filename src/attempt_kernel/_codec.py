@@ -383,6 +383,8 @@ _CAUSE_JSON: Final = {
     + ("" if _flag(c) is None else f',"intent_dispatched":{"true" if _flag(c) else "false"}')
     for c in ALL_CAUSES
 }
+_PLAIN_CAUSE_JSON: Final = {type(c): _CAUSE_JSON[type(c), None] for c in ALL_CAUSES if _flag(c) is None}
+"""`_CAUSE_JSON` of the causes that carry no flag, by class alone (one lookup, no `_flag` call)."""
 _T_STARTED: Final = Kind.RUN_STARTED.value
 _T_CANCEL: Final = Kind.RUN_CANCEL_REQUESTED.value
 _T_CREATED: Final = Kind.CREATED.value
@@ -409,7 +411,7 @@ def _change_json(change: Change) -> str:
             return (
                 f',"type":"{_T_TRANSITION}","step":{_q(change.step)},"attempt":{change.attempt:d}'
                 f',"from":"{_STATE_NAME[type(change.from_state)]}"'
-                f',"cause":{_CAUSE_JSON[type(cause), _flag(cause)]}'
+                f',"cause":{_PLAIN_CAUSE_JSON.get(type(cause)) or _CAUSE_JSON[type(cause), _flag(cause)]}'
                 f',"to":"{_STATE_NAME[type(change.to_state)]}"}}'
             )
         case AttemptCreated():

@@ -569,7 +569,10 @@ class Executor:
         self._limit: Final = admission_limit
         self._progress: Final = progress
         said: tuple[RunObserver, ...] = () if progress is None else (ProgressLines(progress),)
-        self._observers: Final[tuple[RunObserver, ...]] = (*observers, *said, LogRecords())
+        self._observers: Final[tuple[RunObserver, ...]] = (*observers, *said)
+        # Told last, as the last observer; it reads no time, so a run with no
+        # other observer reads no clock per record.
+        self._log_records: Final = LogRecords()
         self._pools: Final = pools
         self._on_taken_up: Final = on_taken_up
         self._clock: Final = clock
@@ -608,7 +611,10 @@ class Executor:
         ledger.apply_change(run, change)
         if ledger.violation_count:  # the executor asked the ledger first: a bug
             raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
-        tell(self._observers, run, change, int(self._clock() * 1_000_000))
+        observers = self._observers
+        if observers:
+            tell(observers, run, change, int(self._clock() * 1_000_000))
+        self._log_records.log(run, change)
 
     async def _durable(self, run: str) -> None:
         """Return once every record of ``run`` written so far survives a crash of the machine."""
@@ -632,9 +638,13 @@ class Executor:
             ledger.apply_change(run, change)
         if ledger.violation_count:  # the executor asked the ledger first: a bug
             raise AssertionError(f"executor bug: {ledger.violations[0].reason}")
-        now_us = int(self._clock() * 1_000_000)
+        observers = self._observers
+        if observers:
+            now_us = int(self._clock() * 1_000_000)
+            for change in changes:
+                tell(observers, run, change, now_us)
         for change in changes:
-            tell(self._observers, run, change, now_us)
+            self._log_records.log(run, change)
 
     def _write_together(self, run: str, changes: tuple[Change, ...]) -> None:
         """Records written back to back (a code step's call and its first attempt's

@@ -29,7 +29,7 @@ from ._codec import MAX_RECORD_BYTES, RunLogError, decode_line, encode_record
 from ._records import Change, CorruptLine, LogItem, Record, TornTail
 
 DEFAULT_BATCH: Final = 64
-"""Appends between two fsyncs when the caller does not choose."""
+"""Records between two fsyncs when the caller does not choose."""
 
 # --------------------------------------------------------------------------
 # Errors
@@ -319,8 +319,9 @@ class RunLogWriter:
 
     Durability: each `append` hands its whole line to the operating system
     (one ``write`` call) before returning, so a returned record survives a
-    crash of this process. The file is fsynced once every ``batch_size``
-    appends and by `flush` and `close`; after `flush` returns, every returned
+    crash of this process; `append_all` does the same for several records
+    of a run in one ``write``. The file is fsynced once every ``batch_size``
+    records and by `flush` and `close`; after `flush` returns, every returned
     append survives a crash of the machine too. A failed write or fsync
     breaks the writer: it raises `LogWriteFailed` and refuses every later
     append until the log is reopened (a failed fsync is never retried as if

@@ -134,7 +134,7 @@ class ProgressLines:
 
 def _level(change: Change) -> int:
     """INFO for a run's course; WARNING where a person may be needed (an Indeterminate attempt)."""
-    if type(change) is AttemptTransitioned and isinstance(change.to_state, Indeterminate):
+    if type(change) is AttemptTransitioned and type(change.to_state) is Indeterminate:
         return logging.WARNING
     return logging.INFO
 
@@ -180,9 +180,17 @@ class LogRecords:
         self._logger: Final = logger
 
     def record_written(self, run: str, change: Change, time_us: int) -> None:
-        level = _level(change)
-        if not self._logger.isEnabledFor(level):
-            return
-        message = _message(run, change)
-        if message is not None:
-            self._logger.log(level, "%s", message)
+        self.log(run, change)
+
+    def log(self, run: str, change: Change) -> None:
+        """`record_written` without the time (it reads none), for the executor's own
+        use; like any observer it never raises: a failing handler is logged."""
+        try:
+            level = _level(change)
+            if not self._logger.isEnabledFor(level):
+                return
+            message = _message(run, change)
+            if message is not None:
+                self._logger.log(level, "%s", message)
+        except Exception:  # an observer never stops a run (module doc)
+            LOGGER.exception("observer %r failed on a record of run %r", self, run)

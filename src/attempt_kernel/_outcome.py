@@ -6,7 +6,9 @@ returns these, and a code workflow's failed step carries one (`StepFailed`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from typing_extensions import final
 
@@ -58,12 +60,32 @@ def outcome(name: str, view: StepView | None) -> StepOutcome:
     if view is None:
         return StepOutcome(step=name, state=None, attempts=0)
     attempt = view.attempt
-    succeeded = has_succeeded(attempt.state)
-    return StepOutcome(
-        step=name,
-        state=attempt.state,
-        attempts=attempt.number,
-        result=view.result if succeeded else None,
-        error=None if succeeded else view.error or deadline_message(attempt.last_cause),
-        outstanding=view.outstanding(),
-    )
+    if has_succeeded(attempt.state):
+        return _new_outcome(name, attempt.state, attempt.number, view.result, None, view.outstanding())
+    error = view.error or deadline_message(attempt.last_cause)
+    return _new_outcome(name, attempt.state, attempt.number, None, error, view.outstanding())
+
+
+# Built through its slot descriptors, as the codec builds records: one for
+# every step of every run, at less than half what the frozen dataclass's
+# __init__ costs (a test holds the two equal).
+_slots = vars(StepOutcome)
+_set_step: Final[Callable[[StepOutcome, str], None]] = _slots["step"].__set__
+_set_state: Final[Callable[[StepOutcome, AttemptState | None], None]] = _slots["state"].__set__
+_set_attempts: Final[Callable[[StepOutcome, int], None]] = _slots["attempts"].__set__
+_set_result: Final[Callable[[StepOutcome, JSON], None]] = _slots["result"].__set__
+_set_error: Final[Callable[[StepOutcome, str | None], None]] = _slots["error"].__set__
+_set_outstanding: Final[Callable[[StepOutcome, tuple[str, ...]], None]] = _slots["outstanding"].__set__
+
+
+def _new_outcome(
+    step: str, state: AttemptState, attempts: int, result: JSON, error: str | None, outstanding: tuple[str, ...]
+) -> StepOutcome:
+    made: StepOutcome = object.__new__(StepOutcome)
+    _set_step(made, step)
+    _set_state(made, state)
+    _set_attempts(made, attempts)
+    _set_result(made, result)
+    _set_error(made, error)
+    _set_outstanding(made, outstanding)
+    return made
