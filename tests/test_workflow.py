@@ -54,3 +54,28 @@ def test_workflow_needs_a_name() -> None:
     """An empty workflow name is refused."""
     with pytest.raises(WorkflowError, match="non-empty name"):
         load_workflow("", [step("a")])
+
+
+def test_the_fast_step_builder_makes_exactly_the_dataclass_value() -> None:
+    """run.step's Step builder equals Step called as usual (no reconcilers: the default's), and is as frozen."""
+    from dataclasses import FrozenInstanceError
+
+    from attempt_kernel import EffectFinding, EffectUnknown, StepContext
+    from attempt_kernel._workflow import new_step
+
+    async def fn(ctx: StepContext) -> JSON:
+        return None
+
+    async def ask(key: str) -> EffectFinding:
+        return EffectUnknown(reason="test")
+
+    retry = RetryPolicy(max_attempts=3)
+    plain = new_step("s@1", fn, retry=retry, queue_deadline=5.0, step_deadline=7.0, pool=None, reconcilers=None, domain_states=())
+    assert plain == Step(name="s@1", run=fn, retry=retry, queue_deadline=5.0, step_deadline=7.0)
+    full = new_step("s@2", fn, retry=retry, queue_deadline=1.0, step_deadline=2.0, pool="llm", reconcilers={"pay": ask}, domain_states=("a",))
+    assert full == Step(
+        name="s@2", run=fn, retry=retry, queue_deadline=1.0, step_deadline=2.0, pool="llm",
+        reconcilers={"pay": ask}, domain_states=("a",),
+    )  # fmt: skip
+    with pytest.raises(FrozenInstanceError):
+        plain.pool = "x"  # type: ignore[misc]

@@ -46,7 +46,15 @@ from ._ledger import Ledger, has_succeeded, may_run_again
 from ._outcome import StepOutcome, outcome
 from ._operate import OperationRefused, check_signal_name
 from ._records import JSON, StepCalled, WaitEnded, WaitStarted
-from ._workflow import RetryPolicy, Step, StepOptions, WorkflowError, check_step, is_async_function
+from ._workflow import (
+    RetryPolicy,
+    Step,
+    StepOptions,
+    WorkflowError,
+    check_step,
+    is_async_function,
+    new_step,
+)
 
 MAX_STEP_NAME: Final = 10_000
 """The longest step name a ``run.step`` call may give (every record of the step carries it)."""
@@ -399,15 +407,15 @@ class CodeRun:
             result: JSON = await fn(ctx, *decoded)
             return result
 
-        step = Step(
-            name=step_id,
+        step = new_step(
+            step_id,
             # no arguments to bind: the step's own function, one coroutine less
-            run=call if decoded else fn,
+            call if decoded else fn,
             retry=defaults.retry if retry is None else retry,
             step_deadline=defaults.step_deadline if step_deadline is None else step_deadline,
             queue_deadline=defaults.queue_deadline if queue_deadline is None else queue_deadline,
             pool=defaults.pool if pool is None else pool,
-            reconcilers=dict(reconcilers) if reconcilers is not None else {},
+            reconcilers=None if reconcilers is None else dict(reconcilers),
             domain_states=tuple(domain_states),
         )
         if not (
