@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import random
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -530,6 +531,65 @@ def test_concurrent_branches_replay_in_the_order_they_ended(tmp_path: Path) -> N
         assert again.result == [["a1", "a2"], ["b1", "b2"]], n
         assert [(c["position"], c["name"]) for c in of_type(log, "step_called")] == positions, n
         assert replay(FileLog(log)).violation_count == 0
+
+
+def calls_of(lines: list[bytes]) -> list[tuple[int, str, str]]:
+    """(position, name, digest) of each step call and wait in ``lines``, by position."""
+    found = [json.loads(line) for line in lines]
+    return sorted(
+        (r["position"], r.get("name", "(wait)"), r.get("digest", ""))
+        for r in found
+        if r["type"] in ("step_called", "wait_started")
+    )
+
+
+@pytest.mark.parametrize("seed", [3, 17])
+def test_four_branches_crashed_at_every_record_resume_with_their_calls_where_they_were(
+    seed: int, tmp_path: Path
+) -> None:
+    """Four chains of five steps each, gathered, whose steps take a seeded number of loop turns
+    (so they end in a scrambled order), one chain sleeping between two steps: a crash after any
+    record resumes without divergence, every call the log held keeps its position, the positions
+    stay contiguous, the run makes the same calls in all, and the log replays clean.
+
+    A step's call is written when its task starts, with its first attempt, so another chain's
+    step may end between a call and its record; this is what replay must hand back in order.
+    """
+    rng = random.Random(seed)
+    turns = {f"b{b}s{s}": rng.randint(0, 4) for b in range(4) for s in range(5)}
+
+    async def work(ctx: StepContext, key: str) -> JSON:
+        for _ in range(turns[key]):
+            await asyncio.sleep(0)
+        return key
+
+    @workflow("scrambled")
+    async def scrambled(run: RunContext) -> JSON:
+        async def chain(b: int) -> list[JSON]:
+            done: list[JSON] = []
+            for s in range(5):
+                done.append(await run.step(f"b{b}", work, f"b{b}s{s}"))
+                if (b, s) == (0, 1):
+                    await run.sleep(0)
+            return done
+
+        return list(await asyncio.gather(*(chain(b) for b in range(4))))
+
+    clean = tmp_path / "clean.jsonl"
+    assert execute(clean, scrambled, "r").status == "succeeded"
+    lines = clean.read_bytes().splitlines(keepends=True)
+    every = calls_of(lines)
+    assert len(every) == 21  # 20 steps and the sleep
+    for n in range(1, len(lines)):
+        log = crash_after(clean, n, tmp_path / f"cut-{n}.jsonl")
+        held = calls_of(lines[:n])
+        resumed = resume_log(log, [scrambled])
+        assert resumed.diverged == () and [r.status for r in resumed.reports] == ["succeeded"], n
+        after = calls_of(log.read_bytes().splitlines())
+        assert after[: len(held)] == held, n
+        assert [p for p, _, _ in after] == list(range(1, 22)), n
+        assert sorted((name, digest) for _, name, digest in after) == sorted((name, digest) for _, name, digest in every), n
+        assert replay(FileLog(log)).violation_count == 0, n
 
 
 def test_an_orphan_with_an_outstanding_effect_ends_indeterminate_and_is_not_retried(
