@@ -592,6 +592,42 @@ def test_four_branches_crashed_at_every_record_resume_with_their_calls_where_the
         assert replay(FileLog(log)).violation_count == 0, n
 
 
+def test_a_fan_out_beside_a_plain_branch_resumes_after_a_crash_at_every_record(tmp_path: Path) -> None:
+    """One branch gathers two fetches, then summarises; the other plans (two loop turns), then acts.
+    The summary is called before the plan ends, and its call is in the log before that end (a step's
+    call not yet written goes in before any end), so recovery after any record hands the ends back
+    with the calls between them and the branches take the same positions."""
+    turns = {"fetch-a": 0, "fetch-b": 0, "plan": 2, "summary": 0, "act": 0}
+
+    async def work(ctx: StepContext, key: str) -> JSON:
+        for _ in range(turns[key]):
+            await asyncio.sleep(0)
+        return key
+
+    @workflow("fan-out")
+    async def fan_out(run: RunContext) -> JSON:
+        async def research() -> JSON:
+            found = await asyncio.gather(run.step("fetch", work, "fetch-a"), run.step("fetch", work, "fetch-b"))
+            return [*found, await run.step("summarise", work, "summary")]
+
+        async def planning() -> JSON:
+            return [await run.step("plan", work, "plan"), await run.step("act", work, "act")]
+
+        return list(await asyncio.gather(research(), planning()))
+
+    clean = tmp_path / "clean.jsonl"
+    assert execute(clean, fan_out, "r").status == "succeeded"
+    positions = [(c["position"], c["name"]) for c in of_type(clean, "step_called")]
+    assert positions == [(1, "fetch"), (2, "fetch"), (3, "plan"), (4, "summarise"), (5, "act")]
+    kinds = [(r["type"], r.get("step"), r.get("to")) for r in records(clean)]
+    assert kinds.index(("step_called", "summarise@4", None)) < kinds.index(("transition", "plan@3", "Succeeded"))
+    for n in range(1, len(kinds)):
+        log = crash_after(clean, n, tmp_path / f"cut-{n}.jsonl")
+        resumed = resume_log(log, [fan_out])
+        assert resumed.diverged == () and [r.status for r in resumed.reports] == ["succeeded"], n
+        assert [(c["position"], c["name"]) for c in of_type(log, "step_called")] == positions, n
+
+
 def test_an_orphan_with_an_outstanding_effect_ends_indeterminate_and_is_not_retried(
     tmp_path: Path,
 ) -> None:

@@ -289,27 +289,6 @@ def test_cancel_while_intent_dispatched_is_indeterminate(tmp_path: Path) -> None
     assert check.indeterminate[0].outstanding == pay_out.outstanding
 
 
-def test_cancel_before_a_dispatched_effect_is_sent_rejects_it(tmp_path: Path) -> None:
-    """Cancelling right after the Dispatch record, while it is made durable: the effect is
-    never sent, its intent is recorded Rejected and the attempt ends Cancelled."""
-    sent: list[str] = []
-
-    async def pay(ctx: StepContext) -> JSON:
-        async def charge(key: str) -> JSON:
-            sent.append(key)
-            return None
-
-        return await ctx.effect("charge", charge)
-
-    # run_started, created, Admit, intent_planned, Dispatch: cancel right after the Dispatch
-    report, check = execute(tmp_path / "log", [Step(name="pay", run=pay)], cancel_after=5)
-    pay_out = outcome(report, "pay")
-    assert (pay_out.state, pay_out.outstanding, report.status, sent) == (Cancelled(), (), "cancelled", [])
-    intents = [r.change for r in records(tmp_path / "log") if isinstance(r.change, IntentChanged)]
-    assert [type(c.to_state).__name__ for c in intents] == ["Dispatched", "Rejected"]
-    assert check.valid and check.indeterminate == ()
-
-
 def test_pending_attempts_are_cancelled_cleanly(tmp_path: Path) -> None:
     """A step still waiting for admission when the run is cancelled ends Cancelled."""
     report, check = execute(

@@ -20,6 +20,7 @@ from attempt_kernel import (
     AttemptTransitioned,
     Change,
     Executor,
+    Indeterminate,
     IntentChanged,
     LogWriteFailed,
     Record,
@@ -353,3 +354,121 @@ def test_a_deadline_passing_while_the_dispatched_waits_for_the_fsync_rejects_the
         ("Succeed", "Succeeded"),
     ]
     assert replay(path).valid
+
+
+def test_a_retry_interrupted_before_its_send_keeps_the_key_an_earlier_attempt_left_outstanding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attempt 1 times out inside its send (it may have charged); attempt 2 retries under the same
+    key (idempotent effects) and is cancelled while its Dispatched waits for the fsync: its own send
+    never happened, but attempt 1's may have, so nothing is Rejected and the key stays to reconcile."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    sent: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            await asyncio.sleep(HUNG)  # attempt 1: the provider hangs past the deadline
+            return None
+
+        return await ctx.effect("pay", send)
+
+    retry = RetryPolicy(max_attempts=3, initial_interval=0.0, effects_idempotent=True)
+    flow = load_workflow("w", [Step(name="s", run=pay, step_deadline=0.05, retry=retry)])
+    path = tmp_path / "log"
+    ops = HeldOps(hold=(2,))  # fsync 1: attempt 1's Dispatched; fsync 2: attempt 2's, held
+
+    class SecondEnd:
+        def __init__(self) -> None:
+            self.ends = 0
+            self.ended = asyncio.Event()
+
+        def record_written(self, run: str, change: Change, time_us: int) -> None:
+            if isinstance(change, AttemptTransitioned) and is_terminal(change.to_state):
+                self.ends += 1
+                if self.ends == 2:
+                    self.ended.set()
+
+    async def main(log: RunLogWriter) -> RunReport:
+        second = SecondEnd()
+        control = RunControl()
+        running = asyncio.ensure_future(Executor(log, observers=[second]).run(flow, "r", control=control))
+        await began(ops.began[2])
+        control.cancel("the test cancels")
+        await asyncio.wait_for(second.ended.wait(), HUNG)
+        ops.release[2].set()
+        return await running
+
+    with RunLogWriter(path, ops=ops) as log:
+        report = asyncio.run(main(log))
+    [key] = set(sent)
+    assert len(sent) == 1 and report.status == "needs-reconciliation"
+    assert [(s.state, s.outstanding) for s in report.steps] == [(Indeterminate(), (key,))]
+    assert intent_moves(path) == [
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("StepDeadlinePassed", "TimedOut"),
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Cancel", "Indeterminate"),
+    ]
+    assert replay(path).valid
+
+
+class BreaksAfterTheHeldFsyncBegins(HeldOps):
+    """HeldOps whose writes fail (EIO) from the moment the held fsync begins."""
+
+    def __init__(self) -> None:
+        super().__init__(hold=(1,))
+        self.broken = False
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self.broken:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        if self.fsyncs == 0:
+            self.broken = True
+        super().fsync(fd)
+
+
+def test_a_failing_log_under_an_interrupted_dispatch_never_reaches_the_step_as_its_own_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The log fails while the Dispatched waits for its fsync and the run is cancelled: the step's
+    code sees the cancellation (not the log's error, which it could catch and go on from), the
+    effect is not sent, and the run raises LogWriteFailed."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    ops = BreaksAfterTheHeldFsyncBegins()
+    caught: list[BaseException] = []
+    sent: list[str] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            return None
+
+        try:
+            return await ctx.effect("pay", send)
+        except Exception as error:  # a step that handles what its effect raises
+            caught.append(error)
+            raise
+
+    async def main(log: RunLogWriter) -> None:
+        control = RunControl()
+        running = asyncio.ensure_future(
+            Executor(log).run(load_workflow("w", [Step(name="s", run=pay)]), "r", control=control)
+        )
+        await began(ops.began[1])
+        control.cancel("the test cancels")
+        try:
+            with pytest.raises(LogWriteFailed):
+                await running
+        finally:
+            ops.release[1].set()
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        asyncio.run(main(log))
+    assert (caught, sent) == ([], [])
+

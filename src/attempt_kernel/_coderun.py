@@ -6,9 +6,12 @@ the same rules as a DAG's (attempts, retries, deadlines, pools, intents).
 What lives here:
 
 - **Positions.** A call takes the run's next position at once, before any
-  ``await``, checks its arguments (JSON, digested), and, in a live run,
-  writes ``step_called`` before the step's first attempt. Steps started
-  together are therefore numbered in call order.
+  ``await``, and checks its arguments (JSON, digested). In a live run its
+  ``step_called`` is written before the step's first attempt: with that
+  attempt's creation when the step's task starts (one write), or earlier,
+  before a wait's start or any end of the run's steps and waits
+  (`write_calls`), so that the log keeps every call before the ends that
+  came after it. Steps started together are numbered in call order.
 - **Replay.** Recovery runs the function again from the top (`replay`).
   Each call at a recorded position is checked against the record (name and
   argument digest; a mismatch is `WorkflowDiverged`). Recorded outcomes are
@@ -347,7 +350,7 @@ class CodeRun:
         self._unwritten: dict[int, StepCalled] = {}
         """Calls whose ``step_called`` is not written yet, by position: each is
         written with its step's first attempt, when the step's task starts
-        (one write instead of two), or before a later position's wait."""
+        (one write instead of two), or earlier by `write_calls`."""
         """Step ids by position, as the code asked for them ("" where it waited)."""
         self.waiters: Final[dict[int, asyncio.Task[None]]] = {}
         """Waits being waited now, by position."""
@@ -505,7 +508,7 @@ class CodeRun:
             return
         wake = None if seconds is None else self._now_us() + round(seconds * 1_000_000)
         try:
-            self._write_unwritten()  # positions are written in order
+            self.write_calls()  # positions are written in order
             self._write(WaitStarted(position=position, signal=signal, wake_us=wake))
         except BaseException as error:  # the log failed: the run stops
             self._fail(error)
@@ -535,6 +538,7 @@ class CodeRun:
                         future.cancel()
                         return
                     number = None if taken is None else taken.number
+                    self.write_calls()  # calls made before this end go in before it
                     self._write(WaitEnded(position=position, signal=number))
                     # as the log gives it back, so a resumed run sees the same value
                     future.set_result(None if taken is None else as_logged(taken.payload))
@@ -605,8 +609,11 @@ class CodeRun:
         self._unwritten[position] = new_called(step.name, position, name, digest)
         self._start(step, future, position)
 
-    def _write_unwritten(self) -> None:
-        """Write the calls not written yet (before a record of a later position)."""
+    def write_calls(self) -> None:
+        """Write the calls not written yet: before a record of a later position (a
+        wait's start), and before any end of a step or a wait (the executor calls
+        it then), so that every call made before an end is in the log before it,
+        as recovery's replay needs (see the module doc)."""
         unwritten = self._unwritten
         while unwritten:
             position = next(iter(unwritten))

@@ -29,7 +29,10 @@ class StepContext(Protocol):
     with the value as its result; if it raises `EffectRejected`, the intent is
     `Rejected` and the error propagates; anything else (another exception, a
     deadline, a cancellation) leaves it `Dispatched`: the effect may have
-    happened, and the run log says so. An effect that an earlier attempt of the
+    happened, and the run log says so. (A deadline, cancel or stop that lands
+    before ``perform`` was called, while the log is made durable, records it
+    `Rejected`: that send never began; unless an earlier attempt left the same
+    key outstanding.) An effect that an earlier attempt of the
     step confirmed is not sent again: ``effect`` returns its recorded result.
     """
 

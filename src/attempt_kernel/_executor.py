@@ -627,8 +627,19 @@ class Executor:
     def _move(self, run: str, step: str, cause: TransitionCause) -> AttemptState:
         """Through the kernel, into the log, and only then into the ledger."""
         change = self._ledger.propose_move(run, step, cause)
+        if type(cause) is not Admit:  # every other cause ends the attempt
+            self._calls_before_an_end(run)
         self._write(run, change)
         return change.to_state
+
+    def _calls_before_an_end(self, run: str) -> None:
+        """A code run's calls not written yet go in before an attempt's end: recovery
+        replays calls and ends in log order, and a call made before an end must
+        come before it (see `_coderun`, "Replay")."""
+        if self._code_runs:
+            code = self._code_runs.get(run)
+            if code is not None:
+                code.write_calls()
 
     def _write_all(self, run: str, changes: tuple[Change, ...], batch: BatchLog) -> None:
         """Append records written back to back in one go, then apply each: as `_write` does."""
@@ -676,6 +687,7 @@ class Executor:
         Raises `UnencodableRecord` (nothing written) for a result the log
         cannot encode.
         """
+        self._calls_before_an_end(run)
         batch = self._batch
         if batch is None:
             self._write(run, result)
@@ -742,9 +754,21 @@ class Executor:
             await self._durable(run)
         except asyncio.CancelledError:
             # Interrupted (a cancel, a stop, a deadline) before the effect was
-            # handed over: it is known not to have happened (docs/contracts.md,
-            # "The write-ahead rule"), so the attempt is not left Indeterminate.
-            self._intent(run, step, name, Reject())
+            # handed over: this attempt's send is known not to have happened
+            # (docs/contracts.md, "The write-ahead rule"), so the attempt is not
+            # left Indeterminate. Unless an earlier attempt left the same key
+            # outstanding (a retry of idempotent effects): that send may have
+            # happened, and Rejected would settle the key for both.
+            # (An operator's reconciliation may have settled it meanwhile too.)
+            state = view.attempt.intents.get(name)
+            if name not in view.superseded and state is not None and is_outstanding(state):
+                try:
+                    self._intent(run, step, name, Reject())
+                except RunLogError:
+                    # The log failed: the cancellation still goes on to end the
+                    # attempt, whose end meets the same failure there (outside
+                    # the step's own code, which must not take it for its own).
+                    pass
             raise
         try:
             value = await perform(key)
