@@ -533,6 +533,18 @@ def test_concurrent_branches_replay_in_the_order_they_ended(tmp_path: Path) -> N
         assert replay(FileLog(log)).violation_count == 0
 
 
+def taking_turns(turns: dict[str, int]) -> Callable[[StepContext, str], Awaitable[JSON]]:
+    """A step function that gives the event loop ``turns[key]`` turns, then returns ``key``
+    (as I/O of that length would: steps end in an order the turns decide)."""
+
+    async def work(ctx: StepContext, key: str) -> JSON:
+        for _ in range(turns[key]):
+            await asyncio.sleep(0)
+        return key
+
+    return work
+
+
 def calls_of(lines: list[bytes]) -> list[tuple[int, str, str]]:
     """(position, name, digest) of each step call and wait in ``lines``, by position."""
     found = [json.loads(line) for line in lines]
@@ -556,12 +568,7 @@ def test_four_branches_crashed_at_every_record_resume_with_their_calls_where_the
     step may end between a call and its record; this is what replay must hand back in order.
     """
     rng = random.Random(seed)
-    turns = {f"b{b}s{s}": rng.randint(0, 4) for b in range(4) for s in range(5)}
-
-    async def work(ctx: StepContext, key: str) -> JSON:
-        for _ in range(turns[key]):
-            await asyncio.sleep(0)
-        return key
+    work = taking_turns({f"b{b}s{s}": rng.randint(0, 4) for b in range(4) for s in range(5)})
 
     @workflow("scrambled")
     async def scrambled(run: RunContext) -> JSON:
@@ -597,12 +604,7 @@ def test_a_fan_out_beside_a_plain_branch_resumes_after_a_crash_at_every_record(t
     The summary is called before the plan ends, and its call is in the log before that end (a step's
     call not yet written goes in before any end), so recovery after any record hands the ends back
     with the calls between them and the branches take the same positions."""
-    turns = {"fetch-a": 0, "fetch-b": 0, "plan": 2, "summary": 0, "act": 0}
-
-    async def work(ctx: StepContext, key: str) -> JSON:
-        for _ in range(turns[key]):
-            await asyncio.sleep(0)
-        return key
+    work = taking_turns({"fetch-a": 0, "fetch-b": 0, "plan": 2, "summary": 0, "act": 0})
 
     @workflow("fan-out")
     async def fan_out(run: RunContext) -> JSON:

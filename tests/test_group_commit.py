@@ -248,22 +248,30 @@ def test_a_failed_group_fsync_fails_every_waiting_attempt_and_sends_no_effect(
 
 
 class Ended:
-    """An observer that sets ``ended`` once an attempt of step ``s`` reaches a terminal state."""
+    """An observer that sets ``ended`` once ``after`` attempts have reached a terminal state."""
 
-    def __init__(self) -> None:
+    def __init__(self, after: int = 1) -> None:
+        self.left = after
         self.ended = asyncio.Event()
 
     def record_written(self, run: str, change: Change, time_us: int) -> None:
         if isinstance(change, AttemptTransitioned) and is_terminal(change.to_state):
-            self.ended.set()
+            self.left -= 1
+            if self.left == 0:
+                self.ended.set()
 
 
-def effect_run(sent: list[str], step_deadline: float = 60.0, retry: RetryPolicy | None = None) -> Workflow:
-    """One step, ``s``, that sends one effect, ``pay`` (noted in ``sent``)."""
+def effect_run(
+    sent: list[str], step_deadline: float = 60.0, retry: RetryPolicy | None = None, hangs: bool = False
+) -> Workflow:
+    """One step, ``s``, that sends one effect, ``pay`` (noted in ``sent``); with ``hangs``
+    the downstream service never answers."""
 
     async def pay(ctx: StepContext) -> JSON:
         async def send(key: str) -> JSON:
             sent.append(key)
+            if hangs:
+                await asyncio.sleep(HUNG)
             return None
 
         return await ctx.effect("pay", send)
@@ -364,33 +372,14 @@ def test_a_retry_interrupted_before_its_send_keeps_the_key_an_earlier_attempt_le
     never happened, but attempt 1's may have, so nothing is Rejected and the key stays to reconcile."""
     monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
     sent: list[str] = []
-
-    async def pay(ctx: StepContext) -> JSON:
-        async def send(key: str) -> JSON:
-            sent.append(key)
-            await asyncio.sleep(HUNG)  # attempt 1: the provider hangs past the deadline
-            return None
-
-        return await ctx.effect("pay", send)
-
     retry = RetryPolicy(max_attempts=3, initial_interval=0.0, effects_idempotent=True)
-    flow = load_workflow("w", [Step(name="s", run=pay, step_deadline=0.05, retry=retry)])
+    # attempt 1: the provider hangs past the deadline
+    flow = effect_run(sent, step_deadline=0.05, retry=retry, hangs=True)
     path = tmp_path / "log"
     ops = HeldOps(hold=(2,))  # fsync 1: attempt 1's Dispatched; fsync 2: attempt 2's, held
 
-    class SecondEnd:
-        def __init__(self) -> None:
-            self.ends = 0
-            self.ended = asyncio.Event()
-
-        def record_written(self, run: str, change: Change, time_us: int) -> None:
-            if isinstance(change, AttemptTransitioned) and is_terminal(change.to_state):
-                self.ends += 1
-                if self.ends == 2:
-                    self.ended.set()
-
     async def main(log: RunLogWriter) -> RunReport:
-        second = SecondEnd()
+        second = Ended(after=2)
         control = RunControl()
         running = asyncio.ensure_future(Executor(log, observers=[second]).run(flow, "r", control=control))
         await began(ops.began[2])

@@ -669,15 +669,15 @@ class Executor:
             for change in changes:
                 self._write(run, change)
 
-    def _created_and_admitted(self, run: str, lead: tuple[Change, ...], batch: BatchLog) -> None:
-        """A new attempt admitted at once: its creation (``lead``'s last record) and its
-        admission in one append.
+    def _created_and_admitted(
+        self, run: str, created: AttemptCreated, lead: tuple[Change, ...], batch: BatchLog
+    ) -> None:
+        """A new attempt admitted at once: ``lead`` (its creation, after its step's call
+        when there is one) and its admission in one append.
 
         The admission goes through `transition` from ``Pending``, the state
         every created attempt is in; the ledger checks it as it applies it.
         """
-        created = lead[-1]
-        assert isinstance(created, AttemptCreated)
         admit = new_transition(created.step, created.attempt, PENDING, _ADMIT, transition(PENDING, _ADMIT))
         self._write_all(run, (*lead, admit), batch)
 
@@ -688,13 +688,13 @@ class Executor:
         cannot encode.
         """
         self._calls_before_an_end(run)
+        change = self._ledger.propose_move(run, step, cause)
         batch = self._batch
         if batch is None:
             self._write(run, result)
-            self._move(run, step, cause)
-            return
-        change = self._ledger.propose_move(run, step, cause)
-        self._write_all(run, (result, change), batch)
+            self._write(run, change)
+        else:
+            self._write_all(run, (result, change), batch)
 
     def _intent(
         self, run: str, step: str, name: str, cause: IntentCause, result: JSON = None
@@ -1016,7 +1016,7 @@ class Executor:
             if batch is None:
                 self._move(run, name, _ADMIT)
             else:
-                self._created_and_admitted(run, lead, batch)
+                self._created_and_admitted(run, created, lead, batch)
             try:
                 output = await _guarded_within(self._deadlines, step.step_deadline, step.run(context))
             except asyncio.TimeoutError:
