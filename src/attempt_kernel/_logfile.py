@@ -463,7 +463,8 @@ class RunLogWriter:
         is too large) raises before anything is written, as `append` does
         (and an empty ``changes`` raises `ValueError`). The records share one
         ``time_us``, read once for the call. A
-        crash in the middle of the call may keep a prefix of the records (the
+        crash in the middle of the call, or a write that fails part-way (a
+        full disk: `LogWriteFailed`), may keep a prefix of the records (the
         last one maybe torn, which recovery cuts, as after any append). The
         executor writes records that follow one another at once this way (an
         attempt's creation and admission, a step's result and its end).
