@@ -42,6 +42,7 @@ from attempt_kernel import (
     workflow,
 )
 from attempt_kernel._coderun import arguments_digest
+from attempt_kernel._executor import recorded_report
 
 
 def records(path: Path) -> list[dict[str, object]]:
@@ -247,6 +248,35 @@ def test_a_failed_step_raises_step_failed_which_the_function_may_catch(tmp_path:
     assert seen == [
         "step 'broken@1' of run 'c-1' did not succeed (attempt 2: Failed):"
         " RuntimeError: the tool is down"
+    ]
+
+
+def test_the_report_of_a_code_run_says_what_its_log_says(tmp_path: Path) -> None:
+    # The executor reuses each step's outcome from its drive for the run's
+    # report; the report must equal the one rebuilt from the log alone.
+    async def broken(ctx: StepContext) -> JSON:
+        raise RuntimeError("the tool is down")
+
+    async def fine(ctx: StepContext, value: int) -> JSON:
+        return {"value": value}
+
+    @workflow("mixed")
+    async def mixed(run: RunContext) -> JSON:
+        try:
+            await run.step("broken", broken, retry=RetryPolicy(initial_interval=0, max_attempts=2))
+        except StepFailed:
+            pass
+        both = await asyncio.gather(run.step("fine", fine, 1), run.step("fine", fine, 2))
+        return [b for b in both]
+
+    log = tmp_path / "m.jsonl"
+    report = execute(log, mixed, "m-1")
+    rebuilt = recorded_report(FileLog(log), mixed, "m-1")
+    assert report == rebuilt
+    assert [(s.step, s.state, s.attempts, s.result, s.error) for s in report.steps] == [
+        ("broken@1", Failed(), 2, None, "RuntimeError: the tool is down"),
+        ("fine@2", Succeeded(), 1, {"value": 1}, None),
+        ("fine@3", Succeeded(), 1, {"value": 2}, None),
     ]
 
 

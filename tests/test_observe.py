@@ -158,3 +158,64 @@ def test_the_command_lines_log_lines_carry_utc_time_and_level_and_escape_names()
     )
     record.created = 1_764_600_000.123
     assert LogLines().format(record) == "2025-12-01T14:40:00.123Z WARNING r\\x1b[31m-1: taken over"
+
+
+def test_the_records_the_run_logger_skips_unasked_are_those_it_has_no_line_for() -> None:
+    # One record of every kind, written out by hand; LogRecords.log returns
+    # before asking the logger for the kinds in UNLOGGED, so those must be
+    # exactly the kinds _message says nothing for.
+    from attempt_kernel import (
+        Admit,
+        AttemptCreated,
+        AttemptTransitioned,
+        Confirm,
+        Confirmed,
+        Dispatch,
+        Dispatched,
+        DomainStateSet,
+        IntentChanged,
+        IntentPlanned,
+        IntentReconciled,
+        Pending,
+        Planned,
+        RunCancelRequested,
+        RunFinished,
+        RunResumed,
+        RunStarted,
+        RunStopRequested,
+        Running,
+        SignalSent,
+        StepCalled,
+        StepResult,
+        WaitEnded,
+        WaitStarted,
+    )
+    from attempt_kernel._observe import UNLOGGED, _message
+
+    every: list[Change] = [
+        RunStarted(workflow="w"),
+        RunCancelRequested(reason="r"),
+        RunStopRequested(reason="r"),
+        RunResumed(),
+        StepCalled(step="s@1", position=1, name="s", digest="sha256:00"),
+        WaitStarted(position=2),
+        WaitEnded(position=2),
+        SignalSent(name="go", payload=None, id="i"),
+        AttemptCreated(step="s@1", attempt=1),
+        AttemptTransitioned(step="s@1", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        IntentPlanned(step="s@1", attempt=1, name="pay", key="k"),
+        IntentChanged(step="s@1", attempt=1, name="pay", from_state=Planned(), cause=Dispatch(), to_state=Dispatched()),
+        IntentReconciled(
+            step="s@1", attempt=1, name="pay", key="k", from_state=Dispatched(), cause=Confirm(),
+            to_state=Confirmed(), by="op",
+        ),  # fmt: skip
+        DomainStateSet(step="s@1", attempt=1, state="drafted"),
+        StepResult(step="s@1", attempt=1),
+        RunFinished(),
+    ]
+    assert len({type(change) for change in every}) == 16  # every kind of Change, once each
+    silent = {type(change) for change in every if _message("r-1", change) is None}
+    assert silent == set(UNLOGGED)
+    assert silent == {
+        StepCalled, AttemptCreated, IntentPlanned, IntentChanged, IntentReconciled, DomainStateSet, StepResult,
+    }  # fmt: skip

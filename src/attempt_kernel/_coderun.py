@@ -45,13 +45,14 @@ from ._attempt import is_terminal
 from ._codec import new_called
 from ._errors import AttemptKernelError
 from ._findings import Reconciler
-from ._ledger import Ledger, has_succeeded, may_run_again
+from ._ledger import Ledger, StepView, has_succeeded, may_run_again
 from ._outcome import StepOutcome, outcome
 from ._operate import OperationRefused, check_signal_name
 from ._records import JSON, StepCalled, WaitEnded, WaitStarted
 from ._workflow import (
     RetryPolicy,
     Step,
+    StepFunction,
     StepOptions,
     WorkflowError,
     check_step,
@@ -297,7 +298,7 @@ class CodeRun:
         "_run", "_input", "_ledger", "_defaults", "_declared", "_write", "_may_start", "_drive",
         "_end_orphan", "_replaying", "_clock", "_sleep", "_quiet_after", "_next", "_closed",
         "_loop", "tasks", "failure", "on_failure", "diverged", "_asked", "_asked_waits", "_held",
-        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten",
+        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten", "outcomes",
     )
 
     def __init__(
@@ -335,6 +336,9 @@ class CodeRun:
         self._loop = asyncio.get_running_loop()
         self.tasks: Final[set[asyncio.Task[None]]] = set()
         """Steps being driven now."""
+        self.outcomes: Final[dict[str, StepOutcome]] = {}
+        """What each step driven here ended with, by step id (the run's report
+        reuses them; see `outcome_of`)."""
         self.failure: BaseException | None = None
         """An error of the run's own machinery (the log failing): the run stops."""
         self.on_failure: Callable[[], None] | None = None
@@ -405,15 +409,18 @@ class CodeRun:
         position = self._next
         step_id = f"{name}@{position}"
         defaults = self._defaults
+        if decoded:
 
-        async def call(ctx: Any) -> JSON:
-            result: JSON = await fn(ctx, *decoded)
-            return result
+            async def call(ctx: Any) -> JSON:
+                result: JSON = await fn(ctx, *decoded)
+                return result
 
+            run: StepFunction = call
+        else:  # no arguments to bind: the step's own function, one coroutine less
+            run = fn
         step = new_step(
             step_id,
-            # no arguments to bind: the step's own function, one coroutine less
-            call if decoded else fn,
+            run,
             retry=defaults.retry if retry is None else retry,
             step_deadline=defaults.step_deadline if step_deadline is None else step_deadline,
             queue_deadline=defaults.queue_deadline if queue_deadline is None else queue_deadline,
@@ -664,6 +671,7 @@ class CodeRun:
             self.on_failure()
 
     def _settle(self, future: asyncio.Future[JSON], done: StepOutcome) -> None:
+        self.outcomes[done.step] = done
         if future.done():
             return
         if has_succeeded(done.state):
@@ -681,6 +689,17 @@ class CodeRun:
             return await function(self)
         finally:
             self._closed = True
+
+    def outcome_of(self, step: str, view: StepView | None) -> StepOutcome:
+        """The step's outcome as its ledger ``view`` says it: the one its drive ended
+        with when nothing has moved it since (built again otherwise)."""
+        done = self.outcomes.get(step)
+        if (
+            done is not None and view is not None and done.state is view.attempt.state
+            and done.attempts == view.attempt.number and done.outstanding == view.outstanding()
+        ):  # fmt: skip
+            return done
+        return outcome(step, view)
 
     def steps(self) -> list[str]:
         """The step ids of the run by position, as the code asked for them (not its waits)."""

@@ -103,7 +103,7 @@ from ._records import (
 )
 from ._inbox import inbox_size, locked_inbox
 from ._logfile import RunLogWriter
-from ._observe import LogRecords, ProgressLines, RunObserver, tell
+from ._observe import UNLOGGED, LogRecords, ProgressLines, RunObserver, tell
 from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
@@ -614,7 +614,8 @@ class Executor:
         observers = self._observers
         if observers:
             tell(observers, run, change, int(self._clock() * 1_000_000))
-        self._log_records.log(run, change)
+        if type(change) not in UNLOGGED:  # most records: no call at all
+            self._log_records.log(run, change)
 
     async def _durable(self, run: str) -> None:
         """Return once every record of ``run`` written so far survives a crash of the machine."""
@@ -655,7 +656,8 @@ class Executor:
             for change in changes:
                 tell(observers, run, change, now_us)
         for change in changes:
-            self._log_records.log(run, change)
+            if type(change) not in UNLOGGED:
+                self._log_records.log(run, change)
 
     def _write_together(self, run: str, changes: tuple[Change, ...]) -> None:
         """Records written back to back (a code step's call and its first attempt's
@@ -1540,7 +1542,7 @@ class Executor:
             await self._durable(run)
             raise failure
         view = ledger.runs[run]
-        steps = tuple(outcome(c.step, view.steps.get(c.step)) for c in view.calls)
+        steps = tuple(code.outcome_of(c.step, view.steps.get(c.step)) for c in view.calls)
         result: JSON = None
         error: str | None = None
         if stopped or (let_go and not cancelled):

@@ -164,6 +164,12 @@ def _message(run: str, change: Change) -> str | None:
             assert_never(change)
 
 
+UNLOGGED: Final[frozenset[type[Change]]] = frozenset(
+    {StepCalled, AttemptCreated, IntentPlanned, IntentChanged, IntentReconciled, DomainStateSet, StepResult}
+)
+"""The records `_message` says nothing for (a test holds the two in step)."""
+
+
 @final
 class LogRecords:
     """Logs a run's course through ``logging.getLogger("attempt_kernel.run")``.
@@ -185,6 +191,8 @@ class LogRecords:
     def log(self, run: str, change: Change) -> None:
         """`record_written` without the time (it reads none), for the executor's own
         use; like any observer it never raises: a failing handler is logged."""
+        if type(change) in UNLOGGED:  # nothing to ask the logger (the executor skips the call)
+            return
         try:
             level = _level(change)
             if not self._logger.isEnabledFor(level):
