@@ -163,7 +163,7 @@ def test_the_command_lines_log_lines_carry_utc_time_and_level_and_escape_names()
 def test_the_records_the_run_logger_skips_unasked_are_those_it_has_no_line_for() -> None:
     # One record of every kind, written out by hand; LogRecords.log returns
     # before asking the logger for the kinds in UNLOGGED, so those must be
-    # exactly the kinds _message says nothing for.
+    # exactly the kinds run_log_message says nothing for.
     from attempt_kernel import (
         Admit,
         AttemptCreated,
@@ -190,7 +190,7 @@ def test_the_records_the_run_logger_skips_unasked_are_those_it_has_no_line_for()
         WaitEnded,
         WaitStarted,
     )
-    from attempt_kernel._observe import UNLOGGED, _message
+    from attempt_kernel._observe import UNLOGGED, run_log_message
 
     every: list[Change] = [
         RunStarted(workflow="w"),
@@ -214,7 +214,7 @@ def test_the_records_the_run_logger_skips_unasked_are_those_it_has_no_line_for()
         RunFinished(),
     ]
     assert len({type(change) for change in every}) == 16  # every kind of Change, once each
-    silent = {type(change) for change in every if _message("r-1", change) is None}
+    silent = {type(change) for change in every if run_log_message("r-1", change) is None}
     assert silent == set(UNLOGGED)
     assert silent == {
         StepCalled, AttemptCreated, IntentPlanned, IntentChanged, IntentReconciled, DomainStateSet, StepResult,

@@ -139,7 +139,8 @@ def _level(change: Change) -> int:
     return logging.INFO
 
 
-def _message(run: str, change: Change) -> str | None:
+def run_log_message(run: str, change: Change) -> str | None:
+    """The line `LogRecords` logs for a record, or None for a record it does not log."""
     match change:
         case RunStarted():
             return f"{run}: started (workflow {change.workflow!r})"
@@ -167,7 +168,7 @@ def _message(run: str, change: Change) -> str | None:
 UNLOGGED: Final[frozenset[type[Change]]] = frozenset(
     {StepCalled, AttemptCreated, IntentPlanned, IntentChanged, IntentReconciled, DomainStateSet, StepResult}
 )
-"""The records `_message` says nothing for (a test holds the two in step)."""
+"""The records `run_log_message` says nothing for (a test holds the two in step)."""
 
 
 @final
@@ -197,7 +198,7 @@ class LogRecords:
             level = _level(change)
             if not self._logger.isEnabledFor(level):
                 return
-            message = _message(run, change)
+            message = run_log_message(run, change)
             if message is not None:
                 self._logger.log(level, "%s", message)
         except Exception:  # an observer never stops a run (module doc)
