@@ -614,7 +614,7 @@ class CodeRun:
             future.cancel()
             return
         self._unwritten[position] = new_called(step.name, position, name, digest)
-        self._start(step, future, position)
+        self.tasks.add(self._loop.create_task(self._drive_step(step, future, position)))
 
     def write_calls(self) -> None:
         """Write the calls not written yet: before a record of a later position (a
@@ -637,13 +637,12 @@ class CodeRun:
         # Tasks start in the order they were made, so calls are written in
         # position order (a wait writes those before it first, see _launch_wait).
         called = self._unwritten.pop(position, None) if position else None
-        if called is not None and not self._may_start():
-            # The run was cancelled or stopped since the call: as in `_launch`,
-            # nothing is written and nothing starts.
-            future.cancel()
-            self._discard_current()
-            return
         try:
+            if called is not None and not self._may_start():
+                # The run was cancelled or stopped since the call: as in
+                # `_launch`, nothing is written and nothing starts.
+                future.cancel()
+                return
             done = await self._drive(step, called)
         except asyncio.CancelledError:
             future.cancel()
@@ -653,16 +652,11 @@ class CodeRun:
             self._fail(error)
             return
         finally:
-            self._discard_current()
+            # A step's task leaves `tasks` itself: one done-callback less per
+            # step. (One cancelled before it ran never gets here; the run is
+            # over then: `close` empties the set.)
+            self.tasks.discard(asyncio.current_task(self._loop))
         self._settle(future, done)
-
-    def _discard_current(self) -> None:
-        # A step's task leaves `tasks` itself: one done-callback less per step.
-        # (One cancelled before it ran never gets here; the run is over then:
-        # `close` empties the set.)
-        current = asyncio.current_task(self._loop)
-        if current is not None:
-            self.tasks.discard(current)
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:

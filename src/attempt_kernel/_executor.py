@@ -1442,6 +1442,7 @@ class Executor:
                 )  # fmt: skip
             )
 
+        run_view = ledger.runs[run]  # for may_start: one per run, never replaced
         code = CodeRun(
             run=run,
             input=input,
@@ -1449,7 +1450,9 @@ class Executor:
             defaults=workflow.defaults,
             domain_states=ledger.runs[run].domain_states,
             write=write,
-            may_start=lambda: self._may_start(run) and not control.cancelled and not let_go,
+            may_start=lambda: not (
+                run_view.cancel_requested or run_view.stop_requested or control.cancelled or let_go
+            ),  # as _may_start(run), and no cancel or let-go decided but not yet written
             drive=drive,
             end_orphan=end_orphan,
             replaying=resuming,
