@@ -629,51 +629,6 @@ def test_four_branches_crashed_at_every_record_resume_with_their_calls_where_the
         assert replay(FileLog(log)).violation_count == 0, n
 
 
-@pytest.mark.parametrize("seed", [5, 11, 23])
-def test_branches_at_different_await_depths_crashed_at_every_record_resume_where_they_were(
-    seed: int, tmp_path: Path
-) -> None:
-    """Four chains of four steps, gathered; chain d awaits each of its steps through d nested
-    gathers (d more turns of the loop between a step's end and the chain's next call), and the
-    steps take a seeded number of turns. Ends recorded one after the other do not say how many
-    turns passed between them, so a deeper chain may ask after a shallower one on recovery where
-    it asked first the first time; recovery then runs the function again from the top, letting
-    the loop turn between those ends. A crash after any record resumes without divergence, with
-    every recorded call where it was, contiguous positions and the same calls in all."""
-    rng = random.Random(seed)
-    work = taking_turns({f"d{d}s{s}": rng.randint(0, 3) for d in range(4) for s in range(4)})
-
-    async def deeper(awaitable: Awaitable[JSON], depth: int) -> JSON:
-        if depth == 0:
-            return await awaitable
-        (value,) = await asyncio.gather(deeper(awaitable, depth - 1))
-        return value
-
-    @workflow("depths")
-    async def depths(run: RunContext) -> JSON:
-        async def chain(d: int) -> list[JSON]:
-            return [await deeper(run.step(f"d{d}", work, f"d{d}s{s}"), d) for s in range(4)]
-
-        return list(await asyncio.gather(*(chain(d) for d in range(4))))
-
-    clean = tmp_path / "clean.jsonl"
-    assert execute(clean, depths, "r").status == "succeeded"
-    lines = clean.read_bytes().splitlines(keepends=True)
-    every = calls_of(lines)
-    assert len(every) == 16
-    for n in range(1, len(lines)):
-        log = crash_after(clean, n, tmp_path / f"cut-{n}.jsonl")
-        held = calls_of(lines[:n])
-        resumed = resume_log(log, [depths])
-        assert resumed.diverged == () and [r.status for r in resumed.reports] == ["succeeded"], n
-        after = calls_of(log.read_bytes().splitlines())
-        assert after[: len(held)] == held, n
-        assert [p for p, _, _ in after] == list(range(1, 17)), n
-        assert sorted((name, digest) for _, name, digest in after) == sorted((name, digest) for _, name, digest in every), n
-        assert resumed.reports[0].result == [[f"d{d}s{s}" for s in range(4)] for d in range(4)], n
-        assert replay(FileLog(log)).violation_count == 0, n
-
-
 def test_a_fan_out_beside_a_plain_branch_resumes_after_a_crash_at_every_record(tmp_path: Path) -> None:
     """One branch gathers two fetches, then summarises; the other plans (two loop turns), then acts.
     The summary is called before the plan ends, and its call is in the log before that end (a step's

@@ -1230,6 +1230,14 @@ def test_divergence_is_reported_with_the_recorded_and_requested_calls(tmp_path: 
     assert log.read_bytes() == before
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="replay hands recorded ends back one after the other in one turn of the event loop: a"
+    " branch that reaches its result through one await more (a gather around one step) than the"
+    " branch whose step ended just after it asks for its next step after that branch on recovery,"
+    " though it asked first the first time, and the calls disagree with the log (docs/contracts.md,"
+    " 'Recovery runs the function again', names this limit)",
+)
 def test_a_branch_one_await_deeper_keeps_its_place_after_a_crash(tmp_path: Path) -> None:
     turns = {"y": 0, "one": 1, "x": 0, "b2": 0}
 
@@ -1258,52 +1266,80 @@ def test_a_branch_one_await_deeper_keeps_its_place_after_a_crash(tmp_path: Path)
 
 
 
-def test_an_edited_branch_among_concurrent_ones_still_diverges_with_the_first_report(tmp_path: Path) -> None:
-    """Recovery runs the function again with the ends set apart when a replay diverges
-    (an order of the ends may explain it); a real edit still diverges, with the divergence
-    of the first replay, after at most REPLAY_TRIES more runs of the function, and the log
-    is left byte for byte."""
-    from attempt_kernel._coderun import REPLAY_TRIES
+def test_the_first_divergence_of_a_replay_is_the_one_reported(tmp_path: Path) -> None:
+    """Two gathered branches, both edited: the first branch's call diverges at position 1, and
+    the second branch, which goes on in the same turn of the loop, diverges at position 2. The
+    report names position 1, where the replay first disagreed with the log."""
 
-    turns = {f"{b}{s}": (s + b.count("x")) % 3 for b in ("a", "bx", "cxx") for s in range(3)}
+    def flow(a: int, b: int) -> Workflow:
+        @workflow("both")
+        async def both(run: RunContext) -> JSON:
+            async def branch(name: str, value: int) -> JSON:  # a task of its own under gather
+                return await run.step(name, echo, value)
+
+            return list(await asyncio.gather(branch("a", a), branch("b", b)))
+
+        return both
+
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, flow(1, 2), "f-1")
+    cut = next(i for i, r in enumerate(records(clean)) if r["type"] == "step_called" and r["position"] == 2) + 1
+    log = crash_after(clean, cut, tmp_path / LOG)
+    before = log.read_bytes()
+    resumed = resume_log(log, [flow(10, 20)])
+    [diverged] = resumed.diverged
+    assert isinstance(diverged.recorded, StepCalled)
+    assert (diverged.position, diverged.recorded.name) == (1, "a")
+    assert diverged.requested is not None and diverged.requested[0] == "a"
+    assert log.read_bytes() == before
+
+
+def test_identical_concurrent_calls_asked_in_another_order_take_each_others_results(tmp_path: Path) -> None:
+    """The documented side of the await-depth limit: when the two branches' next calls are the
+    same step with the same arguments, recovery reports no divergence, and each branch gets the
+    recorded result of the position it takes (the other branch's, the first time); passing the
+    branch as an argument turns that into a divergence."""
+    turns = {"y": 0, "one": 1}
+    made = iter(range(100, 200))
 
     async def work(ctx: StepContext, key: str) -> JSON:
-        for _ in range(turns[key]):
+        for _ in range(turns.get(key, 0)):
             await asyncio.sleep(0)
         return key
 
-    runs_of_the_function = [0]
+    async def gen(ctx: StepContext, *tag: JSON) -> JSON:
+        return next(made)  # a new value at each call, as a model call would give
 
-    def flow(last_of_c: str) -> Workflow:
-        @workflow("branches")
-        async def branches(run: RunContext) -> JSON:
-            runs_of_the_function[0] += 1
+    def flow(tagged: bool) -> Workflow:
+        @workflow("same-calls")
+        async def same_calls(run: RunContext) -> JSON:
+            async def first() -> JSON:
+                (y,) = await asyncio.gather(run.step("y", work, "y"))  # one await more
+                return [y, await (run.step("gen", gen, "first") if tagged else run.step("gen", gen))]
 
-            async def chain(b: str) -> list[JSON]:
-                keys = [f"{b}{s}" for s in range(3)]
-                if b == "cxx":
-                    keys[2] = last_of_c
-                return [await run.step(b, work, key) for key in keys]
+            async def second() -> JSON:
+                one = await run.step("one", work, "one")
+                return [one, await (run.step("gen", gen, "second") if tagged else run.step("gen", gen))]
 
-            return list(await asyncio.gather(*(chain(b) for b in ("a", "bx", "cxx"))))
+            return list(await asyncio.gather(first(), second()))
 
-        return branches
+        return same_calls
 
-    clean = tmp_path / "clean.jsonl"
-    assert execute(clean, flow("cxx2"), "e-1").status == "succeeded"
-    cut = len(records(clean)) - 1  # before the run's end: every call is recorded
-    log = crash_after(clean, cut, tmp_path / LOG)
-    before = log.read_bytes()
-    turns["cxx9"] = turns["cxx2"]
-    runs_of_the_function[0] = 0
-    resumed = resume_log(log, [flow("cxx9")])  # the last call of chain c now has other arguments
-    [diverged] = resumed.diverged
-    assert isinstance(diverged.recorded, StepCalled)
-    recorded_c2 = [r for r in of_type(clean, "step_called") if r["name"] == "cxx"][-1]
-    assert (diverged.position, diverged.recorded.name) == (recorded_c2["position"], "cxx")
-    assert diverged.requested is not None and diverged.requested[0] == "cxx"
-    assert diverged.requested[1] != diverged.recorded.digest
-    assert 1 < runs_of_the_function[0] <= 1 + REPLAY_TRIES
-    assert log.read_bytes() == before
-    contracts = (Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
-    assert f"Up to {REPLAY_TRIES} tries" in contracts  # the docs say the bound the code keeps
+    for tagged in (False, True):
+        clean = tmp_path / f"clean-{tagged}.jsonl"
+        report = execute(clean, flow(tagged), "s-1")
+        assert positions(clean) == [(1, "y"), (2, "one"), (3, "gen"), (4, "gen")]
+        assert report.result == ([["y", 102], ["one", 103]] if tagged else [["y", 100], ["one", 101]])
+        cut = len(records(clean)) - 1  # every step ended; the run's end is lost
+        log = crash_after(clean, cut, tmp_path / f"cut-{tagged}.jsonl")
+        before = log.read_bytes()
+        resumed = resume_log(log, [flow(tagged)])
+        if tagged:
+            [diverged] = resumed.diverged
+            assert diverged.position == 3 and diverged.requested is not None
+            assert diverged.requested[0] == "gen"
+            assert log.read_bytes() == before
+        else:
+            assert resumed.diverged == ()
+            [again] = resumed.reports
+            assert again.result == [["y", 101], ["one", 100]]  # position 4's result, position 3's

@@ -19,9 +19,7 @@ What lives here:
   calls as the log recorded those, so concurrent branches ask for their
   next steps in the order they did the first time and take the same
   positions. Nothing is written while replaying: a divergence leaves the
-  run untouched, and the replay is tried again from the top with the ends
-  handed back further apart (`ReplaySearch`: a branch with more awaits
-  between its step and its next call needs more turns of the loop). Once every recorded call was made again, the run is taken
+  run untouched. Once every recorded call was made again, the run is taken
   up (`take_up`): orphaned attempts are asked about and ended, unfinished
   steps continue, and new calls run live.
 
@@ -68,17 +66,6 @@ MAX_STEP_NAME: Final = 10_000
 REPLAY_PATIENCE: Final = 10_000
 """Event-loop turns the replay waits for the next recorded call before it
 calls the function divergent (a deterministic function makes it in a few)."""
-
-REPLAY_TRIES: Final = 64
-"""Runs of the function from the top that recovery may try after the first
-diverges, each handing the recorded ends back with more turns of the event
-loop between two of them (`ReplaySearch`), before the divergence stands."""
-
-_GAPS: Final = (1, 2, 4, 8, 32)
-"""Turns of the event loop tried before handing back one recorded end."""
-
-_WINDOW: Final = 3
-"""Calls back from a diverged position whose ends a retry may set apart."""
 
 
 @final
@@ -311,8 +298,7 @@ class CodeRun:
         "_run", "_input", "_ledger", "_defaults", "_declared", "_write", "_may_start", "_drive",
         "_end_orphan", "_replaying", "_clock", "_sleep", "_quiet_after", "_next", "_closed",
         "_loop", "tasks", "failure", "on_failure", "diverged", "_asked", "_asked_waits", "_held",
-        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten", "outcomes", "_gaps",
-        "_callers", "_last_end", "hint", "stuck",
+        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten", "outcomes",
     )
 
     def __init__(
@@ -331,7 +317,6 @@ class CodeRun:
         clock: Callable[[], float],
         sleep: Callable[[float], Awaitable[None]],
         quiet_after: float | None = None,
-        gaps: Mapping[int, int] | None = None,
     ) -> None:
         self._run: Final = run
         self._input: Final = input
@@ -346,19 +331,6 @@ class CodeRun:
         self._clock: Final = clock
         self._sleep: Final = sleep
         self._quiet_after: Final = quiet_after
-        self._callers: dict[int, asyncio.Task[Any] | None] = {}
-        """Replay: the task that asked for each recorded position."""
-        self._last_end: dict[int, int] = {}
-        """Replay: the index in the run's events of each position's last end."""
-        self.stuck = False
-        """Replay: the function waited on something else than its run for
-        `REPLAY_PATIENCE` turns (no order of the ends can help: no search)."""
-        self.hint: int | None = None
-        """After a divergence in replay: the index in the run's events of the end
-        that resumed the diverging branch, if known (`ReplaySearch` sets it apart first)."""
-        self._gaps: Final[Mapping[int, int]] = gaps or {}
-        """Replay: turns of the loop to let pass before handing back the end at
-        this index of the run's events (`ReplaySearch`)."""
         self._next = 1
         self._closed = False
         self._loop = asyncio.get_running_loop()
@@ -475,29 +447,14 @@ class CodeRun:
         if not isinstance(recorded, StepCalled) or recorded.name != name or recorded.digest != digest:
             raise self._diverge(WorkflowDiverged(self._run, position, recorded, (name, digest)))
         self._asked[position] = (step, future)
-        self._callers[position] = asyncio.current_task(self._loop)
         return future
 
     def _diverge(self, diverged: WorkflowDiverged) -> WorkflowDiverged:
-        """Keep the first divergence of the replay (the one reported): branches that
-        go on after it may diverge later, at positions that say less.
-
-        Notes, for `ReplaySearch`, the end that resumed the branch that made the
-        diverging call: that of the last recorded call the same task made."""
+        """Keep the replay's first divergence (the one reported): branches that go
+        on after it may diverge too, at later positions that say less."""
         if self.diverged is None:
             self.diverged = diverged
-            caller = asyncio.current_task(self._loop)
-            self._callers[0] = caller  # counted among the callers (`branches`), at no position
-            earlier = [p for p, task in self._callers.items() if task is caller and 0 < p < diverged.position]
-            if earlier:
-                self.hint = self._last_end.get(max(earlier))
         return diverged
-
-    def branches(self) -> int:
-        """Replay: how many tasks of the function asked for positions (the diverging
-        call's among them). With one, the calls come in the order that task makes
-        them, whatever the turns between the ends: no gap can help (`ReplaySearch`)."""
-        return len({id(task) for task in self._callers.values()})
 
     def sleep(self, seconds: float) -> Awaitable[None]:
         self._check_call("run.sleep()")
@@ -548,7 +505,6 @@ class CodeRun:
             asked = ("run.sleep", "") if signal is None else ("run.wait_for_signal", signal)
             raise self._diverge(WorkflowDiverged(self._run, position, recorded, asked))
         self._asked_waits[position] = future
-        self._callers[position] = asyncio.current_task(self._loop)
         return future
 
     # ------------------------------------------------------------ waits
@@ -759,21 +715,17 @@ class CodeRun:
         """
         view = self._ledger.runs[self._run]
         at = view.at
-        last_end = self._last_end
+        last_end: dict[int, int] = {}
         last_call = -1
         for index, event in enumerate(view.events):
             if event < 0:
                 last_end[-event] = index
             else:
                 last_call = index
-        gaps = self._gaps
         for index, event in enumerate(view.events):
             if event > 0:
                 await self._until_asked(event, at[event - 1], function_task)
-                continue
-            if gaps and index in gaps:
-                await self._let_turn(gaps[index])
-            if -event in view.waits:
+            elif -event in view.waits:
                 self._answer_wait(-event)
             elif last_end[-event] == index:
                 # A step that ended leaving an effect outstanding, after which
@@ -803,20 +755,12 @@ class CodeRun:
                         "did not ask for it (a workflow function may await only its run's"
                         " steps and waits; clock reads, asyncio.sleep and I/O belong inside steps)"
                     )
-                    self.stuck = True
                 self.diverged = WorkflowDiverged(self._run, position, recorded, None, why)
                 raise self.diverged
             await asyncio.sleep(0)
             turns += 1
         if self.diverged is not None:
             raise self.diverged
-
-    async def _let_turn(self, turns: int) -> None:
-        """Let the loop turn before the next end is handed back (the function goes on)."""
-        for _ in range(turns):
-            await asyncio.sleep(0)
-            if self.diverged is not None:
-                raise self.diverged
 
     def _answer_wait(self, position: int) -> None:
         """Hand a recorded wait's end back to the code: the signal it took, or None."""
@@ -897,113 +841,3 @@ class CodeRun:
         # ends rather than by a full collection of the garbage collector.
         self.on_quiet = _no_quiet
         self.on_failure = None
-
-
-@final
-class ReplaySearch:
-    """Where recovery tries again after its replay of a run diverged.
-
-    Replay hands the recorded ends back in log order, and a branch asks for
-    its next step some turns of the event loop after its end is handed
-    back: one turn per await between the step and the call (a ``gather``
-    around a step adds some). When two ends are recorded one after the
-    other, how many turns passed between them the first time is not in the
-    log, and a branch with more awaits to climb may then ask after a branch
-    that asked after it the first time: a false divergence. Nothing is
-    written while replaying, so recovery (when more than one task of the
-    function asked for steps: `CodeRun.branches`) runs the function again
-    from the top, letting the loop turn (1, 2, 4, 8, then 32 turns) before one
-    recorded end: first the end that resumed the branch that asked too
-    early (`CodeRun.hint`), then the ends recorded among the last calls
-    before the diverged position, nearest first. A try that gets past the
-    position keeps its gap and searches on from the next divergence; when
-    no gap helps there, the search goes back to the place before and tries
-    its other gaps (depth first). After `REPLAY_TRIES` tries, or when no
-    gap is left to try, the first divergence stands: a function whose code
-    changed diverges as before, only later.
-    """
-
-    __slots__ = ("first", "_events", "_stack", "_trying", "_tries")
-
-    def __init__(self, events: Sequence[int], first: WorkflowDiverged) -> None:
-        self.first: Final = first
-        """The divergence of the replay with no gaps: the one reported if none helps."""
-        self._events: Final = events
-        self._stack: list[_Place] = []
-        """The places searched, the last one innermost."""
-        self._trying: dict[int, int] = {}
-        """The gaps of the try that last ran."""
-        self._tries = 0
-
-    def next(self, diverged: WorkflowDiverged, hint: int | None = None) -> dict[int, int] | None:
-        """The gaps for the next try after ``diverged`` (the last try's), or None.
-
-        ``hint``: the end that resumed the branch that asked too early
-        (`CodeRun.hint`), tried first, further than the gaps kept so far.
-        """
-        self._tries += 1
-        if self._tries > REPLAY_TRIES:
-            return None
-        stack = self._stack
-        if not stack or diverged.position > stack[-1].position:
-            # the first divergence, or the last try got further: a new place,
-            # searched on top of the gaps that got there
-            base = self._trying
-            stack.append(
-                _Place(
-                    diverged.position,
-                    base,
-                    [(index, turns) for index in self._ends_before(diverged.position) for turns in _GAPS],
-                )
-            )
-        place = stack[-1]
-        if hint is not None:
-            further = [
-                (hint, turns) for turns in _GAPS
-                if turns > place.base.get(hint, 0) and (hint, turns) not in place.tried
-            ]  # fmt: skip
-            place.left = further + [c for c in place.left if c not in further]
-        while stack and not stack[-1].left:
-            stack.pop()  # nothing left to try here: back to the place before
-        if not stack:
-            return None
-        place = stack[-1]
-        index, turns = place.left.pop(0)
-        place.tried.add((index, turns))
-        self._trying = {**place.base, index: turns}
-        return self._trying
-
-    def _ends_before(self, position: int) -> list[int]:
-        """Indexes of the ends recorded before the call of ``position`` and after the
-        call ``_WINDOW`` positions before it, nearest first."""
-        events = self._events
-        try:
-            index = events.index(position) - 1
-        except ValueError:
-            return []
-        ends: list[int] = []
-        calls = 0
-        while index >= 0:
-            if events[index] < 0:
-                ends.append(index)
-            else:
-                calls += 1
-                if calls > _WINDOW:
-                    break
-            index -= 1
-        return ends
-
-
-@final
-class _Place:
-    """One diverged position the search tries gaps at (`ReplaySearch`)."""
-
-    __slots__ = ("position", "base", "left", "tried")
-
-    def __init__(self, position: int, base: dict[int, int], left: list[tuple[int, int]]) -> None:
-        self.position: Final = position
-        self.base: Final = base
-        """The gaps kept on the way here."""
-        self.left = left
-        """The gaps still to try here, one at a time on top of ``base``."""
-        self.tried: set[tuple[int, int]] = set()

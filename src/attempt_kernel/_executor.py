@@ -58,7 +58,7 @@ from ._attempt import (
     transition,
 )
 from ._codec import RunLogError, UnencodableRecord, new_created, new_result, new_transition
-from ._coderun import CodeRun, ReplaySearch, WorkflowDiverged, non_string_key
+from ._coderun import CodeRun, WorkflowDiverged, non_string_key
 from ._context import Perform
 from ._errors import AttemptKernelError
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown, ask_all
@@ -1443,56 +1443,36 @@ class Executor:
             )
 
         run_view = ledger.runs[run]  # for may_start: one per run, never replaced
+        code = CodeRun(
+            run=run,
+            input=input,
+            ledger=ledger,
+            defaults=workflow.defaults,
+            domain_states=ledger.runs[run].domain_states,
+            write=write,
+            may_start=lambda: not (
+                run_view.cancel_requested or run_view.stop_requested or control.cancelled or let_go
+            ),  # as _may_start(run), and no cancel or let-go decided but not yet written
+            drive=drive,
+            end_orphan=end_orphan,
+            replaying=resuming,
+            clock=self._clock,
+            sleep=self._sleep,
+            quiet_after=self._let_go_after,
+        )
+        self._code_runs[run] = code
         let_go = False
-
-        def start(gaps: dict[int, int] | None) -> tuple[CodeRun, asyncio.Task[JSON]]:
-            code = CodeRun(
-                run=run,
-                input=input,
-                ledger=ledger,
-                defaults=workflow.defaults,
-                domain_states=run_view.domain_states,
-                write=write,
-                may_start=lambda: not (
-                    run_view.cancel_requested or run_view.stop_requested or control.cancelled or let_go
-                ),  # as _may_start(run), and no cancel or let-go decided but not yet written
-                drive=drive,
-                end_orphan=end_orphan,
-                replaying=resuming,
-                clock=self._clock,
-                sleep=self._sleep,
-                quiet_after=self._let_go_after,
-                gaps=gaps,
-            )
-            self._code_runs[run] = code
-            return code, asyncio.get_running_loop().create_task(code.main(function))
-
-        code, main = start(None)
+        main = asyncio.get_running_loop().create_task(code.main(function))
         if resuming:
-            search: ReplaySearch | None = None
-            while True:
-                try:
-                    await code.replay(main)
-                    break
-                except BaseException as stopped_replay:
-                    main.cancel()
-                    for task in list(code.tasks):
-                        task.cancel()
-                    await asyncio.gather(main, *code.tasks, return_exceptions=True)
-                    code.close()
-                    if not isinstance(stopped_replay, WorkflowDiverged):
-                        raise
-                    if code.stuck or code.branches() < 2:
-                        # it waits on something else, or one task makes every
-                        # call: no order of the ends can help
-                        raise (search.first if search is not None else stopped_replay) from None
-                    # Nothing was written: run the function again from the top,
-                    # with the ends handed back further apart (ReplaySearch).
-                    search = search or ReplaySearch(run_view.events, stopped_replay)
-                    gaps = search.next(stopped_replay, code.hint)
-                    if gaps is None:
-                        raise search.first from None
-                code, main = start(gaps)
+            try:
+                await code.replay(main)
+            except BaseException:
+                main.cancel()
+                for task in list(code.tasks):
+                    task.cancel()
+                await asyncio.gather(main, *code.tasks, return_exceptions=True)
+                code.close()
+                raise
             self._write(run, RunResumed())
             await code.take_up()
             if self._on_taken_up is not None and (asked or orphans):
