@@ -131,6 +131,54 @@ def test_a_lone_waiter_is_made_durable(tmp_path: Path) -> None:
         assert ops.fsyncs == 1
 
 
+def test_lone_waiters_stop_gathering_and_gathering_comes_back_with_company(tmp_path: Path) -> None:
+    """After LONE_GATHERS gathers that found no other waiter, a lone waiter fsyncs at once,
+    without giving the loop a turn; when runs come back (each appending, then waiting, in
+    one turn of the loop), a probe gather finds them within LONE_GATHERS waits, and from
+    then on they share fsyncs again."""
+    from attempt_kernel._logfile import LONE_GATHERS
+
+    ops = HeldOps()
+
+    async def main(log: RunLogWriter) -> tuple[list[int], list[int]]:
+        ticks = [0]
+
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(0)
+                ticks[0] += 1
+
+        ticking = asyncio.ensure_future(ticker())
+        await asyncio.sleep(0)
+        turns: list[int] = []  # loop turns each lone wait gave away
+        for i in range(LONE_GATHERS + 3):
+            log.append(f"lone{i}", RunStarted(workflow="w"))
+            before = ticks[0]
+            await log.durable(f"lone{i}")
+            turns.append(ticks[0] - before)
+
+        async def run(name: str) -> None:
+            log.append(name, RunStarted(workflow="w"))
+            await log.durable(name)
+
+        fsyncs: list[int] = []  # fsyncs each round of ten runs took
+        for round in range(LONE_GATHERS + 2):
+            before = ops.fsyncs
+            await asyncio.gather(*(run(f"r{round}-{i}") for i in range(10)))
+            fsyncs.append(ops.fsyncs - before)
+        ticking.cancel()
+        return turns, fsyncs
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        turns, fsyncs = asyncio.run(main(log))
+    # the first LONE_GATHERS lone waits gathered (a turn at least), the next did not
+    assert all(t >= 1 for t in turns[:LONE_GATHERS]), turns
+    assert turns[LONE_GATHERS + 1 :] == [0, 0], turns
+    # the ten runs of a round share one fsync again by the second round at the latest
+    assert fsyncs[1:] == [1] * (LONE_GATHERS + 1), fsyncs
+    assert 1 <= fsyncs[0] <= LONE_GATHERS, fsyncs
+
+
 def test_a_failed_fsync_raises_in_every_waiter_of_it_and_breaks_the_writer(tmp_path: Path) -> None:
     """Every waiter of a failed fsync gets LogWriteFailed, and the writer then refuses appends."""
     ops = HeldOps(hold=(1,), fail=True)
