@@ -14,18 +14,42 @@ import pytest
 
 from attempt_kernel import (
     JSON,
+    Admit,
+    AttemptCreated,
+    AttemptTransitioned,
     Change,
+    Confirm,
+    Confirmed,
+    Dispatch,
+    Dispatched,
+    DomainStateSet,
     Executor,
+    IntentChanged,
+    IntentPlanned,
+    IntentReconciled,
+    Pending,
+    Planned,
     Record,
+    RunCancelRequested,
     RunControl,
+    RunFinished,
     RunLogWriter,
     RunObserver,
+    RunResumed,
+    RunStarted,
+    RunStopRequested,
+    Running,
+    SignalSent,
     Step,
+    StepCalled,
     StepContext,
+    StepResult,
+    WaitEnded,
+    WaitStarted,
     load_workflow,
     read_log,
 )
-from attempt_kernel._observe import progress_line
+from attempt_kernel._observe import UNLOGGED, progress_line, run_log_message
 
 
 class Seen:
@@ -161,36 +185,9 @@ def test_the_command_lines_log_lines_carry_utc_time_and_level_and_escape_names()
 
 
 def test_the_records_the_run_logger_skips_unasked_are_those_it_has_no_line_for() -> None:
-    # One record of every kind, written out by hand; LogRecords.log returns
-    # before asking the logger for the kinds in UNLOGGED, so those must be
-    # exactly the kinds run_log_message says nothing for.
-    from attempt_kernel import (
-        Admit,
-        AttemptCreated,
-        AttemptTransitioned,
-        Confirm,
-        Confirmed,
-        Dispatch,
-        Dispatched,
-        DomainStateSet,
-        IntentChanged,
-        IntentPlanned,
-        IntentReconciled,
-        Pending,
-        Planned,
-        RunCancelRequested,
-        RunFinished,
-        RunResumed,
-        RunStarted,
-        RunStopRequested,
-        Running,
-        SignalSent,
-        StepCalled,
-        StepResult,
-        WaitEnded,
-        WaitStarted,
-    )
-    from attempt_kernel._observe import UNLOGGED, run_log_message
+    # One record of every kind, written out by hand; the run logger is not
+    # asked about the kinds in UNLOGGED (the executor and record_written skip
+    # them), so those must be exactly the kinds run_log_message says nothing for.
 
     every: list[Change] = [
         RunStarted(workflow="w"),

@@ -342,9 +342,10 @@ class RunLogWriter:
     for a lone run), and after `LONE_GATHERS` gathers in a row that found
     no one else it no longer gives the loop that turn first, but for every
     `LONE_GATHERS`-th wait, which finds other waiters if they came back
-    (one run at a time then pays no more than the synchronous flush, about
-    3 us of CPU per wait more instead of about 6). A failed fsync raises `LogWriteFailed` in every waiter it would
-    have released, and breaks the writer. `flush` and `close` may be called
+    (one run at a time then pays about 3 us of CPU per wait beyond the
+    synchronous flush instead of about 6). A failed fsync raises
+    `LogWriteFailed` in every waiter it would have released, and breaks
+    the writer. `flush` and `close` may be called
     while such an fsync is in flight: `flush` fsyncs itself, `close` waits
     for it (it never closes the file under it). The writer holds no state
     bound to an event loop between flushes, so it may serve one

@@ -187,13 +187,13 @@ class LogRecords:
         self._logger: Final = logger
 
     def record_written(self, run: str, change: Change, time_us: int) -> None:
-        self.log(run, change)
+        if type(change) not in UNLOGGED:  # most records: nothing to ask the logger
+            self.log(run, change)
 
     def log(self, run: str, change: Change) -> None:
         """`record_written` without the time (it reads none), for the executor's own
-        use; like any observer it never raises: a failing handler is logged."""
-        if type(change) in UNLOGGED:  # nothing to ask the logger (the executor skips the call)
-            return
+        use, which skips the `UNLOGGED` records before calling; like any observer
+        it never raises: a failing handler is logged."""
         try:
             level = _level(change)
             if not self._logger.isEnabledFor(level):
