@@ -36,6 +36,7 @@ from attempt_kernel import (
     recover_log,
     replay,
 )
+from attempt_kernel._logfile import BATCH_TURNS
 from attempt_kernel._records import JSON
 from attempt_kernel._workflow import Step, load_workflow
 
@@ -177,6 +178,105 @@ def test_lone_waiters_stop_gathering_and_gathering_comes_back_with_company(tmp_p
     # the ten runs of a round share one fsync again by the second round at the latest
     assert fsyncs[1:] == [1] * (LONE_GATHERS + 1), fsyncs
     assert 1 <= fsyncs[0] <= LONE_GATHERS, fsyncs
+
+
+def test_in_a_loop_a_due_batch_fsync_comes_a_few_turns_later_and_once(tmp_path: Path) -> None:
+    """Inside an event loop, appends past ``batch_size`` with no one waiting make no fsync
+    at once: one fsync follows, BATCH_TURNS turns of the loop after the first, for all of them."""
+    ops = HeldOps()
+
+    async def main(log: RunLogWriter) -> list[int]:
+        seen: list[int] = []
+        for i in range(5):  # batch_size 3: due at the third and still at the fourth and fifth
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        seen.append(ops.fsyncs)
+        for _ in range(BATCH_TURNS):
+            await asyncio.sleep(0)
+            seen.append(ops.fsyncs)
+        await log.durable("r4")  # everything is covered: no fsync of its own
+        seen.append(ops.fsyncs)
+        return seen
+
+    with RunLogWriter(tmp_path / "log", ops=ops, batch_size=3) as log:
+        assert asyncio.run(main(log)) == [0] * BATCH_TURNS + [1, 1]
+
+
+def test_appends_past_the_batch_while_callers_wait_are_left_to_their_group_fsync(tmp_path: Path) -> None:
+    """With waiters of durable() behind an fsync in flight, appends past ``batch_size`` make no
+    fsync of their own: the next group's one fsync covers them (two fsyncs in all, not three)."""
+    ops = HeldOps(hold=(1,))
+
+    async def main(log: RunLogWriter) -> int:
+        log.append("a", RunStarted(workflow="w"))
+        log.append("b", RunStarted(workflow="w"))
+        first = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
+        await began(ops.began[1])
+        for i in range(5):  # batch_size 3, with the two waiters held
+            log.append(f"c{i}", RunStarted(workflow="w"))
+        late = [asyncio.ensure_future(log.durable(f"c{i}")) for i in (3, 4)]
+        for _ in range(2 * BATCH_TURNS):
+            await asyncio.sleep(0)
+        in_flight_only = ops.fsyncs
+        ops.release[1].set()
+        await asyncio.gather(*first, *late)
+        assert in_flight_only == 1  # only the held one, before its release
+        return ops.fsyncs
+
+    with RunLogWriter(tmp_path / "log", ops=ops, batch_size=3) as log:
+        assert asyncio.run(main(log)) == 2
+
+
+def test_a_batch_left_to_waiters_who_all_leave_is_fsynced_all_the_same(tmp_path: Path) -> None:
+    """Records past ``batch_size`` appended while waiters were held, and that no waiter needed,
+    are fsynced once the last waiter has left (its fsync did not cover them)."""
+    ops = HeldOps(hold=(1,))
+
+    async def main(log: RunLogWriter) -> list[int]:
+        log.append("a", RunStarted(workflow="w"))
+        log.append("b", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
+        await began(ops.began[1])
+        for i in range(4):  # past batch_size 3 since fsync 1 began, and no one waits on them
+            log.append(f"c{i}", RunStarted(workflow="w"))
+        ops.release[1].set()
+        await asyncio.gather(*waiters)
+        seen = [ops.fsyncs]
+        for _ in range(BATCH_TURNS + 1):
+            await asyncio.sleep(0)
+        seen.append(ops.fsyncs)
+        await log.durable("c3")  # covered by then: no fsync of its own
+        seen.append(ops.fsyncs)
+        return seen
+
+    with RunLogWriter(tmp_path / "log", ops=ops, batch_size=3) as log:
+        assert asyncio.run(main(log)) == [1, 2, 2]
+
+
+def test_a_batch_left_to_cancelled_waiters_is_fsynced_all_the_same(tmp_path: Path) -> None:
+    """Waiters cancelled behind a held fsync, with records past ``batch_size`` appended meanwhile:
+    the batch fsync still comes, a few turns of the loop after they left."""
+    ops = HeldOps(hold=(1,))
+
+    async def main(log: RunLogWriter) -> list[int]:
+        log.append("a", RunStarted(workflow="w"))
+        log.append("b", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
+        await began(ops.began[1])
+        for i in range(4):
+            log.append(f"c{i}", RunStarted(workflow="w"))
+        for w in waiters:
+            w.cancel()
+        done = await asyncio.gather(*waiters, return_exceptions=True)
+        assert all(isinstance(d, asyncio.CancelledError) for d in done)
+        for _ in range(BATCH_TURNS + 1):
+            await asyncio.sleep(0)
+        seen = [ops.fsyncs]  # the batch fsync, made while fsync 1 is still held
+        ops.release[1].set()
+        return seen
+
+    with RunLogWriter(tmp_path / "log", ops=ops, batch_size=3) as log:
+        assert asyncio.run(main(log)) == [2]
+        assert ops.fsyncs == 2  # close found everything covered
 
 
 def test_a_failed_fsync_raises_in_every_waiter_of_it_and_breaks_the_writer(tmp_path: Path) -> None:
