@@ -36,7 +36,7 @@ from attempt_kernel import (
     recover_log,
     replay,
 )
-from attempt_kernel._logfile import BATCH_TURNS
+from attempt_kernel._logfile import BATCH_CAP, BATCH_TURNS
 from attempt_kernel._records import JSON
 from attempt_kernel._workflow import Step, load_workflow
 
@@ -277,6 +277,44 @@ def test_a_batch_left_to_cancelled_waiters_is_fsynced_all_the_same(tmp_path: Pat
     with RunLogWriter(tmp_path / "log", ops=ops, batch_size=3) as log:
         assert asyncio.run(main(log)) == [2]
         assert ops.fsyncs == 2  # close found everything covered
+
+
+def test_past_batch_cap_batches_an_append_fsyncs_at_once_even_in_one_turn(tmp_path: Path) -> None:
+    """However long a turn of the loop runs without yielding, the batch fsync put off for a
+    group is made by the append that takes BATCH_CAP batches past the last fsync's start."""
+    ops = HeldOps()
+
+    async def main(log: RunLogWriter) -> list[int]:
+        for i in range(BATCH_CAP * 2 - 1):  # batch_size 2
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        seen = [ops.fsyncs]
+        log.append("last", RunStarted(workflow="w"))
+        seen.append(ops.fsyncs)
+        return seen
+
+    with RunLogWriter(tmp_path / "log", ops=ops, batch_size=2) as log:
+        assert asyncio.run(main(log)) == [0, 1]
+
+
+def test_outside_a_loop_the_batch_fsync_is_inline_even_with_waiters_left_in_one(tmp_path: Path) -> None:
+    """Waiters of durable() held in a loop that is not running leave nothing to put a batch
+    fsync off for: appends made outside any loop fsync at the batch, as before."""
+    ops = HeldOps(hold=(1,))
+    loop = asyncio.new_event_loop()
+    try:
+        with RunLogWriter(tmp_path / "log", ops=ops, batch_size=3) as log:
+            log.append("a", RunStarted(workflow="w"))
+            log.append("b", RunStarted(workflow="w"))
+            waiters = [loop.create_task(log.durable(r)) for r in ("a", "b")]
+            loop.run_until_complete(began(ops.began[1]))  # the loop stops; the waiters stay
+            for i in range(3):
+                log.append(f"c{i}", RunStarted(workflow="w"))
+            inline = ops.fsyncs
+            ops.release[1].set()
+            loop.run_until_complete(asyncio.gather(*waiters))
+        assert inline == 2  # the held one, and the batch's own
+    finally:
+        loop.close()
 
 
 def test_a_failed_fsync_raises_in_every_waiter_of_it_and_breaks_the_writer(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import fcntl
 import os
 import stat
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, ClassVar, Final, Literal, Protocol
@@ -39,6 +40,11 @@ A run that a group's fsync released needs about three turns to reach its
 next wait (the effect, the step's end, the next step's task); with 100
 runs at once, an fsync made sooner split each round's group in two
 (benchmarks/bench_group_commit.py: 61 fsyncs for 500 effects, 6 now)."""
+
+BATCH_CAP: Final = 16
+"""Batches past the last fsync's start after which an append fsyncs at once, group or not:
+the bound on records a crash of the machine may lose that no one waited on
+(1,024 at the default ``batch_size``; a round of 100 runs writes about 700)."""
 
 LONE_GATHERS: Final = 8
 """After this many gathers in a row that found no other waiter, `RunLogWriter.durable`
@@ -341,7 +347,8 @@ class RunLogWriter:
     group commit, which covers the same records without splitting the
     group: to the waiters of `durable` while there are any (the last one
     to leave sees to it), else to the end of `BATCH_TURNS` turns of the
-    loop, unless an fsync began by then. A failed write or fsync
+    loop, unless an fsync began by then; and never past `BATCH_CAP`
+    batches, where the append makes it whatever comes. A failed write or fsync
     breaks the writer: it raises `LogWriteFailed` and refuses every later
     append until the log is reopened (a failed fsync is never retried as if
     nothing happened). Only one writer may hold a log (an exclusive lock).
@@ -364,7 +371,8 @@ class RunLogWriter:
     while such an fsync is in flight: `flush` fsyncs itself, `close` waits
     for it (it never closes the file under it). The writer holds no state
     bound to an event loop between flushes, so it may serve one
-    ``asyncio.run`` after another.
+    ``asyncio.run`` after another (a batch fsync still pending when a loop
+    closes is made by the next append past the count, or `close`).
 
     A log that ends in a torn tail is refused (`LogNeedsRecovery`) unless
     ``cut_torn_tail`` is true, as recovery passes: then, under the lock, the
@@ -417,8 +425,9 @@ class RunLogWriter:
         # per waiter); dropped with the flush.
         self._inflight_wait: asyncio.Future[OSError | None] | None = None
         self._waiters = 0
-        # The loop whose turn ends with a batch fsync (_batch_due), if any.
-        self._batch_loop: asyncio.AbstractEventLoop | None = None
+        # The loop a batch fsync is pending on (_batch_due), if any; weak, so
+        # that a loop closed with the call pending is not kept alive by it.
+        self._batch_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         # Gathers in a row that found no other waiter (see _start_flush).
         self._alone = 0
         self._gathering: asyncio.Future[None] | None = None
@@ -549,6 +558,7 @@ class RunLogWriter:
         if self._broken is not None:
             raise LogWriteFailed(f"{self.path}: the writer failed earlier ({self._broken})")
         upto = self._started = self._seq
+        self._batch_loop = None  # nothing is owed now; a pending call finds so and ends
         try:
             self._fsync(self._fd)
         except OSError as error:
@@ -593,27 +603,36 @@ class RunLogWriter:
         finally:
             self._waiters -= 1
             if self._batch_owed():
-                self._batch_due()
+                # In a loop this only schedules; outside one (a waiter closed
+                # by the garbage collector) it fsyncs, and a failure stays in
+                # the writer, which reports it at the next append or wait.
+                with contextlib.suppress(LogWriteFailed):
+                    self._batch_due()
 
     def _batch_due(self) -> None:
         """``batch_size`` records are past the last fsync's start: fsync now, or see that one comes.
 
         Outside an event loop, now. In one, a group commit's fsync is often a
-        turn or two away, and covers these records too: an fsync made now
-        would split the group in two. So the fsync is left to the waiters
-        of `durable` while there are any (the last one out sees to it), and
-        else made at the end of this turn of the loop, unless one began by
-        then (`_pay_batch`).
+        turn or two away and covers these records too; an fsync made now
+        would split the group in two. So it is left to the waiters of
+        `durable` while there are any (the last one out sees to it), else
+        made `BATCH_TURNS` turns of the loop later unless an fsync began by
+        then (`_pay_batch`); and once `BATCH_CAP` batches are past the last
+        fsync's start, it is made now whatever comes.
         """
-        if self._waiters:
-            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             self.flush()
             return
-        if self._batch_loop is not loop:  # one call in flight, not one per append
-            self._batch_loop = loop
+        if self._seq - self._started >= BATCH_CAP * self._batch:
+            self.flush()
+            return
+        if self._waiters:
+            return
+        pending = self._batch_loop
+        if pending is None or pending() is not loop:  # one call in flight, not one per append
+            self._batch_loop = weakref.ref(loop)
             loop.call_soon(self._pay_batch, BATCH_TURNS)
 
     def _pay_batch(self, turns: int) -> None:
@@ -698,6 +717,7 @@ class RunLogWriter:
                 max_workers=1, thread_name_prefix="runlog-fsync"
             )
         upto = self._started = self._seq
+        self._batch_loop = None
         self._inflight = (upto, pool.submit(_fsync_outcome, self._fsync, self._fd))
 
     def _wait_for(self, done: concurrent.futures.Future[OSError | None]) -> asyncio.Future[OSError | None]:
