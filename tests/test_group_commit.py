@@ -317,6 +317,32 @@ def test_outside_a_loop_the_batch_fsync_is_inline_even_with_waiters_left_in_one(
         loop.close()
 
 
+def test_a_batch_fsync_made_late_that_fails_breaks_the_writer_for_the_next_append(tmp_path: Path) -> None:
+    """The batch fsync made at the end of a few turns of the loop has no caller to raise to: when
+    it fails, the writer breaks, and the next append (or wait) raises LogWriteFailed."""
+    ops = HeldOps(fail=True)
+
+    async def main(log: RunLogWriter) -> list[str]:
+        for i in range(3):  # batch_size 3: due, put off
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        for _ in range(BATCH_TURNS + 1):
+            await asyncio.sleep(0)
+        seen = [str(ops.fsyncs)]
+        with pytest.raises(LogWriteFailed, match="fsync after record seq 3 failed"):
+            log.append("late", RunStarted(workflow="w"))
+        with pytest.raises(LogWriteFailed, match="fsync after record seq 3 failed"):
+            await log.durable("r2")
+        seen.append("refused")
+        return seen
+
+    log = RunLogWriter(tmp_path / "log", ops=ops, batch_size=3)
+    try:
+        assert asyncio.run(main(log)) == ["1", "refused"]
+    finally:
+        log.close()  # a broken writer closes without another fsync
+    assert ops.fsyncs == 1
+
+
 def test_a_failed_fsync_raises_in_every_waiter_of_it_and_breaks_the_writer(tmp_path: Path) -> None:
     """Every waiter of a failed fsync gets LogWriteFailed, and the writer then refuses appends."""
     ops = HeldOps(hold=(1,), fail=True)
