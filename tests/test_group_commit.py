@@ -180,6 +180,21 @@ def test_lone_waiters_stop_gathering_and_gathering_comes_back_with_company(tmp_p
     assert 1 <= fsyncs[0] <= LONE_GATHERS, fsyncs
 
 
+async def two_waiters_held(log: RunLogWriter, ops: HeldOps) -> list[asyncio.Task[None]]:
+    """Runs ``a`` and ``b`` appended and waiting in durable(), behind fsync 1 held on the flush thread."""
+    log.append("a", RunStarted(workflow="w"))
+    log.append("b", RunStarted(workflow="w"))
+    waiters = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
+    await began(ops.began[1])
+    return waiters
+
+
+async def turns(n: int) -> None:
+    """Give the event loop ``n`` turns."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def test_in_a_loop_a_due_batch_fsync_comes_a_few_turns_later_and_once(tmp_path: Path) -> None:
     """Inside an event loop, appends past ``batch_size`` with no one waiting make no fsync
     at once: one fsync follows, BATCH_TURNS turns of the loop after the first, for all of them."""
@@ -207,15 +222,11 @@ def test_appends_past_the_batch_while_callers_wait_are_left_to_their_group_fsync
     ops = HeldOps(hold=(1,))
 
     async def main(log: RunLogWriter) -> int:
-        log.append("a", RunStarted(workflow="w"))
-        log.append("b", RunStarted(workflow="w"))
-        first = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
-        await began(ops.began[1])
+        first = await two_waiters_held(log, ops)
         for i in range(5):  # batch_size 3, with the two waiters held
             log.append(f"c{i}", RunStarted(workflow="w"))
         late = [asyncio.ensure_future(log.durable(f"c{i}")) for i in (3, 4)]
-        for _ in range(2 * BATCH_TURNS):
-            await asyncio.sleep(0)
+        await turns(2 * BATCH_TURNS)
         in_flight_only = ops.fsyncs
         ops.release[1].set()
         await asyncio.gather(*first, *late)
@@ -232,17 +243,13 @@ def test_a_batch_left_to_waiters_who_all_leave_is_fsynced_all_the_same(tmp_path:
     ops = HeldOps(hold=(1,))
 
     async def main(log: RunLogWriter) -> list[int]:
-        log.append("a", RunStarted(workflow="w"))
-        log.append("b", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
-        await began(ops.began[1])
+        waiters = await two_waiters_held(log, ops)
         for i in range(4):  # past batch_size 3 since fsync 1 began, and no one waits on them
             log.append(f"c{i}", RunStarted(workflow="w"))
         ops.release[1].set()
         await asyncio.gather(*waiters)
         seen = [ops.fsyncs]
-        for _ in range(BATCH_TURNS + 1):
-            await asyncio.sleep(0)
+        await turns(BATCH_TURNS + 1)
         seen.append(ops.fsyncs)
         await log.durable("c3")  # covered by then: no fsync of its own
         seen.append(ops.fsyncs)
@@ -258,18 +265,14 @@ def test_a_batch_left_to_cancelled_waiters_is_fsynced_all_the_same(tmp_path: Pat
     ops = HeldOps(hold=(1,))
 
     async def main(log: RunLogWriter) -> list[int]:
-        log.append("a", RunStarted(workflow="w"))
-        log.append("b", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
-        await began(ops.began[1])
+        waiters = await two_waiters_held(log, ops)
         for i in range(4):
             log.append(f"c{i}", RunStarted(workflow="w"))
         for w in waiters:
             w.cancel()
         done = await asyncio.gather(*waiters, return_exceptions=True)
         assert all(isinstance(d, asyncio.CancelledError) for d in done)
-        for _ in range(BATCH_TURNS + 1):
-            await asyncio.sleep(0)
+        await turns(BATCH_TURNS + 1)
         seen = [ops.fsyncs]  # the batch fsync, made while fsync 1 is still held
         ops.release[1].set()
         return seen
@@ -325,8 +328,7 @@ def test_a_batch_fsync_made_late_that_fails_breaks_the_writer_for_the_next_appen
     async def main(log: RunLogWriter) -> list[str]:
         for i in range(3):  # batch_size 3: due, put off
             log.append(f"r{i}", RunStarted(workflow="w"))
-        for _ in range(BATCH_TURNS + 1):
-            await asyncio.sleep(0)
+        await turns(BATCH_TURNS + 1)
         seen = [str(ops.fsyncs)]
         with pytest.raises(LogWriteFailed, match="fsync after record seq 3 failed"):
             log.append("late", RunStarted(workflow="w"))
