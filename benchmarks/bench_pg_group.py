@@ -101,6 +101,10 @@ def queue(url: str, runs: int, workflow: str) -> None:
         conn.execute("VACUUM ANALYZE")
 
 
+STATS_SETTLE = 1.0
+"""Seconds to let exiting server processes report their statistics before pg_stat_wal is read."""
+
+
 def sync_commits(url: str) -> int:
     """WAL flushes so far (pg_stat_wal's ``wal_sync``): a synchronous commit, or a group of them, is one."""
     with psycopg.connect(url, autocommit=True) as conn:
@@ -173,6 +177,9 @@ def one_process(url: str, runs: int, concurrency: int, waits: list[float] | None
             closed = run_worker(url, [THREE], concurrency=concurrency, stop_when_idle=True)
     elapsed = time.perf_counter() - start
     assert closed == runs, (closed, runs)
+    # The worker's server processes add their WAL flushes to pg_stat_wal as
+    # they exit, a moment after their connections closed: read once they have.
+    time.sleep(STATS_SETTLE)
     return elapsed, sync_commits(url) - flushes
 
 
