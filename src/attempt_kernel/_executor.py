@@ -76,6 +76,7 @@ from ._ledger import (
     Ledger,
     PriorStep,
     RunStatus,
+    RunView,
     StepView,
     has_succeeded,
     may_run_again,
@@ -489,6 +490,11 @@ def recorded_report(log: LogSource, workflow: Workflow, run: str) -> RunReport:
     if view is None or view.status is None:
         raise RunRefused(f"run {run!r} has not finished in this log")
     return _report(workflow, run, ledger, view.status)
+
+
+def _starts_allowed(view: RunView) -> bool:
+    """No attempt starts in a run whose cancel or stop is recorded."""
+    return not (view.cancel_requested or view.stop_requested)
 
 
 @final
@@ -919,9 +925,8 @@ class Executor:
         self._move(run, step, self._ledger.cancel_cause(run, step))
 
     def _may_start(self, run: str) -> bool:
-        """No attempt starts in a run whose cancel or stop is recorded."""
-        view = self._ledger.runs[run]
-        return not (view.cancel_requested or view.stop_requested)
+        """No attempt starts in a run whose cancel or stop is recorded (`_starts_allowed`)."""
+        return _starts_allowed(self._ledger.runs[run])
 
     # ------------------------------------------------------------ stopping
 
@@ -1450,9 +1455,8 @@ class Executor:
             defaults=workflow.defaults,
             domain_states=ledger.runs[run].domain_states,
             write=write,
-            may_start=lambda: not (
-                run_view.cancel_requested or run_view.stop_requested or control.cancelled or let_go
-            ),  # as _may_start(run), and no cancel or let-go decided but not yet written
+            # and no cancel or let-go decided but not yet written
+            may_start=lambda: _starts_allowed(run_view) and not (control.cancelled or let_go),
             drive=drive,
             end_orphan=end_orphan,
             replaying=resuming,
