@@ -401,6 +401,101 @@ def test_the_writer_serves_one_event_loop_after_another(tmp_path: Path) -> None:
         assert ops.fsyncs == 2
 
 
+def test_a_waiter_cancelled_behind_the_fsync_in_flight_leaves_it_to_the_others(tmp_path: Path) -> None:
+    """Cancelling one waiter ends its wait only: the fsync in flight goes on and releases the rest."""
+    ops = HeldOps(hold=(1,))
+
+    async def main(log: RunLogWriter) -> list[str]:
+        for i in range(3):
+            log.append(f"r{i}", RunStarted(workflow="w"))
+        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(3)]
+        await began(ops.began[1])
+        waiters[1].cancel()
+        await turns(1)
+        ops.release[1].set()
+        done = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), HUNG)
+        return [type(d).__name__ for d in done]
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        assert asyncio.run(main(log)) == ["NoneType", "CancelledError", "NoneType"]
+        assert ops.fsyncs == 1
+
+
+def test_a_waiter_cancelled_while_its_leader_gathers_leaves_the_group_whole(tmp_path: Path) -> None:
+    """Waiters that joined a gathering leader wait for it; one of them cancelled meanwhile
+    takes nothing from the others, who share the leader's one fsync."""
+    ops = HeldOps()
+
+    async def main(log: RunLogWriter) -> list[str]:
+        waiters: list[asyncio.Future[None]] = []
+        for i in range(3):
+            log.append(f"r{i}", RunStarted(workflow="w"))
+            waiters.append(asyncio.ensure_future(log.durable(f"r{i}")))
+        await turns(1)  # the first leads and gathers; the other two joined it
+        waiters[2].cancel()
+        done = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), HUNG)
+        return [type(d).__name__ for d in done]
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        assert asyncio.run(main(log)) == ["NoneType", "NoneType", "CancelledError"]
+        assert ops.fsyncs == 1
+
+
+def test_a_waiter_in_another_loop_is_released_by_the_fsync_a_stopped_loop_began(tmp_path: Path) -> None:
+    """An fsync begun by waiters of a loop that then stopped still ends the wait of a waiter in
+    the next loop (which then gets an fsync of its own for its record); the stopped loop's
+    waiters are released when it runs again."""
+    ops = HeldOps(hold=(1,))
+    first = asyncio.new_event_loop()
+    try:
+        with RunLogWriter(tmp_path / "log", ops=ops) as log:
+            log.append("a", RunStarted(workflow="w"))
+            log.append("b", RunStarted(workflow="w"))
+            stranded = [first.create_task(log.durable(r)) for r in ("a", "b")]
+            first.run_until_complete(began(ops.began[1]))  # the loop stops; fsync 1 in flight
+
+            async def next_loop() -> int:
+                log.append("c", RunStarted(workflow="w"))
+                waiter = asyncio.ensure_future(log.durable("c"))
+                await turns(1)
+                ops.release[1].set()
+                await asyncio.wait_for(waiter, HUNG)
+                return ops.fsyncs
+
+            assert asyncio.run(next_loop()) == 2  # fsync 1 ended its wait; fsync 2 covered "c"
+            first.run_until_complete(asyncio.wait_for(asyncio.gather(*stranded), HUNG))
+            assert ops.fsyncs == 2
+    finally:
+        first.close()
+
+
+def test_a_waiter_whose_gathering_leader_is_stranded_in_a_stopped_loop_fsyncs_itself(
+    tmp_path: Path,
+) -> None:
+    """A leader left gathering in a loop that stopped cannot lead a waiter of another loop:
+    that waiter fsyncs at once instead of waiting for it."""
+    ops = HeldOps()
+    first = asyncio.new_event_loop()
+    try:
+        with RunLogWriter(tmp_path / "log", ops=ops) as log:
+            log.append("a", RunStarted(workflow="w"))
+            leader = first.create_task(log.durable("a"))
+            first.call_soon(first.stop)
+            first.run_forever()  # one turn: the leader begins gathering, and the loop stops
+            assert not leader.done() and ops.fsyncs == 0
+
+            async def next_loop() -> None:
+                log.append("b", RunStarted(workflow="w"))
+                await asyncio.wait_for(log.durable("b"), HUNG)
+
+            asyncio.run(next_loop())
+            assert ops.fsyncs == 1  # "a" and "b" both covered by it
+            first.run_until_complete(asyncio.wait_for(leader, HUNG))
+            assert ops.fsyncs == 1
+    finally:
+        first.close()
+
+
 class EffectsLog:
     """HeldOps for the executor: the first fsync waits (on the flush thread) until
     every run has written its Dispatched, then fails with EIO."""

@@ -318,6 +318,64 @@ def _cut_tail(path: Path, fd: int, tail: TornTail) -> Path:
     return side
 
 
+@final
+class _Inflight:
+    """An fsync in flight on the flush thread, and the waiters parked until it ends."""
+
+    __slots__ = ("upto", "done", "loop", "parked")
+
+    def __init__(
+        self, upto: int, done: concurrent.futures.Future[OSError | None], loop: asyncio.AbstractEventLoop
+    ) -> None:
+        self.upto: Final = upto
+        """The last record it covers."""
+        self.done: Final = done
+        """Its outcome: the error it met, or None (a thread's future, bound to no event loop)."""
+        self.loop: Final = loop
+        """The event loop that started it, where its end releases ``parked``."""
+        self.parked: Final[list[asyncio.Future[None]]] = []
+        """Waiters of ``loop`` parked until it ends (`_park`)."""
+        done.add_done_callback(self._ended)
+
+    def _ended(self, _: object) -> None:
+        # On the flush thread: the waiters are released on their loop's
+        # thread, which sees every waiter that parked before the release runs.
+        with contextlib.suppress(RuntimeError):  # the loop closed: no one is left to wake
+            self.loop.call_soon_threadsafe(_release, self.parked)
+
+    async def wait(self) -> None:
+        """Return once the fsync has ended (whatever it found); a cancel ends only this wait."""
+        loop = asyncio.get_running_loop()
+        if loop is self.loop:
+            await _park(self.parked)
+        else:  # a waiter on another loop than the one that started it (one stopped meanwhile)
+            await asyncio.shield(asyncio.wrap_future(self.done, loop=loop))
+
+
+def _park(parked: list[asyncio.Future[None]]) -> asyncio.Future[None]:
+    """A future of this waiter's own, done when ``parked`` is released (`_release`).
+
+    What a shared future under ``asyncio.shield`` gave, for less: a waiter
+    cancelled meanwhile cancels only its own future (never the fsync or the
+    gathering that others wait for), and a release wakes each waiter with
+    one callback of the loop instead of three.
+    """
+    own: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    parked.append(own)
+    return own
+
+
+def _release(parked: list[asyncio.Future[None]]) -> None:
+    """Wake every waiter parked on ``parked`` that is still waiting."""
+    for own in parked:
+        if not own.done():
+            try:
+                own.set_result(None)
+            except RuntimeError:  # a waiter stranded in a loop closed since: no one to wake
+                pass
+    parked.clear()
+
+
 def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> OSError | None:
     """Run ``fsync`` (on the writer's flush thread) and hand back its error instead of raising it.
 
@@ -417,20 +475,19 @@ class RunLogWriter:
         # the last one an fsync that succeeded covered.
         self._started = 0
         self._synced = 0
-        # The fsync in flight on the flush thread: the last record it covers
-        # and its outcome. Not bound to any event loop (a thread's future).
-        self._inflight: tuple[int, concurrent.futures.Future[OSError | None]] | None = None
-        # The event loop's view of that future, made once per flush and loop
-        # and shared by every waiter of it (one wake-up per flush, not one
-        # per waiter); dropped with the flush.
-        self._inflight_wait: asyncio.Future[OSError | None] | None = None
+        # The fsync in flight on the flush thread: the last record it covers,
+        # its outcome (a thread's future, bound to no event loop), and the
+        # waiters parked until it ends (see _park).
+        self._inflight: _Inflight | None = None
         self._waiters = 0
         # The loop a batch fsync is pending on (_batch_due), if any; weak, so
         # that a loop closed with the call pending is not kept alive by it.
         self._batch_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         # Gathers in a row that found no other waiter (see _start_flush).
         self._alone = 0
-        self._gathering: asyncio.Future[None] | None = None
+        # While a leader gathers (_start_flush): its loop, and the waiters
+        # parked until it is done.
+        self._gathering: tuple[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
         fd = open_regular(self.path, flags, "for appending")
@@ -521,7 +578,7 @@ class RunLogWriter:
 
     def _writable(self) -> int:
         """The file's descriptor, once `append` may write: LogWriteFailed if broken or closed."""
-        if self._inflight is not None and self._inflight[1].done():
+        if self._inflight is not None and self._inflight.done.done():
             self._settle()  # a failed fsync refuses this append, not only a later one
         if self._broken is not None:
             raise LogWriteFailed(
@@ -551,7 +608,7 @@ class RunLogWriter:
         it fsyncs itself (the kernel orders the two), covering every record
         written so far.
         """
-        if self._inflight is not None and self._inflight[1].done():
+        if self._inflight is not None and self._inflight.done.done():
             self._settle()
         if self._fd is None or self._synced >= self._seq:
             return
@@ -579,7 +636,7 @@ class RunLogWriter:
         try:
             while True:
                 inflight = self._inflight
-                if inflight is not None and inflight[1].done():
+                if inflight is not None and inflight.done.done():
                     self._settle()
                     continue
                 if self._synced >= target:
@@ -599,7 +656,7 @@ class RunLogWriter:
                 # In flight: it covers this waiter only if it began after
                 # target was written; else this waiter waits for it to end
                 # and then for the next one (the loop comes round again).
-                await asyncio.shield(self._wait_for(inflight[1]))
+                await inflight.wait()
         finally:
             self._waiters -= 1
             if self._batch_owed():
@@ -679,9 +736,13 @@ class RunLogWriter:
         """
         mode = self.flush_on
         if mode != "thread":
-            gathering = self._gathering
-            if gathering is not None:
-                await asyncio.shield(gathering)
+            loop = asyncio.get_running_loop()
+            if self._gathering is not None:
+                leader_loop, parked = self._gathering
+                if leader_loop is loop:
+                    await _park(parked)
+                elif self._broken is None and self._fd is not None:
+                    self.flush()  # its leader is stranded in another loop, stopped mid-gathering
                 return
             alone = self._alone
             if alone >= LONE_GATHERS and alone % LONE_GATHERS and self._waiters == 1:
@@ -692,7 +753,8 @@ class RunLogWriter:
                 if self._broken is None and self._fd is not None:
                     self.flush()
                 return
-            gathering = self._gathering = asyncio.get_running_loop().create_future()
+            gathering: list[asyncio.Future[None]] = []
+            self._gathering = (loop, gathering)
             try:
                 while True:  # gather: yield while more waiters keep coming
                     before = self._waiters
@@ -708,7 +770,7 @@ class RunLogWriter:
                     return
             finally:
                 self._gathering = None
-                gathering.set_result(None)
+                _release(gathering)
         if self._broken is not None or self._fd is None:
             return  # the caller's loop reports it
         pool = self._pool
@@ -718,15 +780,9 @@ class RunLogWriter:
             )
         upto = self._started = self._seq
         self._batch_loop = None
-        self._inflight = (upto, pool.submit(_fsync_outcome, self._fsync, self._fd))
-
-    def _wait_for(self, done: concurrent.futures.Future[OSError | None]) -> asyncio.Future[OSError | None]:
-        """The running loop's future for the fsync in flight, shared by all its waiters."""
-        waiting = self._inflight_wait
-        loop = asyncio.get_running_loop()
-        if waiting is None or waiting.get_loop() is not loop:
-            waiting = self._inflight_wait = asyncio.wrap_future(done, loop=loop)
-        return waiting
+        self._inflight = _Inflight(
+            upto, pool.submit(_fsync_outcome, self._fsync, self._fd), asyncio.get_running_loop()
+        )
 
     def _settle(self, *, wait: bool = False) -> None:
         """Take in the outcome of the fsync in flight if it has ended (or, with ``wait``, once it has).
@@ -735,12 +791,11 @@ class RunLogWriter:
         thread itself changes nothing.
         """
         inflight = self._inflight
-        if inflight is None or not (wait or inflight[1].done()):
+        if inflight is None or not (wait or inflight.done.done()):
             return
-        upto, done = inflight
-        error = done.result()
+        upto = inflight.upto
+        error = inflight.done.result()
         self._inflight = None
-        self._inflight_wait = None
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
                 self._fail(f"fsync after record seq {upto}", error)
