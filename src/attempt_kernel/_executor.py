@@ -31,6 +31,7 @@ the run stays unfinished.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import math
 import os
@@ -261,6 +262,38 @@ class _Context:
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
         return await asyncio.to_thread(function)
+
+
+@final
+class _Finished:
+    """What a DAG run's loop waits on, in order: the name of a step whose task
+    ended, "" when the run is cancelled, None when the executor stops.
+
+    An `asyncio.Queue` without what a run never uses (a bound, counting of
+    tasks done, several getters): one future per wait, no more.
+    """
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[str | None] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: str | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> str | None:
+        """The next item, once there is one (for one getter at a time)."""
+        while not self._items:
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 # --------------------------------------------------------------------------
@@ -759,7 +792,11 @@ class Executor:
         # docs/contracts.md, "The write-ahead rule": Dispatched is durable
         # before the effect is sent
         try:
-            await self._durable(run)
+            group = self._group  # as _durable, one coroutine less
+            if group is None:
+                self._log.flush()
+            else:
+                await group.durable(run)
         except asyncio.CancelledError:
             # Interrupted (a cancel, a stop, a deadline) before the effect was
             # handed over: this attempt's send is known not to have happened
@@ -1268,13 +1305,13 @@ class Executor:
         for s in workflow.steps:
             for d in s.after:
                 dependents.setdefault(d, []).append(s)
-        finished: asyncio.Queue[str | None] = asyncio.Queue()
+        finished = _Finished()
 
         def on_cancel() -> None:
-            finished.put_nowait("")
+            finished.put("")
 
         def on_stop() -> None:
-            finished.put_nowait(None)
+            finished.put(None)
 
         self._listen(control, on_cancel, on_stop)
         loop = asyncio.get_running_loop()
@@ -1284,7 +1321,7 @@ class Executor:
         callback_context = contextvars.copy_context()
 
         def step_done(task: asyncio.Task[StepOutcome]) -> None:
-            finished.put_nowait(task.get_name())
+            finished.put(task.get_name())
 
         def start(step: Step) -> None:
             inputs = {d: outcomes[d].result for d in step.after}
