@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import BinaryIO, ClassVar, Final, Literal, Protocol
 
-from typing_extensions import Self, assert_never, final
+from typing_extensions import Self, TypeAlias, assert_never, final
 
 from ._codec import MAX_RECORD_BYTES, RunLogError, decode_line, encode_record
 from ._records import Change, CorruptLine, LogItem, Record, TornTail
@@ -318,6 +318,10 @@ def _cut_tail(path: Path, fd: int, tail: TornTail) -> Path:
     return side
 
 
+_Parked: TypeAlias = dict[asyncio.Future[None], None]
+"""Waiters parked until something ends, each on a future of its own, in the order they came."""
+
+
 @final
 class _Inflight:
     """An fsync in flight on the flush thread, and the waiters parked until it ends."""
@@ -333,7 +337,7 @@ class _Inflight:
         """Its outcome: the error it met, or None (a thread's future, bound to no event loop)."""
         self.loop: Final = loop
         """The event loop that started it, where its end releases ``parked``."""
-        self.parked: Final[list[asyncio.Future[None]]] = []
+        self.parked: Final[_Parked] = {}
         """Waiters of ``loop`` parked until it ends (`_park`)."""
         done.add_done_callback(self._ended)
 
@@ -352,28 +356,32 @@ class _Inflight:
             await asyncio.shield(asyncio.wrap_future(self.done, loop=loop))
 
 
-def _park(parked: list[asyncio.Future[None]]) -> asyncio.Future[None]:
-    """A future of this waiter's own, done when ``parked`` is released (`_release`).
+async def _park(parked: _Parked) -> None:
+    """Wait until ``parked`` is released (`_release`), on a future of this waiter's own.
 
     What a shared future under ``asyncio.shield`` gave, for less: a waiter
     cancelled meanwhile cancels only its own future (never the fsync or the
-    gathering that others wait for), and a release wakes each waiter with
-    one callback of the loop instead of three.
+    gathering that others wait for) and takes it out at once, and a release
+    wakes each waiter with one callback of the loop instead of three.
     """
     own: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    parked.append(own)
-    return own
+    parked[own] = None
+    try:
+        await own
+    finally:
+        del parked[own]
 
 
-def _release(parked: list[asyncio.Future[None]]) -> None:
+def _release(parked: _Parked) -> None:
     """Wake every waiter parked on ``parked`` that is still waiting."""
-    for own in parked:
+    # Over a copy: a waiter may leave ``parked`` meanwhile (one stranded in a
+    # closed loop, whose coroutine the garbage collector closes).
+    for own in tuple(parked):
         if not own.done():
             try:
                 own.set_result(None)
             except RuntimeError:  # a waiter stranded in a loop closed since: no one to wake
                 pass
-    parked.clear()
 
 
 def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> OSError | None:
@@ -487,7 +495,7 @@ class RunLogWriter:
         self._alone = 0
         # While a leader gathers (_start_flush): its loop, and the waiters
         # parked until it is done.
-        self._gathering: tuple[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] | None = None
+        self._gathering: tuple[asyncio.AbstractEventLoop, _Parked] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
         fd = open_regular(self.path, flags, "for appending")
@@ -741,9 +749,15 @@ class RunLogWriter:
                 leader_loop, parked = self._gathering
                 if leader_loop is loop:
                     await _park(parked)
-                elif self._broken is None and self._fd is not None:
-                    self.flush()  # its leader is stranded in another loop, stopped mid-gathering
-                return
+                    return
+                if not leader_loop.is_closed():
+                    # its leader is stranded in another loop, stopped
+                    # mid-gathering: it may come back, so this one does
+                    # not lead in its place, and fsyncs alone
+                    if self._broken is None and self._fd is not None:
+                        self.flush()
+                    return
+                self._gathering = None  # its leader's loop closed: it never comes back
             alone = self._alone
             if alone >= LONE_GATHERS and alone % LONE_GATHERS and self._waiters == 1:
                 # The last gathers found no one else: fsync at once, as `flush`
@@ -753,8 +767,8 @@ class RunLogWriter:
                 if self._broken is None and self._fd is not None:
                     self.flush()
                 return
-            gathering: list[asyncio.Future[None]] = []
-            self._gathering = (loop, gathering)
+            gathering: _Parked = {}
+            mine = self._gathering = (loop, gathering)
             try:
                 while True:  # gather: yield while more waiters keep coming
                     before = self._waiters
@@ -769,7 +783,8 @@ class RunLogWriter:
                         self.flush()
                     return
             finally:
-                self._gathering = None
+                if self._gathering is mine:  # not taken over (its loop closed under it)
+                    self._gathering = None
                 _release(gathering)
         if self._broken is not None or self._fd is None:
             return  # the caller's loop reports it
