@@ -76,15 +76,28 @@ async def began(event: threading.Event) -> None:
     assert await asyncio.to_thread(event.wait, HUNG), "the fsync never began"
 
 
+async def how_they_end(waiters: list[asyncio.Task[None]]) -> list[str]:
+    """How each waiter ends: the name of the exception it raised, or "NoneType" when it returned."""
+    done = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), HUNG)
+    return [type(d).__name__ for d in done]
+
+
+async def waiting(log: RunLogWriter, ops: HeldOps, runs: int, fsync: int = 1) -> list[asyncio.Task[None]]:
+    """Runs ``r0``, ``r1``, ... each appended and waiting in durable(), once the held
+    fsync number ``fsync`` has begun on the flush thread."""
+    for i in range(runs):
+        log.append(f"r{i}", RunStarted(workflow="w"))
+    waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(runs)]
+    await began(ops.began[fsync])
+    return waiters
+
+
 def test_concurrent_waiters_are_released_by_one_fsync(tmp_path: Path) -> None:
     """Ten waiters on records all written before the fsync began share that one fsync."""
     ops = HeldOps(hold=(1,))
 
     async def main(log: RunLogWriter) -> list[int]:
-        for i in range(10):
-            log.append(f"r{i}", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(10)]
-        await began(ops.began[1])
+        waiters = await waiting(log, ops, 10)
         assert not any(w.done() for w in waiters)  # all held behind the fsync in flight
         ops.release[1].set()
         await asyncio.gather(*waiters)
@@ -189,6 +202,17 @@ async def two_waiters_held(log: RunLogWriter, ops: HeldOps) -> list[asyncio.Task
     log.append("b", RunStarted(workflow="w"))
     waiters = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
     await began(ops.began[1])
+    return waiters
+
+
+def left_gathering(loop: asyncio.AbstractEventLoop, log: RunLogWriter, *runs: str) -> list[asyncio.Task[None]]:
+    """``runs`` appended and waiting in durable() in ``loop``, which then stops after one
+    turn: the first leads and has begun gathering, the others have joined it."""
+    for run in runs:
+        log.append(run, RunStarted(workflow="w"))
+    waiters = [loop.create_task(log.durable(run)) for run in runs]
+    loop.call_soon(loop.stop)
+    loop.run_forever()
     return waiters
 
 
@@ -353,13 +377,9 @@ def test_a_failed_fsync_raises_in_every_waiter_of_it_and_breaks_the_writer(tmp_p
     ops = HeldOps(hold=(1,), fail=True)
 
     async def main(log: RunLogWriter) -> list[str]:
-        for i in range(3):
-            log.append(f"r{i}", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(3)]
-        await began(ops.began[1])
+        waiters = await waiting(log, ops, 3)
         ops.release[1].set()
-        done = await asyncio.gather(*waiters, return_exceptions=True)
-        return [type(d).__name__ for d in done]
+        return await how_they_end(waiters)
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         assert asyncio.run(main(log)) == ["LogWriteFailed"] * 3
@@ -373,14 +393,10 @@ def test_close_waits_for_the_fsync_in_flight(tmp_path: Path) -> None:
     log = RunLogWriter(tmp_path / "log", ops=ops)
 
     async def main() -> list[str]:
-        for i in range(2):
-            log.append(f"r{i}", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(2)]
-        await began(ops.began[1])
+        waiters = await waiting(log, ops, 2)
         threading.Timer(0.0, ops.release[1].set).start()  # close() blocks the loop
         log.close()
-        done = await asyncio.gather(*waiters, return_exceptions=True)
-        return [type(d).__name__ for d in done]
+        return await how_they_end(waiters)
 
     assert asyncio.run(main()) == ["NoneType", "NoneType"]
     assert ops.fsyncs == 1  # close found everything covered by the one in flight
@@ -391,10 +407,7 @@ def test_the_writer_serves_one_event_loop_after_another(tmp_path: Path) -> None:
     ops = HeldOps(hold=(1, 2))
 
     async def main(log: RunLogWriter, n: int) -> None:
-        for i in range(3):
-            log.append(f"r{i}", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(3)]
-        await began(ops.began[n])
+        waiters = await waiting(log, ops, 3, n)
         ops.release[n].set()
         await asyncio.gather(*waiters)
 
@@ -409,15 +422,11 @@ def test_a_waiter_cancelled_behind_the_fsync_in_flight_leaves_it_to_the_others(t
     ops = HeldOps(hold=(1,))
 
     async def main(log: RunLogWriter) -> list[str]:
-        for i in range(3):
-            log.append(f"r{i}", RunStarted(workflow="w"))
-        waiters = [asyncio.ensure_future(log.durable(f"r{i}")) for i in range(3)]
-        await began(ops.began[1])
+        waiters = await waiting(log, ops, 3)
         waiters[1].cancel()
         await turns(1)
         ops.release[1].set()
-        done = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), HUNG)
-        return [type(d).__name__ for d in done]
+        return await how_they_end(waiters)
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         assert asyncio.run(main(log)) == ["NoneType", "CancelledError", "NoneType"]
@@ -430,14 +439,13 @@ def test_a_waiter_cancelled_while_its_leader_gathers_leaves_the_group_whole(tmp_
     ops = HeldOps()
 
     async def main(log: RunLogWriter) -> list[str]:
-        waiters: list[asyncio.Future[None]] = []
+        waiters: list[asyncio.Task[None]] = []
         for i in range(3):
             log.append(f"r{i}", RunStarted(workflow="w"))
             waiters.append(asyncio.ensure_future(log.durable(f"r{i}")))
         await turns(1)  # the first leads and gathers; the other two joined it
         waiters[2].cancel()
-        done = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), HUNG)
-        return [type(d).__name__ for d in done]
+        return await how_they_end(waiters)
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         assert asyncio.run(main(log)) == ["NoneType", "NoneType", "CancelledError"]
@@ -481,10 +489,7 @@ def test_a_waiter_whose_gathering_leader_is_stranded_in_a_stopped_loop_fsyncs_it
     first = asyncio.new_event_loop()
     try:
         with RunLogWriter(tmp_path / "log", ops=ops) as log:
-            log.append("a", RunStarted(workflow="w"))
-            leader = first.create_task(log.durable("a"))
-            first.call_soon(first.stop)
-            first.run_forever()  # one turn: the leader begins gathering, and the loop stops
+            [leader] = left_gathering(first, log, "a")
             assert not leader.done() and ops.fsyncs == 0
 
             async def next_loop() -> None:
@@ -507,10 +512,7 @@ def test_cancelled_waits_behind_a_held_fsync_leave_nothing_behind(tmp_path: Path
     waits = 5_000
 
     async def main(log: RunLogWriter) -> int:
-        log.append("a", RunStarted(workflow="w"))
-        log.append("b", RunStarted(workflow="w"))
-        held = [asyncio.ensure_future(log.durable(r)) for r in ("a", "b")]
-        await began(ops.began[1])
+        held = await two_waiters_held(log, ops)
         tracemalloc.start()
         try:
             before = tracemalloc.get_traced_memory()[0]
@@ -540,10 +542,7 @@ def test_waiters_of_a_new_loop_share_fsyncs_after_a_leader_was_left_in_a_closed_
     ops = HeldOps()
     first = asyncio.new_event_loop()
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
-        log.append("a", RunStarted(workflow="w"))
-        leader = first.create_task(log.durable("a"))
-        first.call_soon(first.stop)
-        first.run_forever()  # one turn: the leader begins gathering, and the loop stops
+        [leader] = left_gathering(first, log, "a")
         first.close()
         assert not leader.done() and ops.fsyncs == 0
 
@@ -575,12 +574,7 @@ def test_a_leader_and_its_group_dropped_with_their_closed_loop_leave_quietly(
     ops = HeldOps()
     first = asyncio.new_event_loop()
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
-        log.append("a", RunStarted(workflow="w"))
-        log.append("b", RunStarted(workflow="w"))
-        leader = first.create_task(log.durable("a"))
-        joined = first.create_task(log.durable("b"))
-        first.call_soon(first.stop)
-        first.run_forever()  # one turn: the leader gathers, the other joins it; the loop stops
+        leader, joined = left_gathering(first, log, "a", "b")
         first.close()
         assert not leader.done() and not joined.done() and ops.fsyncs == 0
         del joined  # now held only by the leader's group
