@@ -39,7 +39,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Protocol, TypeVar, Union
@@ -262,6 +262,19 @@ class _Context:
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
         return await asyncio.to_thread(function)
+
+
+@final
+class _Done:
+    """Awaitable that is done at once: what `Executor._durable` hands back after a synchronous flush."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+
+_DONE: Final = _Done()
 
 
 @final
@@ -656,13 +669,21 @@ class Executor:
         if type(change) not in UNLOGGED:  # most records: no call at all
             self._log_records.log(run, change)
 
-    async def _durable(self, run: str) -> None:
-        """Return once every record of ``run`` written so far survives a crash of the machine."""
+    def _durable(self, run: str) -> Awaitable[None]:
+        """Awaited, returns once every record of ``run`` written so far survives a crash
+        of the machine.
+
+        The store's own ``durable`` is handed back to be awaited, not awaited
+        in a coroutine of this method's: a step waits here for every effect,
+        and each layer of coroutines is walked at each of its wake-ups. A
+        store without it is flushed at once (so a failure raises from the
+        call itself, still within the caller's statement).
+        """
         group = self._group
         if group is None:
             self._log.flush()
-        else:
-            await group.durable(run)
+            return _DONE
+        return group.durable(run)
 
     def _move(self, run: str, step: str, cause: TransitionCause) -> AttemptState:
         """Through the kernel, into the log, and only then into the ledger."""
@@ -792,11 +813,7 @@ class Executor:
         # docs/contracts.md, "The write-ahead rule": Dispatched is durable
         # before the effect is sent
         try:
-            group = self._group  # as _durable, one coroutine less
-            if group is None:
-                self._log.flush()
-            else:
-                await group.durable(run)
+            await self._durable(run)
         except asyncio.CancelledError:
             # Interrupted (a cancel, a stop, a deadline) before the effect was
             # handed over: this attempt's send is known not to have happened

@@ -326,20 +326,20 @@ _Parked: TypeAlias = dict[asyncio.Future[None], None]
 class _Inflight:
     """An fsync in flight on the flush thread, and the waiters parked until it ends."""
 
-    __slots__ = ("upto", "done", "loop", "parked")
+    __slots__ = ("upto", "outcome", "loop", "parked")
 
     def __init__(
-        self, upto: int, done: concurrent.futures.Future[OSError | None], loop: asyncio.AbstractEventLoop
+        self, upto: int, outcome: concurrent.futures.Future[OSError | None], loop: asyncio.AbstractEventLoop
     ) -> None:
         self.upto: Final = upto
         """The last record it covers."""
-        self.done: Final = done
+        self.outcome: Final = outcome
         """Its outcome: the error it met, or None (a thread's future, bound to no event loop)."""
         self.loop: Final = loop
         """The event loop that started it, where its end releases ``parked``."""
         self.parked: Final[_Parked] = {}
         """Waiters of ``loop`` parked until it ends (`_park`)."""
-        done.add_done_callback(self._ended)
+        outcome.add_done_callback(self._ended)
 
     def _ended(self, _: object) -> None:
         # On the flush thread: the waiters are released on their loop's
@@ -353,7 +353,7 @@ class _Inflight:
         if loop is self.loop:
             await _park(self.parked)
         else:  # a waiter on another loop than the one that started it (one stopped meanwhile)
-            await asyncio.shield(asyncio.wrap_future(self.done, loop=loop))
+            await asyncio.shield(asyncio.wrap_future(self.outcome, loop=loop))
 
 
 async def _park(parked: _Parked) -> None:
@@ -586,7 +586,7 @@ class RunLogWriter:
 
     def _writable(self) -> int:
         """The file's descriptor, once `append` may write: LogWriteFailed if broken or closed."""
-        if self._inflight is not None and self._inflight.done.done():
+        if self._inflight is not None and self._inflight.outcome.done():
             self._settle()  # a failed fsync refuses this append, not only a later one
         if self._broken is not None:
             raise LogWriteFailed(
@@ -616,7 +616,7 @@ class RunLogWriter:
         it fsyncs itself (the kernel orders the two), covering every record
         written so far.
         """
-        if self._inflight is not None and self._inflight.done.done():
+        if self._inflight is not None and self._inflight.outcome.done():
             self._settle()
         if self._fd is None or self._synced >= self._seq:
             return
@@ -644,7 +644,7 @@ class RunLogWriter:
         try:
             while True:
                 inflight = self._inflight
-                if inflight is not None and inflight.done.done():
+                if inflight is not None and inflight.outcome.done():
                     self._settle()
                     continue
                 if self._synced >= target:
@@ -743,8 +743,8 @@ class RunLogWriter:
         every fsync, which costs most when fsync is slow.
         """
         mode = self.flush_on
+        loop = asyncio.get_running_loop()
         if mode != "thread":
-            loop = asyncio.get_running_loop()
             if self._gathering is not None:
                 leader_loop, parked = self._gathering
                 if leader_loop is loop:
@@ -754,8 +754,7 @@ class RunLogWriter:
                     # its leader is stranded in another loop, stopped
                     # mid-gathering: it may come back, so this one does
                     # not lead in its place, and fsyncs alone
-                    if self._broken is None and self._fd is not None:
-                        self.flush()
+                    self._flush_unless_ended()
                     return
                 self._gathering = None  # its leader's loop closed: it never comes back
             alone = self._alone
@@ -764,8 +763,7 @@ class RunLogWriter:
                 # does, and gather again only every LONE_GATHERS-th time (a
                 # probe: when runs come back, gathering comes back with them).
                 self._alone = alone + 1
-                if self._broken is None and self._fd is not None:
-                    self.flush()
+                self._flush_unless_ended()
                 return
             gathering: _Parked = {}
             mine = self._gathering = (loop, gathering)
@@ -779,8 +777,7 @@ class RunLogWriter:
                 if self._synced >= self._seq or self._inflight is not None:
                     return
                 if mode == "loop" or self._waiters == 1:
-                    if self._broken is None and self._fd is not None:
-                        self.flush()
+                    self._flush_unless_ended()
                     return
             finally:
                 if self._gathering is mine:  # not taken over (its loop closed under it)
@@ -795,9 +792,12 @@ class RunLogWriter:
             )
         upto = self._started = self._seq
         self._batch_loop = None
-        self._inflight = _Inflight(
-            upto, pool.submit(_fsync_outcome, self._fsync, self._fd), asyncio.get_running_loop()
-        )
+        self._inflight = _Inflight(upto, pool.submit(_fsync_outcome, self._fsync, self._fd), loop)
+
+    def _flush_unless_ended(self) -> None:
+        """`flush` for a waiter, unless the writer broke or closed (its `durable` loop reports that)."""
+        if self._broken is None and self._fd is not None:
+            self.flush()
 
     def _settle(self, *, wait: bool = False) -> None:
         """Take in the outcome of the fsync in flight if it has ended (or, with ``wait``, once it has).
@@ -806,10 +806,10 @@ class RunLogWriter:
         thread itself changes nothing.
         """
         inflight = self._inflight
-        if inflight is None or not (wait or inflight.done.done()):
+        if inflight is None or not (wait or inflight.outcome.done()):
             return
         upto = inflight.upto
-        error = inflight.done.result()
+        error = inflight.outcome.result()
         self._inflight = None
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
