@@ -156,7 +156,7 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
             if time.monotonic() - swept >= SWEEP_EVERY:
                 swept = time.monotonic()
                 cur.execute(FIND_DEAD, (me, 5.0)).fetchall()
-            row = cur.execute(CLAIM_B, {"me": me, "names": ["noop"]}).fetchone()
+            row = cur.execute(CLAIM_B, {"me": me, "names": ["noop"], "n": 1}).fetchone()
             if row is None:
                 return
             run, fence = str(row[0]), int(str(row[1]))

@@ -163,6 +163,34 @@ def test_a_worker_drives_several_runs_and_retires_its_id(pg_url: str, schema: st
     assert sorted(calls(downstream)) == ["r1/charge/card", "r2/charge/card", "r3/charge/card"]
 
 
+def test_one_statement_claims_a_run_for_each_free_slot(pg_url: str, schema: str, downstream: Path) -> None:
+    """Five runs, concurrency 3: the first claim takes r1, r2 and r3 in one transaction.
+
+    A trigger writes down the transaction of each claim (an update that
+    moves a run's fence on); a worker claiming one run per statement
+    would show three transactions for the first three runs.
+    """
+    for run in ("r1", "r2", "r3", "r4", "r5"):
+        submit_run(pg_url, "pay", run, schema=schema)
+    sql_in(pg_url, schema, "CREATE TABLE {s}.claims (id serial, tx bigint, run text)")
+    sql_in(
+        pg_url, schema,
+        "CREATE FUNCTION {s}.note_claim() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO {s}.claims (tx, run) VALUES (txid_current(), NEW.run); RETURN NEW; END $$",
+    )  # fmt: skip
+    sql_in(
+        pg_url, schema,
+        "CREATE TRIGGER noted AFTER UPDATE ON {s}.runs FOR EACH ROW"
+        " WHEN (NEW.fence = OLD.fence + 1) EXECUTE FUNCTION {s}.note_claim()",
+    )  # fmt: skip
+    assert run_worker(pg_url, [PAY], schema=schema, concurrency=3, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 5
+    rows = sql_in(pg_url, schema, "SELECT tx, run FROM {s}.claims ORDER BY id")
+    first = {run for tx, run in rows if tx == rows[0][0]}
+    assert first == {"r1", "r2", "r3"}
+    assert sorted(str(run) for _, run in rows) == ["r1", "r2", "r3", "r4", "r5"]
+    assert sorted(calls(downstream)) == [f"r{i}/charge/card" for i in range(1, 6)]
+
+
 def test_dead_after_shorter_than_three_heartbeats_is_refused(pg_url: str) -> None:
     """dead_after 0.5 s with a 0.2 s heartbeat: ValueError naming the fix."""
     with pytest.raises(ValueError, match="at least three heartbeat periods"):

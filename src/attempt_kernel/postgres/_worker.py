@@ -193,18 +193,20 @@ _FIND_DEAD: Final[LiteralString] = (
 # The fenced claim: owner and fence must still be the ones read
 # (docs/contracts.md, "Fenced appends"). Only a run claimable now: queued,
 # signalled, or its wake time come (the runs_ready index is in this order and
-# ends the scan at now()).
+# ends the scan at now()). Up to %(n)s runs in one statement (a worker's free
+# slots), answered in the order they were due.
 _CLAIM: Final[LiteralString] = (
-    "UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1, wake_at = NULL"
-    " FROM (SELECT run, owner, fence FROM {s}.runs"
+    "WITH claimed AS (UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1, wake_at = NULL"
+    " FROM (SELECT run, owner, fence, coalesce(wake_at, submitted_at) AS due FROM {s}.runs"
     "  WHERE NOT done AND coalesce(wake_at, submitted_at) <= now() AND workflow = ANY(%(names)s)"
     "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))"
-    "  ORDER BY coalesce(wake_at, submitted_at), run LIMIT 1 FOR UPDATE SKIP LOCKED) AS old"
+    "  ORDER BY coalesce(wake_at, submitted_at), run LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS old"
     " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
     " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
     " RETURNING r.run, r.fence, r.workflow, r.input, old.owner,"
     " EXISTS (SELECT 1 FROM {s}.records WHERE run = r.run) AS written,"
-    " EXISTS (SELECT 1 FROM {s}.inbox WHERE run = r.run) AS mail"
+    " EXISTS (SELECT 1 FROM {s}.inbox WHERE run = r.run) AS mail, old.due)"
+    " SELECT run, fence, workflow, input, owner, written, mail FROM claimed ORDER BY due, run"
 )
 # Closing or releasing a run commits synchronously: it makes the run's
 # records durable (see _WorkerJournal.flush).
@@ -732,6 +734,26 @@ class _Claim:
     """Whether operators' changes for the run waited in the inbox when it was claimed."""
 
 
+def _claim_of(row: tuple[object, ...]) -> _Claim:
+    """A row of the claim statement, its types checked."""
+    run, fence, workflow, text, previous, written, mail = row
+    if (
+        type(run) is not str
+        or type(fence) is not int
+        or type(workflow) is not str
+        or type(text) is not str
+        or not (previous is None or type(previous) is str)
+        or type(written) is not bool
+        or type(mail) is not bool
+    ):
+        raise PgJournalError(f"the runs table answered {row!r} for a claim")
+    value: JSON = json.loads(text)
+    return _Claim(
+        run=run, fence=fence, workflow=workflow, input=value, previous=previous,
+        written=written, mail=mail,
+    )  # fmt: skip
+
+
 @final
 class Worker:
     """One worker process's loop over a PostgreSQL journal (see the module doc).
@@ -871,29 +893,13 @@ class Worker:
         for (worker,) in dead:
             self._say(f"worker {worker} is dead (no heartbeat for {self._dead_after} s)", logging.WARNING)
 
-    def _claim(self, conn: psycopg.Connection[tuple[object, ...]]) -> _Claim | None:
-        """One fenced statement: a queued run, or one whose owner was found dead (`_find_dead`)."""
-        row = conn.execute(
-            _statement(_CLAIM, self._schema), {"me": self.id, "names": self._names}
-        ).fetchone()
-        if row is None:
-            return None
-        run, fence, workflow, text, previous, written, mail = row
-        if (
-            type(run) is not str
-            or type(fence) is not int
-            or type(workflow) is not str
-            or type(text) is not str
-            or not (previous is None or type(previous) is str)
-            or type(written) is not bool
-            or type(mail) is not bool
-        ):
-            raise PgJournalError(f"the runs table answered {row!r} for a claim")
-        value: JSON = json.loads(text)
-        return _Claim(
-            run=run, fence=fence, workflow=workflow, input=value, previous=previous,
-            written=written, mail=mail,
-        )  # fmt: skip
+    def _claim(self, conn: psycopg.Connection[tuple[object, ...]], most: int) -> list[_Claim]:
+        """One fenced statement: up to ``most`` runs, queued or held by a worker found dead
+        (`_find_dead`), in the order they were due."""
+        rows = conn.execute(
+            _statement(_CLAIM, self._schema), {"me": self.id, "names": self._names, "n": most}
+        ).fetchall()
+        return [_claim_of(row) for row in rows]
 
     def _idle(self, conn: psycopg.Connection[tuple[object, ...]]) -> bool:
         row = conn.execute(
@@ -1266,10 +1272,10 @@ class Worker:
                         if time.monotonic() - swept >= poll:  # a dead worker's runs wait at most poll longer
                             swept = time.monotonic()
                             self._find_dead(conn)
-                        while len(tasks) < self._concurrency:
-                            claim = self._claim(conn)
-                            if claim is None:
-                                break
+                        # One statement claims a run for each free slot: a claim
+                        # blocks the loop (every run it drives) for a round trip.
+                        free = self._concurrency - len(tasks)
+                        for claim in self._claim(conn, free) if free > 0 else ():
                             task = asyncio.ensure_future(self._drive(journal, conn, claim))
                             tasks[task] = claim.run
                     if self._driving and time.monotonic() - looked >= INBOX_POLL:
