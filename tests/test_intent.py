@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Final
 
 import pytest
@@ -135,6 +137,21 @@ def test_idempotency_key_is_stable_and_distinct() -> None:
     }
     assert key not in others and len(others) == 4
 
+
+
+def test_idempotency_key_with_a_nonce_hashes_the_four_names_as_a_json_array() -> None:
+    """With a nonce the key is the SHA-256 of ["nonce", "run", "step", "name"], written as
+    JSON writes it: ", " between items, anything beyond ASCII and every control character escaped."""
+    text = '["n-1", "r\\"1", "s\\u00e9p", "a\\u0000b\\ud83d\\ude00"]'
+    expected = "ak1-" + hashlib.sha256(text.encode()).hexdigest()[:32]
+    assert idempotency_key('r"1', "s\u00e9p", "a\x00b\U0001f600", nonce="n-1") == expected
+
+
+@given(st.text(min_size=1), st.text(), st.text(), st.text())
+def test_property_a_nonced_key_is_the_hash_of_json_dumps(nonce: str, run: str, step: str, name: str) -> None:
+    """For any names (surrogates and control characters too), the key is that of json.dumps's array."""
+    text = json.dumps([nonce, run, step, name])
+    assert idempotency_key(run, step, name, nonce=nonce) == "ak1-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 UNSENT = (
     "a Planned intent has not been sent, so it has no outcome; Dispatch it first or"

@@ -27,12 +27,15 @@ import hashlib
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Final, Union
+from typing import Callable, Final, Union
 
 from typing_extensions import TypeAlias, assert_never, final
 
 from ._attempt import Cancel
 from ._errors import AttemptKernelError
+
+_json_str: Final[Callable[[str], str]] = json.encoder.encode_basestring_ascii
+"""A string as JSON, the way `json.dumps` writes it (ASCII, escapes)."""
 
 # --------------------------------------------------------------------------
 # Intent states (docs/contracts.md, "The intent record": exactly five)
@@ -243,6 +246,12 @@ def idempotency_key(run: str, step: str, name: str, *, nonce: str = "") -> str:
     """
     # With a nonce, the parts go in as one JSON array: no name can contain
     # a separator that makes two effects' keys the same.
-    text = f"{run}\x00{step}\x00{name}" if not nonce else json.dumps([nonce, run, step, name])
+    # The array is written as json.dumps([nonce, run, step, name]) writes it
+    # (", " between items, non-ASCII escaped), without its general machinery.
+    text = (
+        f"{run}\x00{step}\x00{name}"
+        if not nonce
+        else f"[{_json_str(nonce)}, {_json_str(run)}, {_json_str(step)}, {_json_str(name)}]"
+    )
     digest = hashlib.sha256(text.encode()).hexdigest()
     return f"ak1-{digest[:32]}"
