@@ -164,7 +164,8 @@ def test_a_worker_drives_several_runs_and_retires_its_id(pg_url: str, schema: st
 
 
 def test_one_statement_claims_a_run_for_each_free_slot(pg_url: str, schema: str, downstream: Path) -> None:
-    """Five runs, concurrency 3: the first claim takes r1, r2 and r3 in one transaction.
+    """Five runs, concurrency 3: the first claim takes r1, r2 and r3 in one transaction,
+    and the worker starts them in the order they were submitted.
 
     A trigger writes down the transaction of each claim (an update that
     moves a run's fence on); a worker claiming one run per statement
@@ -183,10 +184,16 @@ def test_one_statement_claims_a_run_for_each_free_slot(pg_url: str, schema: str,
         "CREATE TRIGGER noted AFTER UPDATE ON {s}.runs FOR EACH ROW"
         " WHEN (NEW.fence = OLD.fence + 1) EXECUTE FUNCTION {s}.note_claim()",
     )  # fmt: skip
-    assert run_worker(pg_url, [PAY], schema=schema, concurrency=3, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 5
+    lines: list[str] = []
+    assert run_worker(
+        pg_url, [PAY], schema=schema, concurrency=3, heartbeat=0.2, dead_after=300, stop_when_idle=True,
+        progress=lines.append,
+    ) == 5  # fmt: skip
     rows = sql_in(pg_url, schema, "SELECT tx, run FROM {s}.claims ORDER BY id")
     first = {run for tx, run in rows if tx == rows[0][0]}
     assert first == {"r1", "r2", "r3"}
+    # driven in the order they were submitted (the order they became due)
+    assert [line.split(":")[0] for line in lines if ": claimed at fence" in line] == ["r1", "r2", "r3", "r4", "r5"]
     assert sorted(str(run) for _, run in rows) == ["r1", "r2", "r3", "r4", "r5"]
     assert sorted(calls(downstream)) == [f"r{i}/charge/card" for i in range(1, 6)]
 
