@@ -356,6 +356,15 @@ def test_append_all_writes_records_of_a_run_in_order_in_one_go(pg: PgJournal, pg
         pg.append_all("r", [])
 
 
+def test_records_appended_in_one_go_share_one_time(pg: PgJournal) -> None:
+    """As in the file store: the clock (0.5 s a tick here) is read once per append, not once per record."""
+    pg.append("r", RunStarted(workflow="w"))
+    pg.append_all("r", simple_changes())
+    pg.append("r", RunFinished())
+    times = [item.time_us for item in pg.read() if isinstance(item, Record)]
+    assert times == [1_000_000_000, *[1_000_500_000] * 4, 1_001_000_000]
+
+
 def test_append_all_under_a_lost_lease_writes_none_of_them(pg_url: str, schema: str) -> None:
     """The fence moved on: LeaseLost, and not one of the three records is in the journal."""
     PgJournal(pg_url, schema=schema).close()

@@ -1370,14 +1370,13 @@ class PgJournal:
                 first = numbering.last.get(run, 0) + 1
                 self._known(run, first, fold)
             # Client clocks skew: by default the database's clock stamps records.
-            times = [self._now() for _ in changes]
-            lines = [
-                encode_record(first + i, times[i], run, change) for i, change in enumerate(changes)
-            ]
+            # Records written in one go share one time, as in the file store.
+            at = self._now()
+            lines = [encode_record(first + i, at, run, change) for i, change in enumerate(changes)]
             # The fold takes the records before they are sent; were they not
             # written, the run is forgotten (read again at its next append).
             applied = True
-            for at, change in zip(times, changes):
+            for change in changes:
                 number = fold.records + 1
                 fold.apply(Record(line=number, seq=number, time_us=at, run=run, change=change))
             summary = summary_of(fold, run)
