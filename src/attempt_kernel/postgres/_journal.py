@@ -1263,8 +1263,9 @@ class PgJournal:
 
         What `append` does for each, in order, at the cost of one: the
         executor hands over records it writes back to back (an attempt's
-        creation and admission, a step's result and its end). Commits
-        synchronously if any of them must. Every record is encoded before
+        creation and admission, a step's result and its end). The records
+        share one ``time_us``, read once for the call, as the file store's
+        do. Commits synchronously if any of them must. Every record is encoded before
         anything is sent: one that `append` would refuse (`UnencodableRecord`,
         `RecordTooLarge`) writes none of them.
         """
