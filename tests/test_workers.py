@@ -45,7 +45,7 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel.postgres._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
-from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal
+from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal, PgJournalError
 from attempt_kernel.postgres._worker import Worker, WorkerDeclaredDead
 from attempt_kernel.postgres._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
 
@@ -196,6 +196,20 @@ def test_one_statement_claims_a_run_for_each_free_slot(pg_url: str, schema: str,
     assert [line.split(":")[0] for line in lines if ": claimed at fence" in line] == ["r1", "r2", "r3", "r4", "r5"]
     assert sorted(str(run) for _, run in rows) == ["r1", "r2", "r3", "r4", "r5"]
     assert sorted(calls(downstream)) == [f"r{i}/charge/card" for i in range(1, 6)]
+
+
+def test_a_claimed_row_whose_input_is_not_json_stops_the_worker_and_names_the_run(pg_url: str, schema: str) -> None:
+    """Input written past submit_run: a PgJournalError naming the run; the worker retires its id,
+    so the runs claimed with it in the same statement are free to claim again."""
+    for run in ("r1", "r2", "r3"):
+        submit_run(pg_url, "pay", run, schema=schema)
+    sql_in(pg_url, schema, "UPDATE {s}.runs SET input = 'not json' WHERE run = 'r2'")
+    with pytest.raises(PgJournalError, match="an input for run 'r2' that is not JSON"):
+        run_worker(pg_url, [PAY], schema=schema, concurrency=3, heartbeat=0.2, dead_after=300, stop_when_idle=True)
+    assert sql_in(
+        pg_url, schema,
+        "SELECT r.run, r.fence, w.dead FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner ORDER BY r.run",
+    ) == [("r1", 1, True), ("r2", 1, True), ("r3", 1, True)]  # fmt: skip
 
 
 def test_dead_after_shorter_than_three_heartbeats_is_refused(pg_url: str) -> None:

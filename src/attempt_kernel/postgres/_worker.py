@@ -14,10 +14,11 @@ Theory of operation:
   and a thread of its own beats ``heartbeat_at = now()`` (the database's
   clock) every ``heartbeat`` seconds on its own connection, so a busy
   event loop never delays a beat.
-- Claiming is one fenced statement: a run with no owner, or owned by a
-  worker found dead, is locked ``FOR UPDATE SKIP LOCKED`` and given this
-  worker's id with ``fence + 1``, on condition that owner and fence are
-  still the ones read. Before claiming (at most every half heartbeat
+- Claiming is one fenced statement for as many runs as the worker has
+  free slots: each run with no owner, or owned by a worker found dead, is
+  locked ``FOR UPDATE SKIP LOCKED`` and given this worker's id with
+  ``fence + 1``, on condition that owner and fence are still the ones
+  read; the runs come back in the order they became due. Before claiming (at most every half heartbeat
   period), a worker marks dead every worker whose heartbeat is older than
   ``dead_after`` by the database's clock; a worker marked dead stays dead
   (its heartbeat fails and it stops).
@@ -302,7 +303,7 @@ class Backoff:
 
 @functools.lru_cache(maxsize=64)
 def _statement(text: LiteralString, schema: str) -> bytes:
-    """The statement for ``schema``, composed once (a claim and a completion run per run)."""
+    """The statement for ``schema``, composed once (the claims and a completion run for every run)."""
     return sql.SQL(text).format(s=sql.Identifier(schema)).as_bytes(None)
 
 
@@ -747,7 +748,13 @@ def _claim_of(row: tuple[object, ...]) -> _Claim:
         or type(mail) is not bool
     ):
         raise PgJournalError(f"the runs table answered {row!r} for a claim")
-    value: JSON = json.loads(text)
+    try:
+        value: JSON = json.loads(text)
+    except ValueError as error:  # written past submit_run, which checks it
+        raise PgJournalError(
+            f"the runs table holds an input for run {run!r} that is not JSON ({error});"
+            f" the run is claimed by this worker, which stops: fix or delete the row"
+        ) from None
     return _Claim(
         run=run, fence=fence, workflow=workflow, input=value, previous=previous,
         written=written, mail=mail,
