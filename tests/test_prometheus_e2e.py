@@ -16,6 +16,8 @@ there it must run, so a missing binary fails it.
 
 from __future__ import annotations
 
+import gc
+import http.server
 import json
 import os
 import re
@@ -24,9 +26,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
@@ -77,17 +82,25 @@ def get_text(url: str) -> str:
 def poll(what: str, check: Callable[[], dict[str, object] | None]) -> dict[str, object]:
     """Ask ``check`` every half second until it returns an answer; fail after `PATIENCE`."""
     deadline = time.monotonic() + PATIENCE
-    last: object = None
+    last = "no answer yet"
     while time.monotonic() < deadline:
         try:
             found = check()
+        except urllib.error.HTTPError as error:  # listening, not ready: /-/ready answers 503
+            # The error holds the response and its socket. Close it now and keep
+            # only its text: an error kept in a local of this frame is a cycle
+            # (error -> traceback -> frame -> error) that only the garbage
+            # collector frees, and it warns of the unclosed socket in whatever
+            # test it runs during (a ResourceWarning, an error under -W error).
+            with error:
+                last = f"HTTP {error.code} {error.reason}"
         except OSError as error:  # not listening yet
-            last = error
+            last = repr(error)
         else:
             if found is not None:
                 return found
         time.sleep(0.5)
-    pytest.fail(f"waited {PATIENCE} s for {what}; last: {last!r}")
+    pytest.fail(f"waited {PATIENCE} s for {what}; last: {last}")
 
 
 
@@ -167,6 +180,49 @@ def result_of(answer: Any) -> list[Any]:  # noqa: ANN401  # the API's JSON
     found = data["result"] if "result" in data else data["alerts"]
     assert isinstance(found, list)
     return found  # pyright: ignore[reportUnknownVariableType]  # JSON from the API
+
+
+def test_polling_a_server_that_answers_503_leaves_no_socket_for_the_garbage_collector() -> None:
+    """`poll` against a server that is listening but not ready (Prometheus's /-/ready
+    answers 503 while it starts) closes each error's response: none is left in a
+    cycle for a later test's garbage collection to warn about."""
+    answers = [503, 503, 200]
+
+    class NotReadyYet(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status = answers.pop(0) if len(answers) > 1 else answers[0]
+            body = b"ready\n" if status == 200 else b"not ready\n"
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002  # the base class's name
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotReadyYet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        ready = poll("the server to be ready", lambda: {"ready": True} if get_text(f"{base}/-/ready") else None)
+        assert ready == {"ready": True}
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+    assert answers == [200], "the server was asked fewer than three times: no 503 was polled through"
+    unraisable: list[str] = []
+    before = sys.unraisablehook
+    sys.unraisablehook = lambda seen: unraisable.append(f"{seen.exc_value!r} in {seen.object!r}")
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")  # seen here, whatever -W says
+            gc.collect()
+    finally:
+        sys.unraisablehook = before
+    assert [str(w.message) for w in warned if issubclass(w.category, ResourceWarning)] == []
+    assert unraisable == []
 
 
 def test_a_takeover_that_ends_indeterminate_fires_the_alert(
