@@ -735,12 +735,13 @@ class RunLogWriter:
         fsync while this one runs. benchmarks/bench_group_commit.py measures
         the alternatives in one run: on a 2-core machine shared with other
         work, a thread hop made a sequential run slower than an inline fsync
-        in four runs of six (1,176 against 847 us per effect in one), and
-        with 100 runs at once this mix was never behind always-inline or
-        always-thread by more than the noise, while always-thread fell
-        behind when fsync was fast (handing the GIL to the thread and back
-        costs more than the fsync) and always-inline blocks the loop for
-        every fsync, which costs most when fsync is slow.
+        in four runs of six (1,176 against 847 us per effect in one). With
+        100 runs at once, always-thread fell behind when fsync was fast
+        (handing the GIL to the thread and back costs more than the fsync),
+        and so did this mix, by about a tenth against always-inline, on a
+        day of 120 us fsyncs; but always-inline blocks the loop for every
+        fsync, which costs most when fsync is slow and other runs have
+        work to do meanwhile (docs/design.md has the figures).
         """
         mode = self.flush_on
         loop = asyncio.get_running_loop()
