@@ -2,7 +2,11 @@
 
 The fsyncs are counted by an injected `FileOps`, and held on
 ``threading.Event``s so that waiters pile up behind one in flight: every
-test waits on events, none on time.
+test waits on events, none on time. A held fsync must run on the flush
+thread (inline, it would block the loop the test goes on in), so these
+tests pin ``flush_on = "alone"``, where every group's fsync goes there;
+the default, ``"timed"``, picks inline or the thread by how long fsyncs
+take, on a clock the tests that check it bring.
 """
 
 from __future__ import annotations
@@ -39,12 +43,18 @@ from attempt_kernel import (
     recover_log,
     replay,
 )
-from attempt_kernel._logfile import BATCH_CAP, BATCH_TURNS
+from attempt_kernel._logfile import BATCH_CAP, BATCH_TURNS, INLINE_FSYNC_S
 from attempt_kernel._records import JSON
 from attempt_kernel._workflow import Step, load_workflow
 
 # Long enough never to fire on a loaded machine; only a hung test reaches it.
 HUNG = 60.0
+
+
+@pytest.fixture(autouse=True)
+def groups_fsync_on_the_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every group's fsync on the flush thread, where a test can hold it (see the module doc)."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "alone")
 
 
 class HeldOps:
@@ -127,6 +137,74 @@ def test_a_record_written_after_the_fsync_began_waits_for_the_next(tmp_path: Pat
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         assert asyncio.run(main(log)) == ([1, 1], 2)
+
+
+class TimedOps:
+    """Real writes and fsyncs on a clock of the test's own: each fsync takes
+    ``takes`` seconds of it, and notes whether it ran inline (on the loop's thread)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.takes = 0.0
+        self.inline: list[bool] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def write(self, fd: int, data: bytes) -> int:
+        return os.write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self.inline.append(threading.current_thread() is threading.main_thread())
+        os.fsync(fd)
+        self.now += self.takes
+
+
+async def one_group(log: RunLogWriter, name: str) -> None:
+    """Three runs appended, then all three waiting in durable(): one group, one fsync."""
+    for i in range(3):
+        log.append(f"{name}-{i}", RunStarted(workflow="w"))
+    await asyncio.gather(*(log.durable(f"{name}-{i}") for i in range(3)))
+
+
+def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_they_are_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the default ``flush_on = "timed"``: a group's fsync runs inline until the
+    running average of the fsyncs' times (each new one weighs a quarter) reaches
+    INLINE_FSYNC_S (1 ms), then on the flush thread until it falls below again.
+    Both kinds of fsync feed the average."""
+    assert INLINE_FSYNC_S == 0.001
+    monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
+    ops = TimedOps()
+    monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
+
+    async def main(log: RunLogWriter) -> None:
+        # 1: no fsync timed yet: inline; it takes 5 ms, the average is 5 ms
+        ops.takes = 0.005
+        await one_group(log, "a")
+        # 2-7: on the thread, each taking 0.1 ms; the average falls to 3.775,
+        # 2.856, 2.167, 1.650, 1.263 and then 0.972 ms
+        ops.takes = 0.0001
+        for n in range(6):
+            await one_group(log, f"b{n}")
+        # 8: under 1 ms again: inline; the average falls to 0.754 ms
+        await one_group(log, "c")
+        # 9: a lone waiter, inline; its fsync takes 2 ms, as do all from here,
+        # and lifts the average to 1.066 ms
+        ops.takes = 0.002
+        log.append("d", RunStarted(workflow="w"))
+        await log.durable("d")
+        # 10, 11: on the thread (the average rises to 1.299, then 1.474 ms)
+        await one_group(log, "e")
+        await one_group(log, "f")
+        # 12: a lone waiter is inline whatever the average says
+        log.append("g", RunStarted(workflow="w"))
+        await log.durable("g")
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        asyncio.run(main(log))
+    assert ops.inline == [True, False, False, False, False, False, False, True, True, False, False, True]
 
 
 def test_a_waiter_with_nothing_new_returns_without_an_fsync(tmp_path: Path) -> None:
@@ -588,13 +666,15 @@ def test_a_leader_and_its_group_dropped_with_their_closed_loop_leave_quietly(
 
 class EffectsLog:
     """HeldOps for the executor: the first fsync waits (on the flush thread) until
-    every run has written its Dispatched, then fails with EIO."""
+    every run has written its Dispatched, then fails with EIO (inline, every run has
+    written it by the time the group's fsync begins)."""
 
     def __init__(self, runs: int) -> None:
         self.runs = runs
         self.dispatched = 0
         self.all_dispatched = threading.Event()
         self.fsyncs = 0
+        self.inline: list[bool] = []  # for each fsync: was it made on the loop's thread?
 
     def write(self, fd: int, data: bytes) -> int:
         if b'"to":"Dispatched"' in data:
@@ -605,18 +685,24 @@ class EffectsLog:
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1
+        self.inline.append(threading.current_thread() is threading.main_thread())
         assert self.all_dispatched.wait(HUNG), "not every run reached its effect"
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
 
+@pytest.mark.parametrize("flush_on", ["thread", "timed"])
 def test_a_failed_group_fsync_fails_every_waiting_attempt_and_sends_no_effect(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flush_on: str
 ) -> None:
     """Five runs, one effect each, all waiting on a failing fsync: every run raises
-    LogWriteFailed, no effect is sent, the writer refuses appends, and the log recovers clean."""
-    # Every fsync on the flush thread, so that the held one does not block
-    # the loop while the other runs reach their effects.
-    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    LogWriteFailed, no effect is sent, the writer refuses appends, and the log recovers clean.
+
+    Under ``"thread"`` every fsync is on the flush thread, and the held one
+    does not block the loop while the other runs reach their effects. Under
+    ``"timed"`` (the default) the group's first fsync runs inline, on the
+    loop, once the group has gathered all five.
+    """
+    monkeypatch.setattr(RunLogWriter, "flush_on", flush_on)
     sent: list[str] = []
 
     async def pay(ctx: StepContext) -> JSON:
@@ -638,6 +724,7 @@ def test_a_failed_group_fsync_fails_every_waiting_attempt_and_sends_no_effect(
     with RunLogWriter(path, ops=ops) as log:
         assert asyncio.run(main(log)) == ["LogWriteFailed"] * 5
         assert (ops.dispatched, ops.fsyncs, sent) == (5, 1, [])
+        assert ops.inline == [flush_on == "timed"]
         with pytest.raises(LogWriteFailed):
             log.append("r0", AttemptCreated(step="s", attempt=2))
     writer, recovery = recover_log(path, {"w": workflow})

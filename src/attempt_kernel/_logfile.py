@@ -50,6 +50,22 @@ LONE_GATHERS: Final = 8
 """After this many gathers in a row that found no other waiter, `RunLogWriter.durable`
 fsyncs a lone waiter at once, gathering only every this-many-th time."""
 
+INLINE_FSYNC_S: Final = 0.001
+"""Seconds: while the writer's fsyncs take less than this (a running average of the
+last few), a group's fsync runs inline on the event loop; from this on, on the
+writer's flush thread, so that the loop goes on meanwhile.
+
+Handing an fsync to the thread and taking its end back cost about 1 ms per
+group on a 2-core machine (the interpreter lock passed to the thread and
+back, two wake-ups): more than a fast fsync blocks the loop for
+(benchmarks/bench_group_commit.py; docs/design.md has the figures)."""
+
+_FSYNC_WEIGHT: Final = 0.25
+"""The weight of each new fsync's time in the running average (`RunLogWriter`)."""
+
+_fsync_clock: Callable[[], float] = time.perf_counter
+"""Times each fsync, in seconds (tests put a clock of their own here)."""
+
 # --------------------------------------------------------------------------
 # Errors
 # --------------------------------------------------------------------------
@@ -329,12 +345,16 @@ class _Inflight:
     __slots__ = ("upto", "outcome", "loop", "parked")
 
     def __init__(
-        self, upto: int, outcome: concurrent.futures.Future[OSError | None], loop: asyncio.AbstractEventLoop
+        self,
+        upto: int,
+        outcome: concurrent.futures.Future[tuple[OSError | None, float]],
+        loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.upto: Final = upto
         """The last record it covers."""
         self.outcome: Final = outcome
-        """Its outcome: the error it met, or None (a thread's future, bound to no event loop)."""
+        """Its outcome: the error it met (or None) and the seconds it took (a thread's
+        future, bound to no event loop)."""
         self.loop: Final = loop
         """The event loop that started it, where its end releases ``parked``."""
         self.parked: Final[_Parked] = {}
@@ -384,18 +404,21 @@ def _release(parked: _Parked) -> None:
                 pass
 
 
-def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> OSError | None:
-    """Run ``fsync`` (on the writer's flush thread) and hand back its error instead of raising it.
+def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> tuple[OSError | None, float]:
+    """Run ``fsync`` (on the writer's flush thread); hand back its error instead of raising it,
+    and the seconds it took.
 
     The error comes back as a value so that whoever looks next (a waiter on
     the event loop, `RunLogWriter.flush` or `RunLogWriter.close`) breaks the
     writer with it: the thread itself changes no state.
     """
+    clock = _fsync_clock
+    start = clock()
     try:
         fsync(fd)
     except OSError as error:
-        return error
-    return None
+        return error, clock() - start
+    return None, clock() - start
 
 
 @final
@@ -424,9 +447,11 @@ class RunLogWriter:
     one fsync. A waiter is released only by an fsync that began after its
     records were written, and returns at once when an earlier one covered
     them. The first waiter lets the loop run while more waiters keep coming;
-    then the group's fsync runs on a thread the writer owns, so the event
-    loop goes on (other runs append for the next fsync) while it runs. A
-    lone waiter fsyncs inline, as `flush` does (a thread hop measured slower
+    then the group's fsync runs inline while the writer's fsyncs are fast
+    (a running average under `INLINE_FSYNC_S`, which is below what a hop
+    to a thread and back costs), else on a thread the writer owns, so the
+    event loop goes on (other runs append for the next fsync) while it runs.
+    A lone waiter fsyncs inline, as `flush` does (a thread hop measured slower
     for a lone run), and after `LONE_GATHERS` gathers in a row that found
     no one else it no longer gives the loop that turn first, but for every
     `LONE_GATHERS`-th wait, which finds other waiters if they came back
@@ -452,11 +477,13 @@ class RunLogWriter:
 
     # How durable() fsyncs once it has gathered its waiters (see
     # _start_flush for the measurements behind the default).
-    flush_on: ClassVar[Literal["alone", "loop", "thread"]] = "alone"
-    """How `durable` fsyncs: ``"alone"`` (the default) inline for a lone
-    waiter and on the flush thread for a group; ``"loop"`` always inline;
-    ``"thread"`` always on the flush thread, without gathering first. For
-    benchmarks and tests that measure or pin one path."""
+    flush_on: ClassVar[Literal["timed", "alone", "loop", "thread"]] = "timed"
+    """How `durable` fsyncs: ``"timed"`` (the default) inline for a lone
+    waiter, and for a group inline while fsyncs are fast (`INLINE_FSYNC_S`),
+    else on the flush thread; ``"alone"`` inline for a lone waiter and on
+    the flush thread for every group; ``"loop"`` always inline; ``"thread"``
+    always on the flush thread, without gathering first. For benchmarks and
+    tests that measure or pin one path."""
 
     def __init__(
         self,
@@ -493,6 +520,10 @@ class RunLogWriter:
         self._batch_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         # Gathers in a row that found no other waiter (see _start_flush).
         self._alone = 0
+        # The running average of the fsyncs' times, in seconds (None before
+        # the first): under flush_on "timed", a group's fsync runs inline
+        # while it is under INLINE_FSYNC_S.
+        self._fsync_s: float | None = None
         # While a leader gathers (_start_flush): its loop, and the waiters
         # parked until it is done.
         self._gathering: tuple[asyncio.AbstractEventLoop, _Parked] | None = None
@@ -624,11 +655,19 @@ class RunLogWriter:
             raise LogWriteFailed(f"{self.path}: the writer failed earlier ({self._broken})")
         upto = self._started = self._seq
         self._batch_loop = None  # nothing is owed now; a pending call finds so and ends
+        clock = _fsync_clock
+        start = clock()
         try:
             self._fsync(self._fd)
         except OSError as error:
             raise self._fail(f"fsync after record seq {upto}", error) from error
+        self._took(clock() - start)
         self._synced = max(self._synced, upto)
+
+    def _took(self, seconds: float) -> None:
+        """Count an fsync that took ``seconds`` into the running average."""
+        average = self._fsync_s
+        self._fsync_s = seconds if average is None else average + (seconds - average) * _FSYNC_WEIGHT
 
     async def durable(self, run: str) -> None:
         """Return once every record appended so far (``run``'s among them) is durable on disk.
@@ -729,19 +768,24 @@ class RunLogWriter:
         First the leader gathers: it yields to the loop while more waiters
         keep coming (runs that are ready get to append and wait too), and
         those that come wait for it instead of starting fsyncs of their own.
-        Then, under ``flush_on = "alone"`` (the default): a lone waiter
-        fsyncs inline, as `flush` does, and a group's fsync goes to the
-        flush thread, so the loop goes on and records pile up for the next
-        fsync while this one runs. benchmarks/bench_group_commit.py measures
+        Then, under ``flush_on = "timed"`` (the default): a lone waiter
+        fsyncs inline, as `flush` does, and so does a group while the
+        writer's fsyncs take under `INLINE_FSYNC_S` on average; else the
+        group's fsync goes to the flush thread, so the loop goes on and
+        records pile up for the next fsync while this one runs. Under
+        ``"alone"`` every group's fsync goes to the thread.
+        benchmarks/bench_group_commit.py measures
         the alternatives in one run: on a 2-core machine shared with other
         work, a thread hop made a sequential run slower than an inline fsync
         in four runs of six (1,176 against 847 us per effect in one). With
         100 runs at once, always-thread fell behind when fsync was fast
         (handing the GIL to the thread and back costs more than the fsync),
-        and so did this mix, by about a tenth against always-inline, on a
-        day of 120 us fsyncs; but always-inline blocks the loop for every
-        fsync, which costs most when fsync is slow and other runs have
-        work to do meanwhile (docs/design.md has the figures).
+        and so did ``"alone"``, by about a tenth against always-inline, on
+        a day of 120 us fsyncs; but always-inline blocks the loop for every
+        fsync, which costs most when fsync is slow and other runs have work
+        to do meanwhile (runs out of step, 4 ms fsyncs: inline 0.88x the
+        thread). Choosing by the fsync's time takes the better of the two
+        at each end (docs/design.md has the figures).
         """
         mode = self.flush_on
         loop = asyncio.get_running_loop()
@@ -777,7 +821,7 @@ class RunLogWriter:
                 self._alone = alone + 1 if self._waiters == 1 else 0
                 if self._synced >= self._seq or self._inflight is not None:
                     return
-                if mode == "loop" or self._waiters == 1:
+                if mode == "loop" or self._waiters == 1 or (mode == "timed" and self._inline()):
                     self._flush_unless_ended()
                     return
             finally:
@@ -795,6 +839,11 @@ class RunLogWriter:
         self._batch_loop = None
         self._inflight = _Inflight(upto, pool.submit(_fsync_outcome, self._fsync, self._fd), loop)
 
+    def _inline(self) -> bool:
+        """Under ``flush_on = "timed"``: is the fsync fast enough to make a group's inline?"""
+        average = self._fsync_s
+        return average is None or average < INLINE_FSYNC_S
+
     def _flush_unless_ended(self) -> None:
         """`flush` for a waiter, unless the writer broke or closed (its `durable` loop reports that)."""
         if self._broken is None and self._fd is not None:
@@ -810,8 +859,9 @@ class RunLogWriter:
         if inflight is None or not (wait or inflight.outcome.done()):
             return
         upto = inflight.upto
-        error = inflight.outcome.result()
+        error, seconds = inflight.outcome.result()
         self._inflight = None
+        self._took(seconds)
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
                 self._fail(f"fsync after record seq {upto}", error)
