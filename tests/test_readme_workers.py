@@ -199,5 +199,5 @@ def test_the_readme_s_worker_flags_are_the_ones_the_takeover_test_uses() -> None
     [start] = [c.line for c in session if " worker $URL " in c.line]
     assert start == (
         "for w in 1 2 3; do attempt-kernel worker $URL --workflows flows:reports --concurrency 2"
-        " --heartbeat 0.5 --dead-after 2 > worker-$w.out & done"
+        " --heartbeat 0.5 --dead-after 10 > worker-$w.out & done"
     )
