@@ -58,7 +58,13 @@ writer's flush thread, so that the loop goes on meanwhile.
 Handing an fsync to the thread and taking its end back cost about 1 ms per
 group on a 2-core machine (the interpreter lock passed to the thread and
 back, two wake-ups): more than a fast fsync blocks the loop for
-(benchmarks/bench_group_commit.py; docs/design.md has the figures)."""
+(benchmarks/bench_group_commit.py; docs/design.md has the figures).
+
+An fsync timed on the thread reads long while the loop is busy: its end is
+read only once the thread has the interpreter lock back, which can take up
+to the switch interval (5 ms). So a fast disk can keep groups on the thread
+(the choice made before this average existed) until inline fsyncs, a lone
+waiter's and the batch's, which are timed exactly, bring the average down."""
 
 _FSYNC_WEIGHT: Final = 0.25
 """The weight of each new fsync's time in the running average (`RunLogWriter`)."""
