@@ -10,9 +10,9 @@ that limit. Printed, each the best of a few alternating rounds:
   >= 2x the bare loop's records/s), whose default picks inline or the
   flush thread for a group's fsync by how long fsyncs take; with every
   group's fsync on the thread, every fsync on it, and every fsync inline;
-  the same workload with the writer's ``durable`` hidden (the executor then calls the synchronous ``flush``, as
-  before group commit); and with fsync disabled, the executor's CPU
-  ceiling on this machine;
+  the same workload with the writer's ``durable`` hidden (the executor
+  then calls the synchronous ``flush``, as before group commit); and with
+  fsync disabled, the executor's CPU ceiling on this machine;
 - sequential (one run at a time): time per effect beside the bare loop's
   time per record (target within 1.5x), with the lone waiter's fsync
   inline (the writer's choice), on the flush thread, and before group

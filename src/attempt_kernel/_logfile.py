@@ -411,18 +411,18 @@ def _release(parked: _Parked) -> None:
 
 
 def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> tuple[OSError | None, float]:
-    """Run ``fsync`` (on the writer's flush thread); hand back its error instead of raising it,
-    and the seconds it took.
+    """Run ``fsync`` and time it; hand back its error instead of raising it, and the seconds it took.
 
-    The error comes back as a value so that whoever looks next (a waiter on
-    the event loop, `RunLogWriter.flush` or `RunLogWriter.close`) breaks the
-    writer with it: the thread itself changes no state.
+    On the writer's flush thread, the error comes back as a value so that
+    whoever looks next (a waiter on the event loop, `RunLogWriter.flush` or
+    `RunLogWriter.close`) breaks the writer with it: the thread itself
+    changes no state. `RunLogWriter.flush` calls it inline too.
     """
     clock = _fsync_clock
     start = clock()
     try:
         fsync(fd)
-    except OSError as error:
+    except OSError as error:  # returned from here: a local holding it would be a cycle
         return error, clock() - start
     return None, clock() - start
 
@@ -661,13 +661,10 @@ class RunLogWriter:
             raise LogWriteFailed(f"{self.path}: the writer failed earlier ({self._broken})")
         upto = self._started = self._seq
         self._batch_loop = None  # nothing is owed now; a pending call finds so and ends
-        clock = _fsync_clock
-        start = clock()
-        try:
-            self._fsync(self._fd)
-        except OSError as error:
+        error, seconds = _fsync_outcome(self._fsync, self._fd)
+        if error is not None:
             raise self._fail(f"fsync after record seq {upto}", error) from error
-        self._took(clock() - start)
+        self._took(seconds)
         self._synced = max(self._synced, upto)
 
     def _took(self, seconds: float) -> None:
@@ -867,11 +864,11 @@ class RunLogWriter:
         upto = inflight.upto
         error, seconds = inflight.outcome.result()
         self._inflight = None
-        self._took(seconds)
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
                 self._fail(f"fsync after record seq {upto}", error)
         elif self._broken is None:  # an fsync after a failed one proves nothing
+            self._took(seconds)  # as in flush: only an fsync that succeeded is timed
             self._synced = max(self._synced, upto)
 
     def _fail(self, what: str, error: OSError) -> LogWriteFailed:
