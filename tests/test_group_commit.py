@@ -43,7 +43,7 @@ from attempt_kernel import (
     recover_log,
     replay,
 )
-from attempt_kernel._logfile import BATCH_CAP, BATCH_TURNS, INLINE_FSYNC_S
+from attempt_kernel._logfile import BATCH_CAP, BATCH_TURNS, INLINE_FSYNC_S, PROBE_EVERY
 from attempt_kernel._records import JSON
 from attempt_kernel._workflow import Step, load_workflow
 
@@ -173,7 +173,7 @@ def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_the
     """Under the default ``flush_on = "timed"``: a group's fsync runs inline until the
     running average of the fsyncs' times (each new one weighs a quarter) reaches
     INLINE_FSYNC_S (1 ms), then on the flush thread until it falls below again.
-    Both kinds of fsync feed the average."""
+    Both kinds of fsync feed the average, a threaded one only to lower it."""
     assert INLINE_FSYNC_S == 0.001
     monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
     ops = TimedOps()
@@ -195,16 +195,66 @@ def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_the
         ops.takes = 0.002
         log.append("d", RunStarted(workflow="w"))
         await log.durable("d")
-        # 10, 11: on the thread (the average rises to 1.299, then 1.474 ms)
+        # 10, 11: on the thread; their 2 ms, longer than the average, leave
+        # it at 1.066 ms (a threaded time may read long: it only lowers it)
         await one_group(log, "e")
         await one_group(log, "f")
-        # 12: a lone waiter is inline whatever the average says
+        # 12: a lone waiter is inline whatever the average says; its 2 ms
+        # lifts the average to 1.299 ms
         log.append("g", RunStarted(workflow="w"))
         await log.durable("g")
+        # 13: so the next group is on the thread
+        await one_group(log, "h")
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         asyncio.run(main(log))
-    assert ops.inline == [True, False, False, False, False, False, False, True, True, False, False, True]
+    assert ops.inline == [True, False, False, False, False, False, False, True, True, False, False, True, False]
+
+
+def test_while_groups_are_on_the_thread_every_eighth_is_an_inline_probe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under ``flush_on = "timed"``, while the average keeps groups on the flush
+    thread, every PROBE_EVERY-th group (8) fsyncs inline and its exact time feeds
+    the average; a threaded fsync's time (which may include waiting for the
+    interpreter lock) can lower the average but never raise it."""
+    assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
+    monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
+    ops = TimedOps()
+    monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
+
+    async def main(log: RunLogWriter) -> None:
+        # 1: inline (nothing timed yet); 4 ms: the average is 4 ms
+        ops.takes = 0.004
+        await one_group(log, "a")
+        # 2-8: on the thread, each reading 10 ms: longer than the average,
+        # so it stays at 4 ms
+        ops.takes = 0.010
+        for n in range(7):
+            await one_group(log, f"b{n}")
+        # 9: the eighth group since the average went above 1 ms: a probe,
+        # inline; its 10 ms, exact, lifts the average to 5.5 ms
+        await one_group(log, "c")
+        # 10-16: on the thread again, 10 ms each, the average stays 5.5 ms
+        for n in range(7):
+            await one_group(log, f"d{n}")
+        # 17: the next probe, inline; the disk is fast now (0.1 ms from here
+        # on): the average falls to 4.15 ms
+        ops.takes = 0.0001
+        await one_group(log, "e")
+        # 18-23: on the thread, each 0.1 ms lowering the average: 3.138,
+        # 2.378, 1.809, 1.381, 1.061 (still not under 1 ms: 23 on the
+        # thread), then 0.821 ms
+        for n in range(6):
+            await one_group(log, f"f{n}")
+        # 24: under 1 ms: inline
+        await one_group(log, "g")
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        asyncio.run(main(log))
+    assert ops.inline == (
+        [True] + [False] * 7 + [True] + [False] * 7 + [True] + [False] * 6 + [True]
+    )
 
 
 def test_a_waiter_with_nothing_new_returns_without_an_fsync(tmp_path: Path) -> None:

@@ -62,9 +62,16 @@ back, two wake-ups): more than a fast fsync blocks the loop for
 
 An fsync timed on the thread reads long while the loop is busy: its end is
 read only once the thread has the interpreter lock back, which can take up
-to the switch interval (5 ms). So a fast disk can keep groups on the thread
-(the choice made before this average existed) until inline fsyncs, a lone
-waiter's and the batch's, which are timed exactly, bring the average down."""
+to the switch interval (5 ms). So a threaded fsync's time may lower the
+average but never raise it (it is an upper bound of the fsync's own time),
+and while groups are on the thread every `PROBE_EVERY`-th group's fsync
+runs inline instead, timed exactly: a fast disk brings groups back inline
+within a few probes, however busy the loop."""
+
+PROBE_EVERY: Final = 8
+"""While the timed choice keeps groups' fsyncs on the flush thread, every this-many-th
+group's fsync runs inline instead: a probe whose exact time feeds the running average
+(see `INLINE_FSYNC_S`). On a slow disk it blocks the loop for one fsync in this many."""
 
 _FSYNC_WEIGHT: Final = 0.25
 """The weight of each new fsync's time in the running average (`RunLogWriter`)."""
@@ -456,7 +463,8 @@ class RunLogWriter:
     then the group's fsync runs inline while the writer's fsyncs are fast
     (a running average under `INLINE_FSYNC_S`, which is below what a hop
     to a thread and back costs), else on a thread the writer owns, so the
-    event loop goes on (other runs append for the next fsync) while it runs.
+    event loop goes on (other runs append for the next fsync) while it runs
+    (but for every `PROBE_EVERY`-th group, fsynced inline to time it exactly).
     A lone waiter fsyncs inline, as `flush` does (a thread hop measured slower
     for a lone run), and after `LONE_GATHERS` gathers in a row that found
     no one else it no longer gives the loop that turn first, but for every
@@ -486,7 +494,7 @@ class RunLogWriter:
     flush_on: ClassVar[Literal["timed", "alone", "loop", "thread"]] = "timed"
     """How `durable` fsyncs: ``"timed"`` (the default) inline for a lone
     waiter, and for a group inline while fsyncs are fast (`INLINE_FSYNC_S`),
-    else on the flush thread; ``"alone"`` inline for a lone waiter and on
+    else on the flush thread but for a probe every `PROBE_EVERY`-th group; ``"alone"`` inline for a lone waiter and on
     the flush thread for every group; ``"loop"`` always inline; ``"thread"``
     always on the flush thread, without gathering first. For benchmarks and
     tests that measure or pin one path."""
@@ -530,6 +538,9 @@ class RunLogWriter:
         # the first): under flush_on "timed", a group's fsync runs inline
         # while it is under INLINE_FSYNC_S.
         self._fsync_s: float | None = None
+        # Groups the timed choice has sent to the flush thread since one last
+        # ran inline because fsyncs were fast (every PROBE_EVERY-th probes).
+        self._threaded = 0
         # While a leader gathers (_start_flush): its loop, and the waiters
         # parked until it is done.
         self._gathering: tuple[asyncio.AbstractEventLoop, _Parked] | None = None
@@ -667,10 +678,18 @@ class RunLogWriter:
         self._took(seconds)
         self._synced = max(self._synced, upto)
 
-    def _took(self, seconds: float) -> None:
-        """Count an fsync that took ``seconds`` into the running average."""
+    def _took(self, seconds: float, *, exact: bool = True) -> None:
+        """Count an fsync that took ``seconds`` into the running average.
+
+        An inexact time (an fsync on the flush thread, whose end waits for
+        the interpreter lock) is an upper bound of the fsync's: it may lower
+        the average, never raise it (`INLINE_FSYNC_S`).
+        """
         average = self._fsync_s
-        self._fsync_s = seconds if average is None else average + (seconds - average) * _FSYNC_WEIGHT
+        if average is None:
+            self._fsync_s = seconds
+        elif exact or seconds < average:
+            self._fsync_s = average + (seconds - average) * _FSYNC_WEIGHT
 
     async def durable(self, run: str) -> None:
         """Return once every record appended so far (``run``'s among them) is durable on disk.
@@ -775,7 +794,8 @@ class RunLogWriter:
         fsyncs inline, as `flush` does, and so does a group while the
         writer's fsyncs take under `INLINE_FSYNC_S` on average; else the
         group's fsync goes to the flush thread, so the loop goes on and
-        records pile up for the next fsync while this one runs. Under
+        records pile up for the next fsync while this one runs (every
+        `PROBE_EVERY`-th such group is fsynced inline, a probe). Under
         ``"alone"`` every group's fsync goes to the thread.
         benchmarks/bench_group_commit.py measures
         the alternatives in one run: on a 2-core machine shared with other
@@ -843,9 +863,17 @@ class RunLogWriter:
         self._inflight = _Inflight(upto, pool.submit(_fsync_outcome, self._fsync, self._fd), loop)
 
     def _inline(self) -> bool:
-        """Under ``flush_on = "timed"``: is the fsync fast enough to make a group's inline?"""
+        """Under ``flush_on = "timed"``: does this group's fsync run inline?
+
+        Yes while the writer's fsyncs are fast (`INLINE_FSYNC_S`); else on
+        the flush thread, but for every `PROBE_EVERY`-th group, a probe.
+        """
         average = self._fsync_s
-        return average is None or average < INLINE_FSYNC_S
+        if average is None or average < INLINE_FSYNC_S:
+            self._threaded = 0
+            return True
+        self._threaded += 1
+        return self._threaded % PROBE_EVERY == 0
 
     def _flush_unless_ended(self) -> None:
         """`flush` for a waiter, unless the writer broke or closed (its `durable` loop reports that)."""
@@ -868,7 +896,7 @@ class RunLogWriter:
             if self._broken is None:  # the first failure is the one to report
                 self._fail(f"fsync after record seq {upto}", error)
         elif self._broken is None:  # an fsync after a failed one proves nothing
-            self._took(seconds)  # as in flush: only an fsync that succeeded is timed
+            self._took(seconds, exact=False)  # as in flush: only an fsync that succeeded is timed
             self._synced = max(self._synced, upto)
 
     def _fail(self, what: str, error: OSError) -> LogWriteFailed:
