@@ -19,7 +19,7 @@ that limit. Printed, each the best of a few alternating rounds:
   commit (``durable`` hidden): the numbers behind the writer's choice;
 - p50/p99 of the time an effect waits for the fsync that covers its
   ``Dispatched``: grouped (concurrent) against alone (sequential), and how
-  many fsyncs each made.
+  many fsyncs each made (and how many of them inline, on the loop's thread).
 
 Two figures say what bounds the targets on this machine. Concurrent: with
 fsync disabled the executor's CPU alone sets a ceiling that no way of
@@ -42,6 +42,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,16 +88,18 @@ class NoFsync:
 
 
 class Counted:
-    """Real writes and fsyncs, counted."""
+    """Real writes and fsyncs, counted, and how many fsyncs ran inline (on the loop's thread)."""
 
     def __init__(self) -> None:
         self.fsyncs = 0
+        self.inline = 0
 
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
 
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1
+        self.inline += threading.current_thread() is threading.main_thread()
         os.fsync(fd)
 
 
@@ -159,8 +162,11 @@ def drive(log: SyncOnly | Timed | RunLogWriter, runs: int, concurrent: bool) -> 
     return time.perf_counter() - start
 
 
-def executor_seconds(path: Path, runs: int, mode: str, concurrent: bool) -> tuple[float, list[float], int]:
-    """One measurement; returns seconds and, in mode ``timed``, each effect's wait and the fsyncs made."""
+def executor_seconds(
+    path: Path, runs: int, mode: str, concurrent: bool
+) -> tuple[float, list[float], tuple[int, int]]:
+    """One measurement; returns seconds and, in mode ``timed``, each effect's wait and the
+    fsyncs made (all, and those inline)."""
     counted = Counted()
     ops = NoFsync() if mode == "nofsync" else counted if mode == "timed" else None
     paths: dict[str, Literal["alone", "loop", "thread"]] = {"thread": "thread", "loop": "loop", "mix": "alone"}
@@ -168,11 +174,11 @@ def executor_seconds(path: Path, runs: int, mode: str, concurrent: bool) -> tupl
     try:
         with RunLogWriter(path, ops=ops) as writer:
             if mode == "sync":
-                return drive(SyncOnly(writer), runs, concurrent), [], 0
+                return drive(SyncOnly(writer), runs, concurrent), [], (0, 0)
             if mode == "timed":
                 timed = Timed(writer)
-                return drive(timed, runs, concurrent), timed.waits, counted.fsyncs
-            return drive(writer, runs, concurrent), [], 0
+                return drive(timed, runs, concurrent), timed.waits, (counted.fsyncs, counted.inline)
+            return drive(writer, runs, concurrent), [], (0, 0)
     finally:
         RunLogWriter.flush_on = "timed"
 
@@ -225,7 +231,7 @@ def main() -> int:
     ]
     best = {m: float("inf") for m in modes}
     waits: dict[bool, list[float]] = {True: [], False: []}
-    fsyncs: dict[bool, int] = {True: 0, False: 0}
+    fsyncs: dict[bool, tuple[int, int]] = {True: (0, 0), False: (0, 0)}
     paired: list[float] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         n = 0
@@ -282,7 +288,7 @@ def main() -> int:
         per = best[mode, False] / effects
         print(f"  {label}: {per * 1e6:8,.0f} us  = {per / bare:.2f}x the bare loop's per record")
     seq_ratio = best["group", False] / effects / bare
-    per_effect = fsyncs[False] / effects
+    per_effect = fsyncs[False][0] / effects
     floor = per_effect + best["nofsync", False] / effects / bare
     print(f"  target: within 1.5x of the bare loop: {seq_ratio:.2f}x")
     print(
@@ -301,7 +307,7 @@ def main() -> int:
         w = waits[concurrent]
         print(
             f"  {label}: p50 {quantile(w, 50) * 1e6:8,.0f} us  p99 {quantile(w, 99) * 1e6:8,.0f} us"
-            f"  ({len(w)} waits, {fsyncs[concurrent]} fsyncs)"
+            f"  ({len(w)} waits, {fsyncs[concurrent][0]} fsyncs, {fsyncs[concurrent][1]} inline)"
         )
     print("all targets met" if ok else "TARGETS MISSED (see the figures above)")
     return 0
