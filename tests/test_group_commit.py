@@ -173,51 +173,57 @@ def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_the
     """Under the default ``flush_on = "timed"``: a group's fsync runs inline until the
     running average of the fsyncs' times (each new one weighs a quarter) reaches
     INLINE_FSYNC_S (1 ms), then on the flush thread until it falls below again.
-    Both kinds of fsync feed the average, a threaded one only to lower it."""
-    assert INLINE_FSYNC_S == 0.001
+    Only fsyncs made on the loop's thread feed the average (a lone waiter's, a
+    group's while inline); a threaded one's time is not counted."""
+    assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
     monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
     ops = TimedOps()
     monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
+
+    async def lone(log: RunLogWriter, name: str) -> None:
+        log.append(name, RunStarted(workflow="w"))
+        await log.durable(name)
 
     async def main(log: RunLogWriter) -> None:
         # 1: no fsync timed yet: inline; it takes 5 ms, the average is 5 ms
         ops.takes = 0.005
         await one_group(log, "a")
-        # 2-7: on the thread, each taking 0.1 ms; the average falls to 3.775,
-        # 2.856, 2.167, 1.650, 1.263 and then 0.972 ms
+        # 2-8: on the thread; each takes 0.1 ms, not counted: still 5 ms
         ops.takes = 0.0001
-        for n in range(6):
+        for n in range(7):
             await one_group(log, f"b{n}")
-        # 8: under 1 ms again: inline; the average falls to 0.754 ms
+        # 9: the eighth group on the thread is a probe, inline: 3.775 ms
         await one_group(log, "c")
-        # 9: a lone waiter, inline; its fsync takes 2 ms, as do all from here,
-        # and lifts the average to 1.066 ms
-        ops.takes = 0.002
-        log.append("d", RunStarted(workflow="w"))
-        await log.durable("d")
-        # 10, 11: on the thread; their 2 ms, longer than the average, leave
-        # it at 1.066 ms (a threaded time may read long: it only lowers it)
+        # 10-14: lone waiters, inline: 2.856, 2.167, 1.650, 1.263, 0.972 ms
+        for n in range(5):
+            await lone(log, f"d{n}")
+        # 15: under 1 ms: a group inline again; the average falls to 0.754 ms
         await one_group(log, "e")
-        await one_group(log, "f")
-        # 12: a lone waiter is inline whatever the average says; its 2 ms
-        # lifts the average to 1.299 ms
-        log.append("g", RunStarted(workflow="w"))
-        await log.durable("g")
-        # 13: so the next group is on the thread
+        # 16: a lone waiter; its fsync takes 2 ms, as do all from here, and
+        # lifts the average to 1.066 ms
+        ops.takes = 0.002
+        await lone(log, "f")
+        # 17, 18: on the thread, not counted: still 1.066 ms
+        await one_group(log, "g")
         await one_group(log, "h")
+        # 19: a lone waiter is inline whatever the average says: 1.299 ms
+        await lone(log, "i")
+        # 20: so the next group is on the thread
+        await one_group(log, "j")
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         asyncio.run(main(log))
-    assert ops.inline == [True, False, False, False, False, False, False, True, True, False, False, True, False]
+    assert ops.inline == [True] + [False] * 7 + [True] * 8 + [False, False, True, False]
 
 
 def test_while_groups_are_on_the_thread_every_eighth_is_an_inline_probe(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Under ``flush_on = "timed"``, while the average keeps groups on the flush
-    thread, every PROBE_EVERY-th group (8) fsyncs inline and its exact time feeds
-    the average; a threaded fsync's time (which may include waiting for the
-    interpreter lock) can lower the average but never raise it."""
+    thread, every PROBE_EVERY-th group (8) fsyncs inline, and its time alone
+    feeds the average (a threaded fsync's may include waiting for the
+    interpreter lock): a probe that finds the disk slow keeps groups on the
+    thread, and probes that find it fast bring them back inline."""
     assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
     monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
     ops = TimedOps()
@@ -227,34 +233,30 @@ def test_while_groups_are_on_the_thread_every_eighth_is_an_inline_probe(
         # 1: inline (nothing timed yet); 4 ms: the average is 4 ms
         ops.takes = 0.004
         await one_group(log, "a")
-        # 2-8: on the thread, each reading 10 ms: longer than the average,
-        # so it stays at 4 ms
+        # 2-8: on the thread, 10 ms each, not counted: still 4 ms
         ops.takes = 0.010
         for n in range(7):
             await one_group(log, f"b{n}")
         # 9: the eighth group since the average went above 1 ms: a probe,
-        # inline; its 10 ms, exact, lifts the average to 5.5 ms
+        # inline; its 10 ms lifts the average to 5.5 ms
         await one_group(log, "c")
-        # 10-16: on the thread again, 10 ms each, the average stays 5.5 ms
+        # 10-16 on the thread, then 17 a probe; the disk is fast from here
+        # (0.1 ms), which only the probes count: 4.15 ms after 17
         for n in range(7):
             await one_group(log, f"d{n}")
-        # 17: the next probe, inline; the disk is fast now (0.1 ms from here
-        # on): the average falls to 4.15 ms
         ops.takes = 0.0001
         await one_group(log, "e")
-        # 18-23: on the thread, each 0.1 ms lowering the average: 3.138,
-        # 2.378, 1.809, 1.381, 1.061 (still not under 1 ms: 23 on the
-        # thread), then 0.821 ms
-        for n in range(6):
+        # six more rounds of seven on the thread and a probe (18-65); the
+        # probes bring the average to 3.138, 2.378, 1.809, 1.381, 1.061
+        # (57: still not under 1 ms) and 0.821 ms (65)
+        for n in range(6 * 8):
             await one_group(log, f"f{n}")
-        # 24: under 1 ms: inline
+        # 66: under 1 ms: inline
         await one_group(log, "g")
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         asyncio.run(main(log))
-    assert ops.inline == (
-        [True] + [False] * 7 + [True] + [False] * 7 + [True] + [False] * 6 + [True]
-    )
+    assert ops.inline == [True] + [False] * 7 + [True] + ([False] * 7 + [True]) * 7 + [True]
 
 
 def test_a_waiter_with_nothing_new_returns_without_an_fsync(tmp_path: Path) -> None:

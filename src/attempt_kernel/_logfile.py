@@ -52,26 +52,29 @@ fsyncs a lone waiter at once, gathering only every this-many-th time."""
 
 INLINE_FSYNC_S: Final = 0.001
 """Seconds: while the writer's fsyncs take less than this (a running average of the
-last few), a group's fsync runs inline on the event loop; from this on, on the
-writer's flush thread, so that the loop goes on meanwhile.
+last few made on the loop's thread), a group's fsync runs inline on the event
+loop; from this on, on the writer's flush thread, so that the loop goes on
+meanwhile.
 
 Handing an fsync to the thread and taking its end back cost about 1 ms per
 group on a 2-core machine (the interpreter lock passed to the thread and
 back, two wake-ups): more than a fast fsync blocks the loop for
 (benchmarks/bench_group_commit.py; docs/design.md has the figures).
 
-An fsync timed on the thread reads long while the loop is busy: its end is
-read only once the thread has the interpreter lock back, which can take up
-to the switch interval (5 ms). So a threaded fsync's time may lower the
-average but never raise it (it is an upper bound of the fsync's own time),
-and while groups are on the thread every `PROBE_EVERY`-th group's fsync
-runs inline instead, timed exactly: a fast disk brings groups back inline
-within a few probes, however busy the loop."""
+An fsync timed on the flush thread reads long while the loop is busy: its
+end is read only once the thread has the interpreter lock back, which can
+take up to the switch interval (5 ms); so only fsyncs made on the loop's
+thread are timed (a lone waiter's, `RunLogWriter.flush`'s, the batch's, a
+group's while inline), and while groups are on the flush thread every
+`PROBE_EVERY`-th group's fsync runs inline instead, a probe. A disk that
+got fast brings groups back inline within a few probes (from a 5 ms
+average to under 1 ms, seven probes of 0.1 ms: 56 groups), however busy
+the loop."""
 
 PROBE_EVERY: Final = 8
 """While the timed choice keeps groups' fsyncs on the flush thread, every this-many-th
-group's fsync runs inline instead: a probe whose exact time feeds the running average
-(see `INLINE_FSYNC_S`). On a slow disk it blocks the loop for one fsync in this many."""
+group's fsync runs inline instead: a probe, whose time feeds the running average (see
+`INLINE_FSYNC_S`). On a slow disk it blocks the loop for one group's fsync in this many."""
 
 _FSYNC_WEIGHT: Final = 0.25
 """The weight of each new fsync's time in the running average (`RunLogWriter`)."""
@@ -464,7 +467,7 @@ class RunLogWriter:
     (a running average under `INLINE_FSYNC_S`, which is below what a hop
     to a thread and back costs), else on a thread the writer owns, so the
     event loop goes on (other runs append for the next fsync) while it runs
-    (but for every `PROBE_EVERY`-th group, fsynced inline to time it exactly).
+    (but for every `PROBE_EVERY`-th group, fsynced inline to time the disk again).
     A lone waiter fsyncs inline, as `flush` does (a thread hop measured slower
     for a lone run), and after `LONE_GATHERS` gathers in a row that found
     no one else it no longer gives the loop that turn first, but for every
@@ -534,12 +537,13 @@ class RunLogWriter:
         self._batch_loop: weakref.ref[asyncio.AbstractEventLoop] | None = None
         # Gathers in a row that found no other waiter (see _start_flush).
         self._alone = 0
-        # The running average of the fsyncs' times, in seconds (None before
-        # the first): under flush_on "timed", a group's fsync runs inline
-        # while it is under INLINE_FSYNC_S.
+        # The running average of the times of the fsyncs made on the loop's
+        # thread, in seconds (None before the first): under flush_on "timed",
+        # a group's fsync runs inline while it is under INLINE_FSYNC_S.
         self._fsync_s: float | None = None
-        # Groups the timed choice has sent to the flush thread since one last
-        # ran inline because fsyncs were fast (every PROBE_EVERY-th probes).
+        # Groups that found that average slow since one last found it fast
+        # (every PROBE_EVERY-th of them is a probe, inline; the rest go to
+        # the flush thread).
         self._threaded = 0
         # While a leader gathers (_start_flush): its loop, and the waiters
         # parked until it is done.
@@ -678,18 +682,12 @@ class RunLogWriter:
         self._took(seconds)
         self._synced = max(self._synced, upto)
 
-    def _took(self, seconds: float, *, exact: bool = True) -> None:
-        """Count an fsync that took ``seconds`` into the running average.
-
-        An inexact time (an fsync on the flush thread, whose end waits for
-        the interpreter lock) is an upper bound of the fsync's: it may lower
-        the average, never raise it (`INLINE_FSYNC_S`).
-        """
+    def _took(self, seconds: float) -> None:
+        """Count an fsync made on the loop's thread, which took ``seconds``, into the
+        running average (a threaded one's time waits for the interpreter lock:
+        `INLINE_FSYNC_S`)."""
         average = self._fsync_s
-        if average is None:
-            self._fsync_s = seconds
-        elif exact or seconds < average:
-            self._fsync_s = average + (seconds - average) * _FSYNC_WEIGHT
+        self._fsync_s = seconds if average is None else average + (seconds - average) * _FSYNC_WEIGHT
 
     async def durable(self, run: str) -> None:
         """Return once every record appended so far (``run``'s among them) is durable on disk.
@@ -890,13 +888,13 @@ class RunLogWriter:
         if inflight is None or not (wait or inflight.outcome.done()):
             return
         upto = inflight.upto
-        error, seconds = inflight.outcome.result()
+        # Its time is not counted (INLINE_FSYNC_S: it waited for the interpreter lock).
+        error, _ = inflight.outcome.result()
         self._inflight = None
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
                 self._fail(f"fsync after record seq {upto}", error)
         elif self._broken is None:  # an fsync after a failed one proves nothing
-            self._took(seconds, exact=False)  # as in flush: only an fsync that succeeded is timed
             self._synced = max(self._synced, upto)
 
     def _fail(self, what: str, error: OSError) -> LogWriteFailed:
