@@ -173,8 +173,8 @@ def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_the
     """Under the default ``flush_on = "timed"``: a group's fsync runs inline until the
     running average of the fsyncs' times (each new one weighs a quarter) reaches
     INLINE_FSYNC_S (1 ms), then on the flush thread until it falls below again.
-    Only fsyncs made on the loop's thread feed the average (a lone waiter's, a
-    group's while inline); a threaded one's time is not counted."""
+    The average starts at 0; only fsyncs made on the loop's thread feed it (a
+    lone waiter's, a group's while inline); a threaded one's time is not counted."""
     assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
     monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
     ops = TimedOps()
@@ -185,35 +185,38 @@ def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_the
         await log.durable(name)
 
     async def main(log: RunLogWriter) -> None:
-        # 1: no fsync timed yet: inline; it takes 5 ms, the average is 5 ms
-        ops.takes = 0.005
+        # 1: the average starts at 0: inline; 3 ms lifts it to 0.75 ms only
+        ops.takes = 0.003
         await one_group(log, "a")
-        # 2-8: on the thread; each takes 0.1 ms, not counted: still 5 ms
+        # 2: still under 1 ms: inline; 8 ms lifts it to 2.5625 ms
+        ops.takes = 0.008
+        await one_group(log, "b")
+        # 3-9: on the thread; each takes 0.1 ms, not counted: still 2.5625 ms
         ops.takes = 0.0001
         for n in range(7):
-            await one_group(log, f"b{n}")
-        # 9: the eighth group on the thread is a probe, inline: 3.775 ms
-        await one_group(log, "c")
-        # 10-14: lone waiters, inline: 2.856, 2.167, 1.650, 1.263, 0.972 ms
+            await one_group(log, f"c{n}")
+        # 10: the eighth group on the thread is a probe, inline: 1.947 ms
+        await one_group(log, "d")
+        # 11-15: lone waiters, inline: 1.485, 1.139, 0.879, 0.684, 0.538 ms
         for n in range(5):
-            await lone(log, f"d{n}")
-        # 15: under 1 ms: a group inline again; the average falls to 0.754 ms
-        await one_group(log, "e")
-        # 16: a lone waiter; its fsync takes 2 ms, as do all from here, and
-        # lifts the average to 1.066 ms
-        ops.takes = 0.002
-        await lone(log, "f")
-        # 17, 18: on the thread, not counted: still 1.066 ms
-        await one_group(log, "g")
+            await lone(log, f"e{n}")
+        # 16: under 1 ms: a group inline again; the average falls to 0.429 ms
+        await one_group(log, "f")
+        # 17: a lone waiter; its fsync takes 4 ms, as do all from here, and
+        # lifts the average to 1.322 ms
+        ops.takes = 0.004
+        await lone(log, "g")
+        # 18, 19: on the thread, not counted: still 1.322 ms
         await one_group(log, "h")
-        # 19: a lone waiter is inline whatever the average says: 1.299 ms
-        await lone(log, "i")
-        # 20: so the next group is on the thread
-        await one_group(log, "j")
+        await one_group(log, "i")
+        # 20: a lone waiter is inline whatever the average says: 1.991 ms
+        await lone(log, "j")
+        # 21: so the next group is on the thread
+        await one_group(log, "k")
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         asyncio.run(main(log))
-    assert ops.inline == [True] + [False] * 7 + [True] * 8 + [False, False, True, False]
+    assert ops.inline == [True, True] + [False] * 7 + [True] * 8 + [False, False, True, False]
 
 
 def test_while_groups_are_on_the_thread_every_eighth_is_an_inline_probe(
@@ -230,33 +233,33 @@ def test_while_groups_are_on_the_thread_every_eighth_is_an_inline_probe(
     monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
 
     async def main(log: RunLogWriter) -> None:
-        # 1: inline (nothing timed yet); 4 ms: the average is 4 ms
-        ops.takes = 0.004
+        # 1: inline (the average starts at 0); 8 ms lifts it to 2 ms
+        ops.takes = 0.008
         await one_group(log, "a")
-        # 2-8: on the thread, 10 ms each, not counted: still 4 ms
+        # 2-8: on the thread, 10 ms each, not counted: still 2 ms
         ops.takes = 0.010
         for n in range(7):
             await one_group(log, f"b{n}")
         # 9: the eighth group since the average went above 1 ms: a probe,
-        # inline; its 10 ms lifts the average to 5.5 ms
+        # inline; its 10 ms lifts the average to 4 ms
         await one_group(log, "c")
         # 10-16 on the thread, then 17 a probe; the disk is fast from here
-        # (0.1 ms), which only the probes count: 4.15 ms after 17
+        # (0.1 ms), which only the probes count: 3.025 ms after 17
         for n in range(7):
             await one_group(log, f"d{n}")
         ops.takes = 0.0001
         await one_group(log, "e")
-        # six more rounds of seven on the thread and a probe (18-65); the
-        # probes bring the average to 3.138, 2.378, 1.809, 1.381, 1.061
-        # (57: still not under 1 ms) and 0.821 ms (65)
-        for n in range(6 * 8):
+        # five more rounds of seven on the thread and a probe (18-57); the
+        # probes bring the average to 2.294, 1.745, 1.334, 1.025 (49: still
+        # not under 1 ms) and 0.794 ms (57)
+        for n in range(5 * 8):
             await one_group(log, f"f{n}")
-        # 66: under 1 ms: inline
+        # 58: under 1 ms: inline
         await one_group(log, "g")
 
     with RunLogWriter(tmp_path / "log", ops=ops) as log:
         asyncio.run(main(log))
-    assert ops.inline == [True] + [False] * 7 + [True] + ([False] * 7 + [True]) * 7 + [True]
+    assert ops.inline == [True] + [False] * 7 + [True] + ([False] * 7 + [True]) * 6 + [True]
 
 
 def test_a_waiter_with_nothing_new_returns_without_an_fsync(tmp_path: Path) -> None:

@@ -52,9 +52,11 @@ fsyncs a lone waiter at once, gathering only every this-many-th time."""
 
 INLINE_FSYNC_S: Final = 0.001
 """Seconds: while the writer's fsyncs take less than this (a running average of the
-last few made on the loop's thread), a group's fsync runs inline on the event
-loop; from this on, on the writer's flush thread, so that the loop goes on
-meanwhile.
+last few made on the loop's thread, which starts at 0), a group's fsync runs
+inline on the event loop; from this on, on the writer's flush thread, so that
+the loop goes on meanwhile. Starting at 0 keeps one slow first fsync (a new
+file's often is) from sending groups to the thread on its own: a first fsync
+of 3 ms leaves the average at 0.75 ms.
 
 Handing an fsync to the thread and taking its end back cost about 1 ms per
 group on a 2-core machine (the interpreter lock passed to the thread and
@@ -538,9 +540,11 @@ class RunLogWriter:
         # Gathers in a row that found no other waiter (see _start_flush).
         self._alone = 0
         # The running average of the times of the fsyncs made on the loop's
-        # thread, in seconds (None before the first): under flush_on "timed",
-        # a group's fsync runs inline while it is under INLINE_FSYNC_S.
-        self._fsync_s: float | None = None
+        # thread, in seconds: under flush_on "timed", a group's fsync runs
+        # inline while it is under INLINE_FSYNC_S. It starts at 0, so that
+        # the first fsyncs of a new file, often the slowest, do not send
+        # groups to the thread on their own (INLINE_FSYNC_S).
+        self._fsync_s = 0.0
         # Groups that found that average slow since one last found it fast
         # (every PROBE_EVERY-th of them is a probe, inline; the rest go to
         # the flush thread).
@@ -686,8 +690,7 @@ class RunLogWriter:
         """Count an fsync made on the loop's thread, which took ``seconds``, into the
         running average (a threaded one's time waits for the interpreter lock:
         `INLINE_FSYNC_S`)."""
-        average = self._fsync_s
-        self._fsync_s = seconds if average is None else average + (seconds - average) * _FSYNC_WEIGHT
+        self._fsync_s += (seconds - self._fsync_s) * _FSYNC_WEIGHT
 
     async def durable(self, run: str) -> None:
         """Return once every record appended so far (``run``'s among them) is durable on disk.
@@ -866,8 +869,7 @@ class RunLogWriter:
         Yes while the writer's fsyncs are fast (`INLINE_FSYNC_S`); else on
         the flush thread, but for every `PROBE_EVERY`-th group, a probe.
         """
-        average = self._fsync_s
-        if average is None or average < INLINE_FSYNC_S:
+        if self._fsync_s < INLINE_FSYNC_S:
             self._threaded = 0
             return True
         self._threaded += 1
