@@ -55,8 +55,8 @@ INLINE_FSYNC_S: Final = 0.001
 last few made on the loop's thread, which starts at 0), a group's fsync runs
 inline on the event loop; from this on, on the writer's flush thread, so that
 the loop goes on meanwhile. Starting at 0 keeps one slow first fsync (a new
-file's often is) from sending groups to the thread on its own: a first fsync
-of 3 ms leaves the average at 0.75 ms.
+file's often is) under 4 ms from sending groups to the thread on its own: a
+first fsync of 3 ms leaves the average at 0.75 ms.
 
 Handing an fsync to the thread and taking its end back cost about 1 ms per
 group on a 2-core machine (the interpreter lock passed to the thread and
@@ -70,7 +70,7 @@ thread are timed (a lone waiter's, `RunLogWriter.flush`'s, the batch's, a
 group's while inline), and while groups are on the flush thread every
 `PROBE_EVERY`-th group's fsync runs inline instead, a probe. A disk that
 got fast brings groups back inline within a few probes (from a 5 ms
-average to under 1 ms, seven probes of 0.1 ms: 56 groups), however busy
+average to under 1 ms, six probes of 0.1 ms: 48 groups), however busy
 the loop."""
 
 PROBE_EVERY: Final = 8
@@ -542,8 +542,8 @@ class RunLogWriter:
         # The running average of the times of the fsyncs made on the loop's
         # thread, in seconds: under flush_on "timed", a group's fsync runs
         # inline while it is under INLINE_FSYNC_S. It starts at 0, so that
-        # the first fsyncs of a new file, often the slowest, do not send
-        # groups to the thread on their own (INLINE_FSYNC_S).
+        # a new file's first fsync, often the slowest, does not send groups
+        # to the thread on its own unless it takes 4 ms (INLINE_FSYNC_S).
         self._fsync_s = 0.0
         # Groups that found that average slow since one last found it fast
         # (every PROBE_EVERY-th of them is a probe, inline; the rest go to
