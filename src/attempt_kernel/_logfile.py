@@ -82,7 +82,7 @@ _FSYNC_WEIGHT: Final = 0.25
 """The weight of each new fsync's time in the running average (`RunLogWriter`)."""
 
 _fsync_clock: Callable[[], float] = time.perf_counter
-"""Times each fsync, in seconds (tests put a clock of their own here)."""
+"""Times each fsync made on the loop's thread, in seconds (tests put a clock of their own here)."""
 
 # --------------------------------------------------------------------------
 # Errors
@@ -365,14 +365,13 @@ class _Inflight:
     def __init__(
         self,
         upto: int,
-        outcome: concurrent.futures.Future[tuple[OSError | None, float]],
+        outcome: concurrent.futures.Future[OSError | None],
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         self.upto: Final = upto
         """The last record it covers."""
         self.outcome: Final = outcome
-        """Its outcome: the error it met (or None) and the seconds it took (a thread's
-        future, bound to no event loop)."""
+        """Its outcome: the error it met, or None (a thread's future, bound to no event loop)."""
         self.loop: Final = loop
         """The event loop that started it, where its end releases ``parked``."""
         self.parked: Final[_Parked] = {}
@@ -422,21 +421,19 @@ def _release(parked: _Parked) -> None:
                 pass
 
 
-def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> tuple[OSError | None, float]:
-    """Run ``fsync`` and time it; hand back its error instead of raising it, and the seconds it took.
+def _fsync_outcome(fsync: Callable[[int], None], fd: int) -> OSError | None:
+    """Run ``fsync`` (on the writer's flush thread) and hand back its error instead of raising it.
 
-    On the writer's flush thread, the error comes back as a value so that
-    whoever looks next (a waiter on the event loop, `RunLogWriter.flush` or
-    `RunLogWriter.close`) breaks the writer with it: the thread itself
-    changes no state. `RunLogWriter.flush` calls it inline too.
+    The error comes back as a value so that whoever looks next (a waiter on
+    the event loop, `RunLogWriter.flush` or `RunLogWriter.close`) breaks the
+    writer with it: the thread itself changes no state. It is not timed
+    (`INLINE_FSYNC_S`: its end waits for the interpreter lock).
     """
-    clock = _fsync_clock
-    start = clock()
     try:
         fsync(fd)
-    except OSError as error:  # returned from here: a local holding it would be a cycle
-        return error, clock() - start
-    return None, clock() - start
+    except OSError as error:
+        return error
+    return None
 
 
 @final
@@ -499,10 +496,11 @@ class RunLogWriter:
     flush_on: ClassVar[Literal["timed", "alone", "loop", "thread"]] = "timed"
     """How `durable` fsyncs: ``"timed"`` (the default) inline for a lone
     waiter, and for a group inline while fsyncs are fast (`INLINE_FSYNC_S`),
-    else on the flush thread but for a probe every `PROBE_EVERY`-th group; ``"alone"`` inline for a lone waiter and on
-    the flush thread for every group; ``"loop"`` always inline; ``"thread"``
-    always on the flush thread, without gathering first. For benchmarks and
-    tests that measure or pin one path."""
+    else on the flush thread but for a probe every `PROBE_EVERY`-th group;
+    ``"alone"`` inline for a lone waiter and on the flush thread for every
+    group; ``"loop"`` always inline; ``"thread"`` always on the flush
+    thread, without gathering first. For benchmarks and tests that measure
+    or pin one path."""
 
     def __init__(
         self,
@@ -680,10 +678,13 @@ class RunLogWriter:
             raise LogWriteFailed(f"{self.path}: the writer failed earlier ({self._broken})")
         upto = self._started = self._seq
         self._batch_loop = None  # nothing is owed now; a pending call finds so and ends
-        error, seconds = _fsync_outcome(self._fsync, self._fd)
-        if error is not None:
+        clock = _fsync_clock
+        start = clock()
+        try:
+            self._fsync(self._fd)
+        except OSError as error:
             raise self._fail(f"fsync after record seq {upto}", error) from error
-        self._took(seconds)
+        self._took(clock() - start)
         self._synced = max(self._synced, upto)
 
     def _took(self, seconds: float) -> None:
@@ -890,8 +891,7 @@ class RunLogWriter:
         if inflight is None or not (wait or inflight.outcome.done()):
             return
         upto = inflight.upto
-        # Its time is not counted (INLINE_FSYNC_S: it waited for the interpreter lock).
-        error, _ = inflight.outcome.result()
+        error = inflight.outcome.result()
         self._inflight = None
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
