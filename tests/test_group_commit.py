@@ -167,22 +167,32 @@ async def one_group(log: RunLogWriter, name: str) -> None:
     await asyncio.gather(*(log.durable(f"{name}-{i}") for i in range(3)))
 
 
+async def lone(log: RunLogWriter, name: str) -> None:
+    """One run appended and waiting in durable() alone: its own fsync, inline."""
+    log.append(name, RunStarted(workflow="w"))
+    await log.durable(name)
+
+
+@pytest.fixture
+def timed_ops(monkeypatch: pytest.MonkeyPatch) -> TimedOps:
+    """`TimedOps` timing every fsync made on the loop's thread, under the default
+    ``flush_on = "timed"`` (the module's autouse fixture pins "alone" elsewhere)."""
+    assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
+    monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
+    ops = TimedOps()
+    monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
+    return ops
+
+
 def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_they_are_slow(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, timed_ops: TimedOps
 ) -> None:
     """Under the default ``flush_on = "timed"``: a group's fsync runs inline until the
     running average of the fsyncs' times (each new one weighs a quarter) reaches
     INLINE_FSYNC_S (1 ms), then on the flush thread until it falls below again.
     The average starts at 0; only fsyncs made on the loop's thread feed it (a
     lone waiter's, a group's while inline); a threaded one's time is not counted."""
-    assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
-    monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
-    ops = TimedOps()
-    monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
-
-    async def lone(log: RunLogWriter, name: str) -> None:
-        log.append(name, RunStarted(workflow="w"))
-        await log.durable(name)
+    ops = timed_ops
 
     async def main(log: RunLogWriter) -> None:
         # 1: the average starts at 0: inline; 3 ms lifts it to 0.75 ms only
@@ -220,17 +230,14 @@ def test_a_group_fsyncs_inline_while_fsyncs_are_fast_and_on_the_thread_while_the
 
 
 def test_while_groups_are_on_the_thread_every_eighth_is_an_inline_probe(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, timed_ops: TimedOps
 ) -> None:
     """Under ``flush_on = "timed"``, while the average keeps groups on the flush
     thread, every PROBE_EVERY-th group (8) fsyncs inline, and its time alone
     feeds the average (a threaded fsync's may include waiting for the
     interpreter lock): a probe that finds the disk slow keeps groups on the
     thread, and probes that find it fast bring them back inline."""
-    assert (INLINE_FSYNC_S, PROBE_EVERY) == (0.001, 8)
-    monkeypatch.setattr(RunLogWriter, "flush_on", "timed")
-    ops = TimedOps()
-    monkeypatch.setattr("attempt_kernel._logfile._fsync_clock", ops.clock)
+    ops = timed_ops
 
     async def main(log: RunLogWriter) -> None:
         # 1: inline (the average starts at 0); 8 ms lifts it to 2 ms
