@@ -103,7 +103,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict and pyright strict over src, tests, noxfile.py and docs/build_api.py; the public API fully typed.
+    """mypy --strict and pyright strict over src, tests, noxfile.py, docs/build_api.py and benchmarks; the public API fully typed.
 
     `pyright --verifytypes` checks the installed package, as a user sees it,
     and must find every exported symbol completely typed (it exits 1 below

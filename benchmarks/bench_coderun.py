@@ -248,7 +248,8 @@ def bench_code_vs_writer(tmp: Path, steps: int) -> bool:
     flow = sequence(steps)
     inf = float("inf")
     kinds = ("code", "grouped", "one by one")
-    wall, cpu = dict.fromkeys(kinds, inf), dict.fromkeys(kinds, inf)
+    wall: dict[str, float] = dict.fromkeys(kinds, inf)
+    cpu: dict[str, float] = dict.fromkeys(kinds, inf)
     digest = ""
 
     def keep(kind: str, times: tuple[float, float]) -> None:

@@ -39,9 +39,9 @@ import psycopg
 from psycopg import sql
 
 ROOT: Final = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the checkout: tests/ is importable
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers: the throwaway server
 
-from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
+from pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import JSON, Step, StepContext, load_workflow  # noqa: E402
 from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
@@ -148,7 +148,7 @@ def drain(url: str, runs: int, first: int, variant: str) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=600, help="runs per throughput round (default 600)")
     parser.add_argument("--seconds", type=int, default=60, help="seconds of part 2 (default 60)")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of each variant (default {ROUNDS})")

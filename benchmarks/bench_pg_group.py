@@ -51,11 +51,11 @@ import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_workers: the server and the bare loop
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/ is importable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers: the throwaway server
 
 from bench_workers import bare_loop, make_durable, percentile, timed  # noqa: E402
 from multiprocessing.synchronize import Event
-from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
+from pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import JSON, Change, Dispatched, IntentChanged, Step, StepContext, load_workflow  # noqa: E402
 from attempt_kernel.postgres._journal import PgJournal, commits_synchronously  # noqa: E402

@@ -32,10 +32,10 @@ from typing import Final
 
 import psycopg
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/ is importable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers: the throwaway server
 
-from tests.bulkjournal import bulk_journal  # noqa: E402
-from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
+from bulkjournal import bulk_journal  # noqa: E402
+from pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import _report  # noqa: E402
 from attempt_kernel._operations import listed_runs  # noqa: E402

@@ -38,9 +38,9 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/ is importable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers: the throwaway server
 
-from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
+from pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel.postgres import DEFAULT_SCHEMA, PgJournal, migrate, submit_run  # noqa: E402
 

@@ -37,15 +37,16 @@ import psycopg
 from psycopg import sql
 
 ROOT: Final = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # the checkout: tests/ is importable
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' helpers: the throwaway server
 
-from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
+from pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import JSON, RunContext, workflow  # noqa: E402
 from attempt_kernel._operate import signal_change  # noqa: E402
 from attempt_kernel.postgres._deliver import deliver_pg  # noqa: E402
 from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
-from attempt_kernel.postgres._worker import _CLAIM, _statement, run_worker  # noqa: E402
+# the worker's own claim statement, timed as the worker runs it
+from attempt_kernel.postgres._worker import _CLAIM, _statement, run_worker  # noqa: E402  # pyright: ignore[reportPrivateUsage]
 
 BUSY: Final = "attempt_kernel"
 EMPTY: Final = "empty_journal"
@@ -81,7 +82,7 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def scalar(conn: psycopg.Connection[tuple[object, ...]], query: sql.Composable) -> int:
+def scalar(conn: psycopg.Connection[tuple[object, ...]], query: sql.Composed) -> int:
     row = conn.execute(query).fetchone()
     assert row is not None and type(row[0]) is int
     return row[0]
@@ -90,7 +91,7 @@ def scalar(conn: psycopg.Connection[tuple[object, ...]], query: sql.Composable) 
 def claim_ms(conn: psycopg.Connection[tuple[object, ...]], schema: str, samples: int = 200) -> float:
     """The worker's claim statement for a worker id that is not registered (it claims nothing)."""
     claim = _statement(_CLAIM, schema)
-    times = []
+    times: list[float] = []
     for _ in range(samples):
         start = time.perf_counter()
         conn.execute(claim, {"me": "bench-nobody", "names": ["waiter"], "n": 1}).fetchall()
@@ -161,7 +162,8 @@ def main() -> int:
                 run = f"w-{n}"
                 # not in step with the worker's poll (each close ends one of its rounds)
                 time.sleep(jitter.uniform(0.0, 0.5))
-                deliver_pg(url, lambda ledger, run=run: (run, signal_change(ledger, run, "go", n)), run=run, schema=BUSY)
+                # deliver_pg calls the lambda before it returns: run and n are this turn's
+                deliver_pg(url, lambda ledger: (run, signal_change(ledger, run, "go", n)), run=run, schema=BUSY)
                 sent = time.perf_counter()
                 while True:
                     row = conn.execute(done, (run,)).fetchone()

@@ -73,7 +73,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--samples", type=int, default=100)
     args = parser.parse_args()
     samples: int = args.samples
@@ -97,7 +97,7 @@ def main() -> int:
                 until(lambda: ended(log) > number, f"wait {number + 1} to end")
                 latencies.append(time.perf_counter() - sent)
             if process.wait(timeout=60) != 0:
-                raise SystemExit(f"bench_waits_file: the run failed: {process.stderr.read() if process.stderr else ''}")
+                raise SystemExit(f"bench_waits_file: the run failed: {process.stderr.read().decode(errors='replace') if process.stderr else ''}")
         finally:
             if process.poll() is None:
                 process.kill()

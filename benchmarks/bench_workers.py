@@ -46,9 +46,9 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg import sql
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout: tests/ is importable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the tests' helpers: the throwaway server
 
-from tests.pgserver import ThrowawayServer, find_server_bin  # noqa: E402
+from pgserver import ThrowawayServer, find_server_bin  # noqa: E402
 
 from attempt_kernel import (  # noqa: E402
     JSON,
@@ -75,7 +75,8 @@ from attempt_kernel import (  # noqa: E402
 )
 from attempt_kernel._codec import encode_record  # noqa: E402  # the journal's own line encoder
 from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
-from attempt_kernel.postgres._worker import _CLAIM, _FIND_DEAD, _statement, run_worker  # noqa: E402
+# the worker's own statements, timed as the worker runs them
+from attempt_kernel.postgres._worker import _CLAIM, _FIND_DEAD, _statement, run_worker  # noqa: E402  # pyright: ignore[reportPrivateUsage]
 
 PROCESSES: Final = 4
 ROUNDS: Final = 3  # each side's best, alternating: the machine is shared, and other load hits one side at a time
