@@ -181,7 +181,7 @@ def bench(session: nox.Session) -> None:
     benchmark starts a throwaway PostgreSQL of its own (tests/pgserver.py;
     TMPDIR picks the folder of its data).
     """
-    session.install(".[postgres]")
+    session.install(".[postgres,metrics]")
     session.run("python", "benchmarks/bench_kernel.py")
     session.run("python", "benchmarks/bench_runlog.py")
     session.run("python", "benchmarks/bench_executor.py")
@@ -193,3 +193,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_runs_filter.py")
     session.run("python", "benchmarks/bench_submit.py")
     session.run("python", "benchmarks/bench_pg_group.py")
+    session.run("python", "benchmarks/bench_metrics.py")

@@ -17,6 +17,8 @@ operator runs it, on a two-step workflow whose second step sends an effect
    process times a GET of ``/metrics`` every second (the first, which
    reads the whole journal, is reported apart). Target: p99 <= 50 ms.
 
+Needs the ``postgres`` and ``metrics`` extras (``nox -s bench`` installs both).
+
 Usage: python benchmarks/bench_metrics.py [--runs M] [--rounds R] [--seconds D]
 """
 
