@@ -2,8 +2,8 @@
 
 `nox` alone runs the gate: tests on every supported Python found on the
 machine, the type checks (mypy and pyright), the distribution check, the
-API reference (built, warnings failing it), then mutation testing of the
-two state machines. `nox -l` lists the sessions and
+API reference (built, warnings failing it), a smoke run of every
+benchmark, then mutation testing of the two state machines. `nox -l` lists the sessions and
 runs nothing: importing this file only reads pyproject.toml.
 """
 
@@ -25,7 +25,7 @@ nox.options.reuse_existing_virtualenvs = True
 # `pythons` session fails the gate when none at all is installed.
 nox.options.error_on_missing_interpreters = False
 nox.options.download_python = "never"
-nox.options.sessions = ["tests", "typecheck", "dist", "docs", "mutate"]
+nox.options.sessions = ["tests", "typecheck", "dist", "docs", "bench-smoke", "mutate"]
 
 PYPROJECT = nox.project.load_toml("pyproject.toml")
 SUPPORTED = nox.project.python_versions(PYPROJECT)
@@ -172,6 +172,37 @@ def mutate(session: nox.Session) -> None:
         session.error("mutants not killed:\n" + "\n".join(alive or ["(mutmut reported none)"]))
 
 
+# Every benchmark, in the order `bench` runs them, with the arguments that
+# make it a smoke run: sizes so small that it ends in seconds and its figures
+# mean nothing, but every line of it runs.
+BENCHMARKS: dict[str, tuple[str, ...]] = {
+    "bench_kernel.py": ("--number", "1000", "--repeat", "1"),
+    "bench_runlog.py": ("--records", "2000", "--appends", "200"),
+    "bench_executor.py": ("--steps", "200"),
+    "bench_group_commit.py": ("--runs", "5", "--rounds", "1", "--pairs", "1"),
+    "bench_coderun.py": ("--runs", "5", "--chain", "2", "--steps", "100", "--replay-runs", "20", "--recorded", "20"),
+    "bench_workers.py": ("--runs", "20", "--samples", "20"),
+    "bench_waits.py": ("--runs", "20", "--samples", "2", "--idle", "1"),
+    "bench_waits_file.py": ("--samples", "2"),
+    "bench_runs_filter.py": ("--runs", "200", "--attempts", "2"),
+    "bench_submit.py": ("--samples", "5"),
+    "bench_pg_group.py": ("--runs", "10", "--concurrency", "5", "--worker-runs", "20"),
+    "bench_metrics.py": ("--runs", "10", "--rounds", "1", "--seconds", "2"),
+}
+
+
+def run_benchmarks(session: nox.Session, smoke: bool) -> None:
+    """Each of `BENCHMARKS`, at its own sizes or (``smoke``) at the smoke run's;
+    a benchmark in benchmarks/ that `BENCHMARKS` does not name is an error."""
+    found = sorted(p.name for p in Path("benchmarks").glob("bench_*.py"))
+    unnamed = [name for name in found if name not in BENCHMARKS]
+    if unnamed:
+        session.error(f"benchmarks/ holds {unnamed}, which BENCHMARKS in noxfile.py does not name")
+    session.install(".[postgres,metrics]")
+    for script, smoke_args in BENCHMARKS.items():
+        session.run("python", f"benchmarks/{script}", *(smoke_args if smoke else ()), silent=smoke)
+
+
 @nox.session(default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks: print each cost beside a baseline measured in the same run.
@@ -181,16 +212,12 @@ def bench(session: nox.Session) -> None:
     benchmark starts a throwaway PostgreSQL of its own (tests/pgserver.py;
     TMPDIR picks the folder of its data).
     """
-    session.install(".[postgres,metrics]")
-    session.run("python", "benchmarks/bench_kernel.py")
-    session.run("python", "benchmarks/bench_runlog.py")
-    session.run("python", "benchmarks/bench_executor.py")
-    session.run("python", "benchmarks/bench_group_commit.py")
-    session.run("python", "benchmarks/bench_coderun.py")
-    session.run("python", "benchmarks/bench_workers.py")
-    session.run("python", "benchmarks/bench_waits.py")
-    session.run("python", "benchmarks/bench_waits_file.py")
-    session.run("python", "benchmarks/bench_runs_filter.py")
-    session.run("python", "benchmarks/bench_submit.py")
-    session.run("python", "benchmarks/bench_pg_group.py")
-    session.run("python", "benchmarks/bench_metrics.py")
+    run_benchmarks(session, smoke=False)
+
+
+@nox.session(name="bench-smoke")
+def bench_smoke(session: nox.Session) -> None:
+    """Every benchmark once, at sizes that take seconds: the gate runs no benchmark
+    for its figures, so without this one an API change could break one unseen
+    (its figures at these sizes mean nothing; a failing one prints its output)."""
+    run_benchmarks(session, smoke=True)

@@ -15,6 +15,7 @@ repeats.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import timeit
@@ -28,8 +29,8 @@ NUMBER = 100_000
 REPEAT = 5
 
 
-def _best_ns(func: Callable[[], object]) -> float:
-    return min(timeit.repeat(func, number=NUMBER, repeat=REPEAT)) / NUMBER * 1e9
+def _best_ns(func: Callable[[], object], number: int, repeat: int) -> float:
+    return min(timeit.repeat(func, number=number, repeat=repeat)) / number * 1e9
 
 
 def _legal_call(state: object, cause: object) -> Callable[[], object]:
@@ -47,6 +48,16 @@ def _illegal_call(state: object, cause: object) -> Callable[[], object]:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--number", type=int, default=NUMBER, help=f"calls per repeat (default {NUMBER:,})")
+    parser.add_argument("--repeat", type=int, default=REPEAT, help=f"repeats, the best kept (default {REPEAT})")
+    args = parser.parse_args()
+    number: int = args.number
+    repeat: int = args.repeat
+
+    def best_ns(func: Callable[[], object]) -> float:
+        return _best_ns(func, number, repeat)
+
     # The table as a dict, keyed as the issue writes it: TABLE[state, cause_kind].
     table: dict[tuple[type, str], object] = {}
     legal: list[tuple[object, object]] = []
@@ -73,13 +84,13 @@ def main() -> int:
         except KeyError:
             return None
 
-    base_empty = _best_ns(empty)
-    base_hit = _best_ns(dict_hit)
-    base_miss = _best_ns(dict_miss)
-    legal_ns = {f"{type(s).__name__} + {c!r}": _best_ns(_legal_call(s, c)) for s, c in legal}
-    illegal_ns = {f"{type(s).__name__} + {c!r}": _best_ns(_illegal_call(s, c)) for s, c in illegal}
+    base_empty = best_ns(empty)
+    base_hit = best_ns(dict_hit)
+    base_miss = best_ns(dict_miss)
+    legal_ns = {f"{type(s).__name__} + {c!r}": best_ns(_legal_call(s, c)) for s, c in legal}
+    illegal_ns = {f"{type(s).__name__} + {c!r}": best_ns(_illegal_call(s, c)) for s, c in illegal}
 
-    print(f"Python {sys.version.split()[0]}; best of {REPEAT} x {NUMBER:,} calls each")
+    print(f"Python {sys.version.split()[0]}; best of {repeat} x {number:,} calls each")
     print(f"  empty function call                      {base_empty:7.1f} ns")
     print(f"  dict lookup TABLE[state, cause_kind]     {base_hit:7.1f} ns")
     print(f"  dict lookup failing (KeyError caught)    {base_miss:7.1f} ns")
