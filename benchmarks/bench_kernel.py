@@ -29,10 +29,6 @@ NUMBER = 100_000
 REPEAT = 5
 
 
-def _best_ns(func: Callable[[], object], number: int, repeat: int) -> float:
-    return min(timeit.repeat(func, number=number, repeat=repeat)) / number * 1e9
-
-
 def _legal_call(state: object, cause: object) -> Callable[[], object]:
     return lambda: transition(state, cause)  # type: ignore[arg-type]  # loop vars are object
 
@@ -56,7 +52,7 @@ def main() -> int:
     repeat: int = args.repeat
 
     def best_ns(func: Callable[[], object]) -> float:
-        return _best_ns(func, number, repeat)
+        return min(timeit.repeat(func, number=number, repeat=repeat)) / number * 1e9
 
     # The table as a dict, keyed as the issue writes it: TABLE[state, cause_kind].
     table: dict[tuple[type, str], object] = {}
