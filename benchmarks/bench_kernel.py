@@ -86,7 +86,7 @@ def main() -> int:
     legal_ns = {f"{type(s).__name__} + {c!r}": best_ns(_legal_call(s, c)) for s, c in legal}
     illegal_ns = {f"{type(s).__name__} + {c!r}": best_ns(_illegal_call(s, c)) for s, c in illegal}
 
-    print(f"Python {sys.version.split()[0]}; best of {repeat} x {number:,} calls each")
+    print(f"Python {sys.version.split()[0]} ({sys.executable}); best of {repeat} x {number:,} calls each")
     print(f"  empty function call                      {base_empty:7.1f} ns")
     print(f"  dict lookup TABLE[state, cause_kind]     {base_hit:7.1f} ns")
     print(f"  dict lookup failing (KeyError caught)    {base_miss:7.1f} ns")
