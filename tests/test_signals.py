@@ -32,6 +32,7 @@ from attempt_kernel import (
     IntentChanged,
     Job,
     Record,
+    RunCancelRequested,
     RunStarted,
     RunControl,
     RunFinished,
@@ -217,6 +218,39 @@ def test_recover_finishes_a_run_a_signal_stopped(tmp_path: Path, sig: signal.Sig
     assert isinstance(records(tmp_path)[-1].change, RunFinished)
     assert status(tmp_path) == "succeeded"
     assert replay(tmp_path / LOG).valid and replay(tmp_path / LOG).unfinished == ()
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_a_signal_during_resume_stops_the_run_and_a_later_resume_finishes_it(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """`resume LOG RUN` stops on a signal as `run` does: one line naming the signal and the
+    command that resumes, 128+signal, the run interrupted (not cancelled), and a second
+    `resume` finishes it."""
+    child, err = stop(tmp_path, "long_naps", signal.SIGINT, running("nap"))
+    assert child.returncode == 130, err
+    program = f"import attempt_kernel.cli._main as m; m.GRACE = {GRACE!r}; raise SystemExit(m.main())"
+    resuming = subprocess.Popen(
+        [sys.executable, "-c", program, "resume", LOG, RUN, "--workflows", f"{FLOWS}:long_naps"],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    wait_until(tmp_path, resuming, lambda rs: states(tmp_path).get(("nap", 2)) == "Running")
+    resuming.send_signal(sig)
+    _, err = resuming.communicate(timeout=SAFETY)
+    assert resuming.returncode == code, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"stopped by {sig.name}" in err and f"attempt-kernel resume {LOG} {RUN}" in err, err
+    assert status(tmp_path) == "interrupted"
+    assert not any(isinstance(r.change, RunCancelRequested) for r in records(tmp_path))
+    done = cli(tmp_path, "resume", LOG, RUN, "--workflows", f"{FLOWS}:long_naps")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert states(tmp_path) == {
+        ("nap", 1): "Cancelled",
+        ("nap", 2): "Cancelled",
+        ("nap", 3): "Succeeded",
+        ("wake", 1): "Succeeded",
+    }
+    assert status(tmp_path) == "succeeded"
 
 
 def test_a_step_that_ends_within_the_grace_keeps_its_result_and_nothing_new_starts(

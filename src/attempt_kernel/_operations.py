@@ -222,7 +222,14 @@ def held_runs(log: str | os.PathLike[str]) -> frozenset[str] | None:
     return None if writer_holds(log) else frozenset()
 
 
-def resume_run(log: str | os.PathLike[str], run: str, workflows: Iterable[Workflow] = ()) -> str:
+def resume_run(
+    log: str | os.PathLike[str],
+    run: str,
+    workflows: Iterable[Workflow] = (),
+    *,
+    stop_on_signals: bool = False,
+    grace: float = 5.0,
+) -> str:
     """Resume an unfinished run that no process drives; return what was done, in one sentence.
 
     For a ``postgresql://`` URL, the run is made claimable now, and a worker
@@ -233,6 +240,12 @@ def resume_run(log: str | os.PathLike[str], run: str, workflows: Iterable[Workfl
     unknown or finished run, a run that needs reconciliation first, a run a
     process drives already, and, on a file log, a run whose workflow is not
     in ``workflows`` (the message names the command that resumes it).
+
+    With ``stop_on_signals`` (from the main thread), SIGINT and SIGTERM stop
+    a file log's run gracefully, giving live attempts ``grace`` seconds:
+    the stop is recorded, the run stays unfinished for a later resume, and
+    `RunsStopped` is raised (`resume_log`). Without it, a signal
+    interrupts the call as it would any other.
     """
     if _is_url(log):
         assert isinstance(log, str)
@@ -269,7 +282,7 @@ def resume_run(log: str | os.PathLike[str], run: str, workflows: Iterable[Workfl
         )
     others = {name for name, other in ledger.runs.items() if name != run and not other.finished}
     try:
-        resumed = resume_log(path, [workflow], skip_runs=others)
+        resumed = resume_log(path, [workflow], skip_runs=others, stop_on_signals=stop_on_signals, grace=grace)
     except LogLocked as error:
         raise OperationRefused(f"{error}; nothing was written") from None
     if resumed.diverged:

@@ -36,6 +36,13 @@ async def nap(ctx: StepContext) -> JSON:
     return "rested"
 
 
+async def long_nap(ctx: StepContext) -> JSON:
+    """Sleeps in its first two attempts: a resume finds the second one live."""
+    if ctx.attempt <= 2:
+        await asyncio.sleep(LONG)
+    return "rested"
+
+
 async def brief(ctx: StepContext) -> JSON:
     if ctx.attempt == 1:
         await asyncio.sleep(1.0)
@@ -63,6 +70,9 @@ async def ask_downstream(key: str) -> EffectFinding:
 
 
 naps = load_workflow("naps", [Step(name="nap", run=nap), Step(name="wake", run=wake, after=("nap",))])
+long_naps = load_workflow(
+    "long-naps", [Step(name="nap", run=long_nap), Step(name="wake", run=wake, after=("nap",))]
+)
 briefs = load_workflow(
     "briefs", [Step(name="brief", run=brief), Step(name="wake", run=wake, after=("brief",))]
 )

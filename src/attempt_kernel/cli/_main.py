@@ -1117,7 +1117,13 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     run: str = args.run
     targets: list[str] = args.workflows
     workflows = [WORKFLOWS[TRIP_PLANNER](0).workflow, *(load_target(t) for t in targets)]
-    done = resume_run(log, run, workflows)
+    try:
+        # A signal stops the run gracefully, as `recover` and `worker` do: a
+        # KeyboardInterrupt would cancel it, and a cancel is final.
+        done = resume_run(log, run, workflows, stop_on_signals=True, grace=GRACE)
+    except RunsStopped as error:
+        again = " ".join(["attempt-kernel resume", _redacted(log), shlex.quote(run), *(f"--workflows {shlex.quote(t)}" for t in targets)])
+        return _stopped("resume", error, again)
     if args.json:
         _print_json({"log": _redacted(log), "run": run, "resumed": done})
     else:
