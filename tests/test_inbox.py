@@ -36,7 +36,8 @@ from attempt_kernel import (
 )
 from attempt_kernel._inbox import InboxCorrupt, locked_inbox
 from attempt_kernel._ledger import Ledger
-from attempt_kernel._operate import reconcile_change
+from attempt_kernel._operate import reconcile_change, signal_change
+from attempt_kernel._operations import deliver_to_file
 from waitflows import APPROVER, BLOCKED
 
 RUN = "a-1"
@@ -100,6 +101,27 @@ def test_a_signal_while_another_writer_holds_the_log_waits_in_the_inbox(tmp_path
     [entry] = inbox_lines(log)
     assert entry["type"] == "signal_sent" and entry["run"] == RUN and entry["seq"] == 1
     assert entry["name"] == "approve" and entry["payload"] == [1, 2]
+
+
+def test_an_entry_sent_while_a_sender_holds_a_log_without_an_inbox_is_recorded_before_it_lets_go(
+    tmp_path: Path,
+) -> None:
+    """A sender that found no inbox holds the log; a second sender, finding it held, makes the
+    inbox and appends there: the first takes that entry in before it lets the log go, so it is
+    not left for a writer that may never come."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    seconds: list[Delivered] = []
+
+    def build(ledger: Ledger) -> tuple[str, SignalSent]:
+        seconds.append(send_signal(log, RUN, "approve", "two"))  # the log is held: to the inbox
+        return RUN, signal_change(ledger, RUN, "approve", "one")
+
+    first = deliver_to_file(log, build)
+    [second] = seconds
+    assert first.recorded and not second.recorded
+    assert [s.payload for s in signals(log)] == ["one", "two"]
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == b""
+    assert replay(FileLog(log)).valid
 
 
 def test_the_next_writer_takes_the_inbox_in_and_empties_it(tmp_path: Path) -> None:

@@ -97,8 +97,18 @@ def deliver_to_file(
                 _no_violations(deliver.ledger, log)
                 if inbox is not None:
                     inbox.take_in(deliver, progress)
-                run, change = build(deliver.ledger)
-                why = deliver(run, change)
+                try:
+                    run, change = build(deliver.ledger)
+                    why = deliver(run, change)
+                finally:
+                    if inbox is None:
+                        # There was no inbox to lock: a process that found the
+                        # log held meanwhile may have made one and appended to
+                        # it. It is taken in before the log is let go, or it
+                        # would wait for a writer that may never come.
+                        with locked_inbox(log, create=False) as late:
+                            if late is not None:
+                                late.take_in(deliver, progress)
                 if why is not None:
                     raise OperationRefused(f"{why}; nothing was written")
                 return Delivered(run=run, change=change, recorded=True)
