@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from attempt_kernel import Indeterminate, RunLogWriter, Succeeded, replay
+from attempt_kernel import Indeterminate, RunLogWriter, RunStarted, Succeeded, replay
+from attempt_kernel._codec import encode_record
 from attempt_kernel.cli._main import main
 
 
@@ -128,3 +129,17 @@ def test_demo_shows_progress_when_stderr_is_a_terminal(
     monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
     assert main(["demo", "--log", str(tmp_path / "pipe.jsonl")]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("time_us", [10**30, 253_402_300_800 * 1_000_000])
+def test_a_record_time_past_year_9999_is_shown_as_its_number_not_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], time_us: int
+) -> None:
+    """A log may hold any integer time (the checksum is valid): `runs` and `show` print the
+    number with a note, where a date would overflow or break the format."""
+    log = tmp_path / "far.jsonl"
+    log.write_bytes(encode_record(1, time_us, "r1", RunStarted(workflow="w", nonce="0" * 16)))
+    assert main(["runs", str(log)]) == 0
+    assert f"{time_us}us (not a time from 1970 to 9999)" in capsys.readouterr().out
+    assert main(["show", str(log), "r1"]) == 0
+    assert f"{time_us}us (not a time from 1970 to 9999)  started" in capsys.readouterr().out

@@ -253,6 +253,16 @@ def test_the_list_filters_by_status_workflow_and_start_time(trip_log: Path) -> N
     assert "status: &#39;lost&#39; is not one of queued, running, waiting, interrupted" in page
 
 
+@pytest.mark.parametrize("limit", ["%C2%B2", "%D9%A3", "0", "-1", "x"])
+def test_a_limit_that_is_not_an_ascii_number_in_range_is_a_400_naming_it(approvals: Path, limit: str) -> None:
+    """``²`` passes ``str.isdigit`` and fails ``int``: still a 400 with the message, never a
+    dropped connection."""
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get(f"/?limit={limit}")
+    assert status == 400
+    assert "is not a number from 1 to" in page
+
+
 def test_the_list_is_paged_by_limit_with_an_older_link(approvals: Path) -> None:
     with serving(str(approvals)) as url:
         client = Client(url)

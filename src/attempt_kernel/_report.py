@@ -254,11 +254,18 @@ def _settled_lines(recovery: Recovery) -> list[str]:
 # --------------------------------------------------------------------------
 
 
+_YEAR_10000: Final = 253_402_300_800
+"""Seconds from the epoch to 10000-01-01: later times do not fit the format (nor, on some
+platforms, ``time.gmtime``)."""
+
+
 def when(time_us: int | None) -> str:
     """A record's time in UTC, to the millisecond (``-`` when unknown)."""
     if time_us is None:
         return "-"
     seconds, micros = divmod(time_us, 1_000_000)
+    if not 0 <= seconds < _YEAR_10000:  # a log may hold any integer: shown, never a crash
+        return f"{time_us}us (not a time from 1970 to 9999)"
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros // 1000:03d}Z"
 
 

@@ -374,7 +374,7 @@ class WebView:
             until, until_text = None, ""
         limit = DEFAULT_LIMIT
         if limit_text:
-            if limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT:
+            if limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT:
                 limit = int(limit_text)
             else:
                 problems.append(f"limit: {limit_text!r} is not a number from 1 to {MAX_LIMIT}")
@@ -708,7 +708,7 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server
         assert isinstance(server, _Server)
         length_text = self.headers.get("Content-Length", "0")
-        length = int(length_text) if length_text.isdigit() else 0
+        length = int(length_text) if length_text.isascii() and length_text.isdigit() else 0
         if length > MAX_BODY:
             self.send_error(413, "the form is too large")
             return
