@@ -263,6 +263,20 @@ def test_a_limit_that_is_not_an_ascii_number_in_range_is_a_400_naming_it(approva
     assert "is not a number from 1 to" in page
 
 
+def test_the_run_page_shows_a_run_id_with_control_characters_escaped(tmp_path: Path) -> None:
+    """ESC and the right-to-left override in a run id reach the run page's title, heading and
+    timeline escaped as the command line shows them, never raw."""
+    run = "r\x1b[31m\u202ex"
+    log = add_waiting_runs(tmp_path / "odd.jsonl", run)
+    with serving(str(log)) as url:
+        status, page = Client(url).get("/runs/" + urllib.parse.quote(run, safe=""))
+    assert status == 200
+    assert "\x1b" not in page and "\u202e" not in page
+    assert "<title>Run r\\x1b[31m\\u202ex" in page
+    assert '<h1 id="run-id">r\\x1b[31m\\u202ex</h1>' in page
+    assert "Timeline of run r\\x1b[31m\\u202ex:" in page
+
+
 def test_the_list_is_paged_by_limit_with_an_older_link(approvals: Path) -> None:
     with serving(str(approvals)) as url:
         client = Client(url)

@@ -232,6 +232,9 @@ class WebView:
             autoescape=True,
             undefined=jinja2.StrictUndefined,
         )
+        # Names from the log shown as text: non-printable characters escaped
+        # (then HTML-escaped by autoescape); a form's value keeps the raw name.
+        self._env.filters["shown"] = shown
         # A PostgreSQL journal reads through one connection: one reader at a time.
         self._read_lock: Final = threading.Lock()
         self._flash_lock: Final = threading.Lock()

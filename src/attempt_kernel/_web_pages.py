@@ -166,12 +166,12 @@ RUNS: Final = """{% extends "base.html" %}
 """
 
 RUN: Final = """{% extends "base.html" %}
-{% block title %}Run {{ run.run }}{% endblock %}
+{% block title %}Run {{ run.run | shown }}{% endblock %}
 {% block body %}
 <section>
-<h1 id="run-id">{{ run.run }}</h1>
+<h1 id="run-id">{{ run.run | shown }}</h1>
 <div><span class="badge s-{{ standing }}" id="run-status">{{ standing }}</span>
-<span class="muted">workflow</span> {{ run.workflow or "-" }}{% if run.version %} <span class="muted">version</span> {{ run.version }}{% endif %}</div>
+<span class="muted">workflow</span> {{ run.workflow | shown if run.workflow else "-" }}{% if run.version %} <span class="muted">version</span> {{ run.version | shown }}{% endif %}</div>
 <dl class="facts">
 {% for name, value in facts %}<dt>{{ name }}</dt><dd class="mono">{{ value }}</dd>
 {% endfor %}
@@ -182,7 +182,7 @@ RUN: Final = """{% extends "base.html" %}
 <h2>Timeline</h2>
 {% if tl.empty %}<p class="muted">No attempt and no wait yet.</p>{% else %}
 <svg class="timeline" id="timeline" role="img" aria-labelledby="tl-title" viewBox="0 0 {{ tl.width }} {{ tl.height }}" width="{{ tl.width }}" height="{{ tl.height }}" xmlns="http://www.w3.org/2000/svg">
-<title id="tl-title">Timeline of run {{ run.run }}: one row per step and per wait, from {{ tl.start }}</title>
+<title id="tl-title">Timeline of run {{ run.run | shown }}: one row per step and per wait, from {{ tl.start }}</title>
 {% for t in tl.ticks %}<line class="grid" x1="{{ t.x }}" x2="{{ t.x }}" y1="{{ tl.chart_top }}" y2="{{ tl.chart_bottom }}"/>
 <text class="tick" x="{{ t.x }}" y="14" text-anchor="middle">{{ t.text }}</text>
 {% endfor %}
@@ -225,14 +225,14 @@ RUN: Final = """{% extends "base.html" %}
 <tbody>
 {% for i in intents %}<tr>
 <td>{{ i.step }}</td><td>{{ i.attempt }}</td><td>{{ i.name }}</td>
-<td class="mono">{{ i.key }}</td>
+<td class="mono">{{ i.key | shown }}</td>
 <td>{{ i.state }}{% for e in i.events %}<div class="muted mono">{{ e }}</div>{% endfor %}</td>
 <td>{% if i.outstanding %}
 <form method="post" action="{{ action_base }}/reconcile" class="inline">
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <input type="hidden" name="key" value="{{ i.key }}">
-<input type="text" name="note" placeholder="note (why)" aria-label="note for {{ i.key }}">
-<input type="text" name="result" placeholder="result JSON (confirm only)" aria-label="result for {{ i.key }}">
+<input type="text" name="note" placeholder="note (why)" aria-label="note for {{ i.key | shown }}">
+<input type="text" name="result" placeholder="result JSON (confirm only)" aria-label="result for {{ i.key | shown }}">
 <button type="submit" name="verdict" value="confirmed">Confirm: it happened</button>
 <button type="submit" name="verdict" value="rejected" class="secondary">Reject: it did not</button>
 </form>
