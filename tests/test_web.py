@@ -47,7 +47,10 @@ from attempt_kernel import (
     Record,
     RunLogWriter,
     SignalSent,
+    JSON,
+    RunContext,
     Workflow,
+    workflow,
     read_log,
 )
 from attempt_kernel.cli._main import main
@@ -511,6 +514,28 @@ def test_resume_with_the_workflow_drives_a_signalled_run_to_its_end(approvals: P
             flash = html.unescape("".join(re.findall(r'<div class="flash ok" role="status">(.*?)</div>', page))) or flash
     assert flash == "run 'a-1' was resumed and ended succeeded"
     assert 'id="run-status">succeeded</span>' in page
+
+
+@workflow("approver")
+async def _exits(run: RunContext) -> JSON:
+    raise SystemExit(3)
+
+
+def test_a_resume_that_dies_says_so_and_the_run_may_be_resumed_again(approvals: Path) -> None:
+    """A workflow that calls sys.exit ends the resume's thread: the operator is told, and the
+    run is not left marked as being resumed (a second resume is tried, not refused)."""
+    with serving(str(approvals), workflows=[_exits]) as url:
+        client = Client(url)
+        for _ in range(2):
+            _, flash = client.act("a-1", "resume")
+            deadline = time.monotonic() + TIMEOUT
+            while flash.startswith("Resuming run a-1 in this server's process"):
+                assert time.monotonic() < deadline, "the resume never said what it did"
+                time.sleep(0.1)
+                page = client.get("/runs/a-1")[1]
+                flash = html.unescape("".join(re.findall(r'<div class="flash [a-z]+" role="[a-z]+">(.*?)</div>', page))) or flash
+            assert "stopped with SystemExit: 3" in flash, flash
+            assert "being resumed by this server already" not in flash
 
 
 # --------------------------------------------------------------------------

@@ -551,6 +551,11 @@ class WebView:
                 said: str | AttemptKernelError = resume_run(self.log, run, self._workflows)
             except AttemptKernelError as error:  # OperationRefused among them
                 said = error
+            except BaseException as error:  # noqa: BLE001  # a step's sys.exit, a bug: said, not lost with the thread
+                said = AttemptKernelError(
+                    f"the resume of run {run!r} stopped with {type(error).__name__}: {error};"
+                    " the run stays unfinished, and may be resumed again"
+                )
             with self._flash_lock:
                 self._resuming.discard(run)
                 outcome.said = said
