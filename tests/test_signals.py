@@ -111,9 +111,14 @@ def status(cwd: Path) -> str:
 
 def start(cwd: Path, attr: str, grace: float = GRACE) -> subprocess.Popen[str]:
     """``attempt-kernel run`` in a child; ``grace``: its grace period instead of `GRACE`."""
+    return spawn(cwd, grace, "run", f"{FLOWS}:{attr}", "--log", LOG, "--run", RUN)
+
+
+def spawn(cwd: Path, grace: float, *args: str) -> subprocess.Popen[str]:
+    """``attempt-kernel ARGS`` in a child process, with ``grace`` as its grace period."""
     program = f"import attempt_kernel.cli._main as m; m.GRACE = {grace!r}; raise SystemExit(m.main())"
     return subprocess.Popen(
-        [sys.executable, "-c", program, "run", f"{FLOWS}:{attr}", "--log", LOG, "--run", RUN],
+        [sys.executable, "-c", program, *args],
         cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -229,11 +234,7 @@ def test_a_signal_during_resume_stops_the_run_and_a_later_resume_finishes_it(
     `resume` finishes it."""
     child, err = stop(tmp_path, "long_naps", signal.SIGINT, running("nap"))
     assert child.returncode == 130, err
-    program = f"import attempt_kernel.cli._main as m; m.GRACE = {GRACE!r}; raise SystemExit(m.main())"
-    resuming = subprocess.Popen(
-        [sys.executable, "-c", program, "resume", LOG, RUN, "--workflows", f"{FLOWS}:long_naps"],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    resuming = spawn(tmp_path, GRACE, "resume", LOG, RUN, "--workflows", f"{FLOWS}:long_naps")
     wait_until(tmp_path, resuming, lambda rs: states(tmp_path).get(("nap", 2)) == "Running")
     resuming.send_signal(sig)
     _, err = resuming.communicate(timeout=SAFETY)

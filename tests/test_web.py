@@ -500,18 +500,25 @@ def test_resume_without_the_workflow_is_refused_naming_the_command(approvals: Pa
     assert nothing_written(approvals, before)
 
 
+def resumed_flash(client: Client, run: str) -> str:
+    """Press Resume on ``run``; what the server said it did, once it said (a resume that
+    outlasts the request says so on a later page)."""
+    _, flash = client.act(run, "resume")
+    deadline = time.monotonic() + TIMEOUT
+    while flash.startswith(f"Resuming run {run} in this server's process"):
+        assert time.monotonic() < deadline, "the resume never said what it did"
+        time.sleep(0.1)
+        page = client.get(f"/runs/{run}")[1]
+        flash = html.unescape("".join(re.findall(r'<div class="flash [a-z]+" role="[a-z]+">(.*?)</div>', page))) or flash
+    return flash
+
+
 def test_resume_with_the_workflow_drives_a_signalled_run_to_its_end(approvals: Path) -> None:
     with serving(str(approvals), workflows=[APPROVER]) as url:
         client = Client(url)
         client.act("a-1", "signal", name="approve", payload='"yes"')
-        _, flash = client.act("a-1", "resume")
+        flash = resumed_flash(client, "a-1")
         page = client.get("/runs/a-1")[1]
-        deadline = time.monotonic() + TIMEOUT
-        while flash.startswith("Resuming run a-1 in this server's process"):  # it outlasted the request
-            assert time.monotonic() < deadline, "the resume never said what it did"
-            time.sleep(0.1)
-            page = client.get("/runs/a-1")[1]
-            flash = html.unescape("".join(re.findall(r'<div class="flash ok" role="status">(.*?)</div>', page))) or flash
     assert flash == "run 'a-1' was resumed and ended succeeded"
     assert 'id="run-status">succeeded</span>' in page
 
@@ -527,13 +534,7 @@ def test_a_resume_that_dies_says_so_and_the_run_may_be_resumed_again(approvals: 
     with serving(str(approvals), workflows=[_exits]) as url:
         client = Client(url)
         for _ in range(2):
-            _, flash = client.act("a-1", "resume")
-            deadline = time.monotonic() + TIMEOUT
-            while flash.startswith("Resuming run a-1 in this server's process"):
-                assert time.monotonic() < deadline, "the resume never said what it did"
-                time.sleep(0.1)
-                page = client.get("/runs/a-1")[1]
-                flash = html.unescape("".join(re.findall(r'<div class="flash [a-z]+" role="[a-z]+">(.*?)</div>', page))) or flash
+            flash = resumed_flash(client, "a-1")
             assert "stopped with SystemExit: 3" in flash, flash
             assert "being resumed by this server already" not in flash
 
