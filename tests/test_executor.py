@@ -315,6 +315,22 @@ def test_unencodable_result_fails_the_attempt_and_keeps_the_log_valid(tmp_path: 
     assert check.valid
 
 
+def test_a_result_with_keys_json_writes_alike_fails_the_attempt_and_the_log_stays_usable(
+    tmp_path: Path,
+) -> None:
+    """``{1: .., "1": ..}`` would be written with the key "1" twice, a line the reader
+    refuses: the log would refuse every later append and recovery. The attempt fails
+    instead, naming the keys, and the log replays clean."""
+    async def twins(ctx: StepContext) -> JSON:
+        return {1: "int", "1": "str"}  # type: ignore[dict-item]
+
+    report, check = execute(tmp_path / "log", [Step(name="a", run=twins)])
+    a = outcome(report, "a")
+    assert a.state == Failed()
+    assert a.error is not None and "an object has keys 1 and '1'" in a.error
+    assert check.valid
+
+
 def test_intent_name_used_twice_fails_the_attempt(tmp_path: Path) -> None:
     """Two effects with one name in one attempt is a StepError (the attempt fails)."""
     async def twice(ctx: StepContext) -> JSON:

@@ -131,7 +131,17 @@ def test_read_can_be_called_again(store: Journal) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [{1, 2}, object(), float("nan"), b"bytes"], ids=["set", "object", "nan", "bytes"]
+    "value",
+    [
+        {1, 2},
+        object(),
+        float("nan"),
+        b"bytes",
+        {1: "int", "1": "str"},
+        {True: 1, "true": 2},
+        [{"deep": {None: 1, "null": 2}}],
+    ],
+    ids=["set", "object", "nan", "bytes", "keys 1 and '1'", "keys True and 'true'", "keys None and 'null' nested"],
 )
 def test_unencodable_value_raises_and_writes_nothing(store: Journal, value: object) -> None:
     """A value JSON cannot carry is refused; the next append still gets the next number."""

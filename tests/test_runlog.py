@@ -133,6 +133,31 @@ def test_a_value_is_written_byte_for_byte_as_json_dumps_writes_it(value: JSON) -
     )
 
 
+def test_keys_that_json_writes_alike_are_refused_naming_both() -> None:
+    """``1`` and ``"1"`` in one dict would both be written as the key "1": a line the
+    reader refuses (duplicate key). The writer refuses it first, naming the keys;
+    a non-string key alone is still written as JSON writes it."""
+    with pytest.raises(
+        UnencodableRecord,
+        match=r"an object has keys 1 and '1', which JSON writes as the same key '1'",
+    ):
+        encode_record(1, 2, "r", StepResult(step="s", attempt=1, value={1: "int", "1": "str"}))  # type: ignore[dict-item]
+    assert b',"value":{"1":"int","2.5":"float"},' in encode_record(
+        1, 2, "r", StepResult(step="s", attempt=1, value={1: "int", 2.5: "float"})  # type: ignore[dict-item]
+    )
+
+
+def test_an_empty_run_id_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    """The reader refuses a line whose run is empty, so the writer never writes one."""
+    path = write_log(tmp_path / "log", simple_changes())
+    before = path.read_bytes()
+    with RunLogWriter(path) as log:
+        with pytest.raises(UnencodableRecord, match="record seq 5 cannot be written: its run id is empty"):
+            log.append("", RunFinished())
+        assert log.last_seq == 4
+    assert path.read_bytes() == before
+
+
 def test_a_circular_value_is_refused_and_the_next_one_is_still_written() -> None:
     """A list that holds itself is no JSON value: UnencodableRecord, and the encoder it went
     through (kept for the next values) still writes the same list once it no longer holds itself."""
@@ -145,7 +170,17 @@ def test_a_circular_value_is_refused_and_the_next_one_is_still_written() -> None
 
 
 @pytest.mark.parametrize(
-    "value", [{1, 2}, object(), float("nan"), b"bytes"], ids=["set", "object", "nan", "bytes"]
+    "value",
+    [
+        {1, 2},
+        object(),
+        float("nan"),
+        b"bytes",
+        {1: "int", "1": "str"},
+        {True: 1, "true": 2},
+        [{"deep": {None: 1, "null": 2}}],
+    ],
+    ids=["set", "object", "nan", "bytes", "keys 1 and '1'", "keys True and 'true'", "keys None and 'null' nested"],
 )
 def test_unencodable_value_is_refused_and_nothing_is_written(value: object, tmp_path: Path) -> None:
     """A result JSON cannot carry raises UnencodableRecord; the log stays as it was."""

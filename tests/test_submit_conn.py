@@ -154,6 +154,24 @@ def test_an_unencodable_input_sends_nothing(pg_url: str, schema: str) -> None:
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
+@pytest.mark.parametrize(
+    ("run", "value"),
+    [("", None), ("r1", {1: "int", "1": "str"})],
+    ids=["an empty run id", "keys 1 and '1' in the input"],
+)
+def test_a_run_whose_records_the_reader_would_refuse_is_not_queued(
+    pg_url: str, schema: str, run: str, value: object
+) -> None:
+    """Refused before any statement: a worker would write records the journal's
+    reader refuses, and every worker that took the run over would stop on them."""
+    migrate(pg_url, schema=schema)
+    with psycopg.connect(pg_url) as conn:
+        with pytest.raises(UnencodableRecord):
+            submit_run(conn, "pay", run, value, schema=schema)  # type: ignore[arg-type]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert queued(pg_url, schema) == []
+
+
 def test_a_connection_with_dict_rows_works(pg_url: str, schema: str) -> None:
     """The caller's row factory is the caller's: submit reads its own answer as a tuple."""
     migrate(pg_url, schema=schema)

@@ -355,6 +355,8 @@ def _value(value: object) -> str:
     """
     if value is None:
         return "null"
+    if type(value) not in _SCALARS:
+        _no_colliding_keys(value)
     if _make_encoder is None:
         return _dumps(value)
     encode: Callable[[object, int], Iterable[str]] | None = getattr(_json_encoders, "encode", None)
@@ -367,6 +369,67 @@ def _value(value: object) -> str:
     except BaseException:
         _json_encoders.markers.clear()
         raise
+
+
+def _key_text(key: object) -> object:
+    """The string JSON makes of a dict's key (what the C encoder writes); any
+    other key is returned as it is (the encoder refuses it)."""
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, float):  # a float or a subclass of it, as the encoder writes them
+        return float.__repr__(key)
+    if isinstance(key, int):
+        return int.__repr__(key)
+    return key
+
+
+def _no_colliding_keys(value: object) -> None:
+    """Raise ValueError if an object inside ``value`` has two keys that JSON writes
+    as the same string (``1`` and ``"1"``, ``True`` and ``"true"``): the line
+    would hold a duplicate key, which the reader refuses as corruption.
+
+    Walks with a list, not recursion, and stops below `_MAX_WALK` levels (the
+    encoder refuses deeper values itself); a container met twice is walked
+    once (the encoder refuses a circular one).
+    """
+    todo: list[tuple[object, int]] = [(value, 0)]
+    seen: set[int] = set()
+    while todo:
+        item, depth = todo.pop()
+        if depth > _MAX_WALK:
+            continue
+        if isinstance(item, dict):
+            mapping = cast("dict[object, object]", item)
+            if id(mapping) in seen:
+                continue
+            seen.add(id(mapping))
+            if not all(type(k) is str for k in mapping):
+                texts = [_key_text(k) for k in mapping]
+                if len(set(texts)) < len(texts):
+                    first = next(k for k, t in zip(mapping, texts) if texts.count(t) > 1)
+                    twins = [k for k, t in zip(mapping, texts) if t == _key_text(first)]
+                    raise ValueError(
+                        f"an object has keys {' and '.join(repr(k) for k in twins)}, which JSON"
+                        f" writes as the same key {_key_text(first)!r}; a log line cannot"
+                        " hold a key twice"
+                    )
+            todo.extend((v, depth + 1) for v in mapping.values() if type(v) not in _SCALARS)
+        elif isinstance(item, (list, tuple)):
+            items = cast("list[object]", item)
+            if id(items) in seen:
+                continue
+            seen.add(id(items))
+            todo.extend((v, depth + 1) for v in items if type(v) not in _SCALARS)
+
+
+_MAX_WALK: Final = 10_000
+"""How deep `_no_colliding_keys` looks: far below what the C encoder can write
+before it raises RecursionError, which refuses the value anyway."""
+_SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def _refuse(value: object) -> object:
@@ -533,6 +596,8 @@ def encode_record(seq: int, time_us: int, run: str, change: Change) -> bytes:
     (a set, an object, NaN, ...), and its subclass `RecordTooLarge` if the
     line would be longer than `MAX_RECORD_BYTES`: the reader would refuse it.
     """
+    if not run:  # the reader refuses a line whose run is empty
+        raise UnencodableRecord(f"record seq {seq} cannot be written: its run id is empty")
     try:
         body = (
             f'{{"v":{SCHEMA_VERSION},"seq":{seq:d},"time_us":{time_us:d},"run":{_q(run)}'
