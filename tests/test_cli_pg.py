@@ -99,6 +99,23 @@ def test_a_urls_password_is_never_printed(db: str, shop: Path) -> None:
         assert "s3cret-pw" not in output.stdout + output.stderr, output.stdout + output.stderr
 
 
+def test_a_url_the_driver_cannot_parse_exits_2_without_its_password(shop: Path) -> None:
+    """A malformed URL is a wrong argument (exit 2), not an outage (exit 3): the worker
+    stops at once instead of retrying it; no command prints the password, though the
+    driver's own message quotes it."""
+    url = "postgresql://postgres:TopSecret9@[::1/x"
+    outputs = [
+        cli(shop, "runs", url),
+        cli(shop, "submit", url, "flows:orders"),
+        cli(shop, "worker", url, "--workflows", "flows:orders", "--reconnect-for", "30"),
+    ]
+    assert [o.returncode for o in outputs] == [2, 2, 2], [o.stdout + o.stderr for o in outputs]
+    for output in outputs:
+        assert "TopSecret9" not in output.stdout + output.stderr, output.stdout + output.stderr
+        assert "not a PostgreSQL URL the driver can read" in output.stderr, output.stderr
+        assert "unreachable" not in output.stderr, output.stderr
+
+
 def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_path: Path) -> None:
     """`export URL` is a JSON Lines run log; `--run` keeps one run, renumbered from 1."""
     for _ in range(2):

@@ -65,7 +65,9 @@ from attempt_kernel.postgres._journal import (
     LeaseLost,
     PgConnectFailed,
     PgJournal,
+    PgJournalError,
     PgSchemaTooNew,
+    connection_lost,
 )
 
 pytestmark = pytest.mark.postgres
@@ -501,6 +503,32 @@ def test_a_password_in_the_url_is_never_shown() -> None:
     with pytest.raises(PgConnectFailed) as caught:
         PgJournal("postgresql://app:hunter2@127.0.0.1:1/db", connect_timeout=2)
     assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [
+        (
+            "postgresql://app:TopSecret9@[::1/db",
+            'end of string reached when looking for matching "]" in IPv6 host address in URI:'
+            ' "postgresql://app:***@[::1/db"',
+        ),
+        ("postgresql://app:Top%Secret@127.0.0.1:1/db", 'invalid percent-encoded token: "***"'),
+        ("postgresql://127.0.0.1:1/db?password=Hush%zz", 'invalid percent-encoded token: "***"'),
+    ],
+    ids=["quoted whole", "the password is the bad token", "a password parameter"],
+)
+def test_a_url_the_driver_cannot_parse_is_a_wrong_argument_and_hides_its_password(
+    url: str, reason: str
+) -> None:
+    """libpq quotes a URL it cannot parse, or the token it stopped at, which may be the
+    password itself: the password is replaced by ***. And such a URL is not an outage
+    (`connection_lost` is False): a worker does not retry it for minutes."""
+    with pytest.raises(PgJournalError) as caught:
+        PgJournal(url, connect_timeout=2)
+    assert type(caught.value) is PgJournalError
+    assert str(caught.value) == f"not a PostgreSQL URL the driver can read: {reason}"
+    assert not connection_lost(caught.value)
 
 
 # --------------------------------------------------------------------------

@@ -68,6 +68,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -797,9 +798,41 @@ def database_named(url: str) -> str:
     return f"PostgreSQL at {where}{named}"
 
 
-def _connect_error(url: str, error: psycopg.Error) -> PgConnectFailed:
-    """Name the host and the driver's reason; never the URL (it may hold a password)."""
-    reason = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
+def _secrets(url: str) -> list[str]:
+    """What in ``url`` may be a password, longest first: the user-info's after its
+    first ``:`` (up to the first ``@``, and up to the last, for a password that
+    holds an unescaped ``@``), and any ``password=`` parameter; each also
+    percent-decoded. Read by hand: a URL the driver cannot parse may still hold one."""
+    found: set[str] = set()
+    _, scheme, rest = url.partition("://")
+    if scheme:
+        for userinfo in (rest.partition("@")[0] if "@" in rest else "", rest.rpartition("@")[0]):
+            found.add(userinfo.partition(":")[2])
+    for match in re.finditer(r"password=([^&\s]*)", url):
+        found.add(match.group(1))
+    found |= {urllib.parse.unquote(secret) for secret in found}
+    return sorted((secret for secret in found if secret), key=len, reverse=True)
+
+
+def scrubbed(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with every password of ``url`` in it
+    replaced by ``***``: libpq quotes a URL it cannot parse, or the token it stopped at."""
+    for secret in _secrets(url):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _connect_error(url: str, error: psycopg.Error) -> PgJournalError:
+    """Name the host and the driver's reason; never the password.
+
+    A URL the driver cannot parse is a `PgJournalError` (a wrong argument,
+    which no retry mends); one it can parse but not reach, `PgConnectFailed`.
+    """
+    reason = scrubbed("; ".join(part.strip() for part in str(error).splitlines() if part.strip()), url)
+    try:
+        conninfo_to_dict(url)
+    except psycopg.Error:
+        return PgJournalError(f"not a PostgreSQL URL the driver can read: {reason}")
     return PgConnectFailed(f"cannot connect to {database_named(url)}: {reason}")
 
 
@@ -837,7 +870,10 @@ def connect(url: str, *, connect_timeout: int = 10) -> psycopg.Connection[TupleR
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
     except psycopg.Error as error:
-        raise _connect_error(url, error) from None
+        failure = _connect_error(url, error)
+    # Raised out here, with no driver error as its context: `connection_lost`
+    # reads a URL the driver cannot parse as a wrong argument, not an outage.
+    raise failure
 
 
 @final
