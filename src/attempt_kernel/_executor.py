@@ -553,9 +553,10 @@ class Executor:
     given, is called with a one-line description of every state change and
     wait (`ProgressLines`, one of the observers).
 
-    ``observers`` are told of every record this executor writes, once it is
-    durable and applied (`RunObserver`: metrics, traces, your own
-    dashboard); they are told, never asked, so they cannot change a run. The
+    ``observers`` are told of every record this executor writes, once the
+    log's ``append`` returned and the ledger applied it (`RunObserver`:
+    metrics, traces, your own dashboard; a PostgreSQL worker's journal may
+    still refuse a record it only queued, docs/executor.md says when); they are told, never asked, so they cannot change a run. The
     records are also logged through ``logging.getLogger("attempt_kernel.run")``
     (`LogRecords`; silent unless your application configures logging).
 

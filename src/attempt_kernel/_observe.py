@@ -1,8 +1,9 @@
 """Who is told of the records a run writes: the typed observer, and what is built on it.
 
 An executor tells every `RunObserver` it was given of each record it has
-appended to its log (durable, as the log's `append` promises) and applied
-to its ledger, in log order, on the executor's event loop. The command
+appended to its log (once the log's `append` returned: written, or for a
+PostgreSQL worker queued for its writer thread, whose fence may still
+refuse it) and applied to its ledger, in log order, on the executor's event loop. The command
 line's progress lines (`ProgressLines`), the log lines through `logging`
 (`LogRecords`) and the metrics and traces of the optional extras are all
 observers; none of them is asked anything, so none can change what a run
@@ -56,7 +57,8 @@ _RUN_LOGGER: Final = logging.getLogger("attempt_kernel.run")
 
 @runtime_checkable
 class RunObserver(Protocol):
-    """Told of each record an executor wrote, after it is durable and in the executor's ledger."""
+    """Told of each record an executor wrote, after the log's ``append`` returned and the
+    executor's ledger applied it (not yet durable: docs/executor.md, "Watching runs")."""
 
     def record_written(self, run: str, change: Change, time_us: int) -> None:
         """``change`` was appended for ``run``; ``time_us``: the executor's clock, in microseconds."""
