@@ -119,7 +119,8 @@ def test_a_worker_refuses_a_reconnect_window_that_is_not_seconds(bad: float) -> 
 
 def test_a_worker_that_cannot_reach_its_database_retries_on_the_schedule_then_gives_up() -> None:
     """Refused connections at the start: waits 0.1, 0.2, 0.4, 0.8 (1.5 s); the next (1.6) would
-    end past reconnect_for=2, so it raises PgConnectFailed naming the database and the window."""
+    end past reconnect_for=2, so it is cut to 0.5 for a last try at 2 s; that fails too, so it
+    raises PgConnectFailed naming the database and the window."""
     port = closed_port()
     fake = FakeTime()
     lines: list[str] = []
@@ -129,14 +130,15 @@ def test_a_worker_that_cannot_reach_its_database_retries_on_the_schedule_then_gi
             f"postgresql://postgres@127.0.0.1:{port}/jobs", [PAY],
             reconnect_for=2.0, backoff=backoff, progress=lines.append,
         )  # fmt: skip
-    assert fake.slept == pytest.approx([0.1, 0.2, 0.4, 0.8])
+    assert fake.slept == pytest.approx([0.1, 0.2, 0.4, 0.8, 0.5])
     message = str(raised.value)
     assert message.startswith(
         f"database unavailable: PostgreSQL at 127.0.0.1:{port}, database jobs stayed unreachable"
-        " for 1.5 s (reconnect_for is 2 s), so worker "
+        " for 2.0 s (reconnect_for is 2 s), so worker "
     ), message
     assert "last error: connection failed: " in message and "Connection refused" in message, message
-    assert len(lines) == 4 and all("is unreachable" in line for line in lines), lines
+    assert len(lines) == 5 and all("is unreachable" in line for line in lines), lines
+    assert lines[4].endswith("connecting again in 0.50 s (attempt 5)"), lines[4]
     assert lines[0].endswith("connecting again in 0.10 s (attempt 1)"), lines[0]
 
 

@@ -1161,14 +1161,15 @@ class Worker:
         """Open a session, retrying while the database is unreachable (`Backoff`).
 
         ``since``: when the outage began (None: the worker's start, which
-        waits for the database the same way). Gives up with
-        `PgConnectFailed` once the next wait would end more than
-        ``reconnect_for`` seconds after it began; None when the worker was
-        stopped while it waited.
+        waits for the database the same way). A wait that would end past
+        ``reconnect_for`` seconds after that is cut to end there, for one
+        last try; gives up with `PgConnectFailed` when that fails. None when
+        the worker was stopped while it waited.
         """
         backoff = self._backoff
         began = backoff.clock() if since is None else since
         attempt = 0
+        last = False  # the try at the window's end was made
         while True:
             try:
                 return await asyncio.to_thread(self._open)
@@ -1180,12 +1181,14 @@ class Worker:
             delay = backoff.delay(attempt)
             attempt += 1
             waited = backoff.clock() - began
-            if self._reconnect_for == 0 or waited + delay > self._reconnect_for:
+            if self._reconnect_for == 0 or last or waited >= self._reconnect_for:
                 raise PgConnectFailed(
                     f"database unavailable: {database_named(self._url)} stayed unreachable for"
                     f" {waited:.1f} s (reconnect_for is {self._reconnect_for:g} s), so worker"
                     f" {self.id} stopped; last error: {reason}"
                 )
+            if waited + delay >= self._reconnect_for:  # one more try, as the window ends
+                delay, last = self._reconnect_for - waited, True
             self._say(
                 f"{database_named(self._url)} is unreachable ({reason}); connecting again in"
                 f" {delay:.2f} s (attempt {attempt})",
