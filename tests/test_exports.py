@@ -148,7 +148,7 @@ EXPECTED_POSTGRES = {
     "PgJournalError", "PgConnectFailed", "PgSchemaTooNew", "PgWriteFailed",
     "LeaseVerdict", "lease_decision", "Worker", "WorkerDeclaredDead", "HeartbeatLate",
     "run_worker", "submit_run", "set_pool", "list_pools", "PoolState", "PoolMissing",
-    "Backoff", "RECONNECT_FOR",
+    "Backoff", "RECONNECT_FOR", "WorkerWatcher",
     "migrate", "PgMigrationNeeded",
 }  # fmt: skip
 
@@ -166,10 +166,11 @@ def test_the_postgres_module_binds_exactly_its_hand_written_list() -> None:
 
 
 def test_the_postgres_classes_are_final_but_the_error_base() -> None:
-    """Every class attempt_kernel.postgres exports is final, except its error family's base."""
+    """Every class attempt_kernel.postgres exports is final, except its error family's base
+    and the protocol a user implements (`WorkerWatcher`, the type of ``Worker(watcher=)``)."""
     import attempt_kernel.postgres as postgres
 
     classes = {n for n in postgres.__all__ if inspect.isclass(getattr(postgres, n))}
     not_final = {n for n in classes if getattr(getattr(postgres, n), "__final__", False) is not True}
-    assert not_final == {"PgJournalError"}
+    assert not_final == {"PgJournalError", "WorkerWatcher"}
     assert issubclass(postgres.PgJournalError, attempt_kernel.AttemptKernelError)

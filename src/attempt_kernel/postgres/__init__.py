@@ -30,6 +30,7 @@ from ._worker import Backoff as Backoff
 from ._worker import HeartbeatLate as HeartbeatLate
 from ._worker import Worker as Worker
 from ._worker import WorkerDeclaredDead as WorkerDeclaredDead
+from ._worker import WorkerWatcher as WorkerWatcher
 from ._worker import run_worker as run_worker
 from ._worker import submit_run as submit_run
 
@@ -52,6 +53,7 @@ __all__ = [
     "RECONNECT_FOR",
     "Worker",
     "WorkerDeclaredDead",
+    "WorkerWatcher",
     "lease_decision",
     "list_pools",
     "migrate",
