@@ -322,6 +322,15 @@ def test_cancel_while_an_effect_is_dispatched_ends_the_attempt_indeterminate(tmp
     assert shown["status"] == "needs-reconciliation"
     assert [e["what"] for e in shown["events"]][:2] == ["started", "cancel requested"]
     assert cli(tmp_path, "replay", LOG).returncode == 0
+    # Reconciled, the run is cancelled, as decided: no hint that something resumes it.
+    [key] = [r.change.key for r in records(tmp_path / LOG) if isinstance(r.change, IntentPlanned)]
+    reconciled = cli(tmp_path, "reconcile", LOG, "--key", key, "--rejected")
+    assert reconciled.returncode == 0, reconciled.stderr
+    assert reconciled.stdout == (
+        f"reconcile: intent pay of run b-1 / step pay@1 #1 ({key}) is now Rejected (it did not happen)\n"
+        "  nothing of run b-1 is outstanding now; it was cancelled, and stays so\n"
+    )
+    assert json.loads(cli(tmp_path, "show", LOG, "b-1", "--json").stdout)["status"] == "cancelled"
 
 
 @pytest.mark.slow

@@ -1163,6 +1163,8 @@ def _reconcile(args: argparse.Namespace) -> int:
     print(f"reconcile: {where} is now {verdict}")
     if left:
         print(f"  still outstanding in run {shown(view.run)}: {', '.join(shown(k) for k in left)}")
+    elif view.cancel_requested:  # a cancel is for good: nothing resumes the run
+        print(f"  nothing of run {shown(view.run)} is outstanding now; it was cancelled, and stays so")
     else:
         print(
             f"  nothing of run {shown(view.run)} is outstanding now;"
