@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -55,6 +56,7 @@ from ._attempt import (
 )
 from ._codec import decode_line, state_name
 from ._ledger import Ledger, RunStanding
+from ._logfile import LogOpenError, open_regular
 from ._operations import writer_holds
 from ._records import (
     AttemptCreated,
@@ -314,18 +316,23 @@ class _FileSource:
     def new(self) -> tuple[bool, list[Record | CorruptLine]]:
         """(True when the file must be read from its start again, the new items)."""
         try:
-            with open(self.path, "rb") as stream:
-                stat = os.fstat(stream.fileno())
-                identity = (stat.st_dev, stat.st_ino)
-                restart = identity != self._identity or stat.st_size < self._offset
-                if restart:
-                    self._identity, self._offset = identity, 0
-                stream.seek(self._offset)
-                data = stream.read()
-        except FileNotFoundError:
+            # Without blocking, and refused unless a regular file: a FIFO put
+            # at the path would block the open (and every scrape after it).
+            fd = open_regular(Path(self.path), os.O_RDONLY, "for reading")
+        except LogOpenError:
+            if os.path.exists(self.path):
+                raise  # a FIFO, a directory, a device, no permission: the scrape says which
             restart = self._identity is not None
             self._identity, self._offset = None, 0
             return restart, []
+        with open(fd, "rb") as stream:
+            stat = os.fstat(fd)
+            identity = (stat.st_dev, stat.st_ino)
+            restart = identity != self._identity or stat.st_size < self._offset
+            if restart:
+                self._identity, self._offset = identity, 0
+            stream.seek(self._offset)
+            data = stream.read()
         end = data.rfind(b"\n") + 1  # a torn or half-written last line waits for its end
         self._offset += end
         lines = data[:end].splitlines(keepends=True)

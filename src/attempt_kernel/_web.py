@@ -350,7 +350,15 @@ class WebView:
         # what `serve` passes as `metrics`; without one there is nothing here.
         if self._metrics is None:
             return self._message(session, 404, "No metrics", "This server was started without metrics.")
-        body, content_type = self._metrics()
+        try:
+            body, content_type = self._metrics()
+        except AttemptKernelError as error:  # the log is a FIFO, a directory, unreadable, corrupt
+            # A scraper shows this text as the target's error; 503: no sample was read.
+            return Response(
+                status=503,
+                body=f"The log cannot be read: {shown(str(error))}\n".encode(),
+                content_type="text/plain; charset=utf-8",
+            )
         return Response(status=200, body=body, content_type=content_type)
 
     # ------------------------------------------------------------ the run list
