@@ -26,6 +26,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 
@@ -55,7 +56,8 @@ from attempt_kernel import (
 )
 from attempt_kernel.cli._main import main
 from attempt_kernel._logfile import FileLog
-from attempt_kernel._operations import cancel_run, resume_run
+from attempt_kernel._operations import cancel_run, resume_run, send_signal
+from attempt_kernel._report import short
 from attempt_kernel._store import LogSource
 from attempt_kernel._web import MetricsHook, WebView, address_of, open_server
 from attempt_kernel._web_timeline import duration, timeline
@@ -668,3 +670,44 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
     assert status == 303
     assert flash == "Signal 'approve' sent to run p-1: recorded in the journal."
     assert "<td>not taken yet</td>" in page
+
+
+# --------------------------------------------------------------------------
+# Values the log may hold, however odd
+# --------------------------------------------------------------------------
+
+
+def with_payload(log: Path, run: str, payload_json: bytes) -> None:
+    """Append signal 'approve' for ``run`` with ``payload_json`` as its payload, as another tool
+    may have written it: the writer's line for a placeholder payload, the JSON put in its
+    place and the checksum made again (the CRC-32 of the line without its crc field)."""
+    send_signal(log, run, "approve", "PLACEHOLDER")
+    *kept, last = log.read_bytes().splitlines(keepends=True)
+    body = last[: last.rindex(b',"crc":"')].replace(b'"PLACEHOLDER"', payload_json) + b"}"
+    line = body[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(body)
+    log.write_bytes(b"".join(kept) + line)
+
+
+def test_a_payload_nested_980_deep_is_shown_shortened_on_the_run_page(approvals: Path) -> None:
+    """Valid JSON that the CLI recorded: the page shows it cut at its 20th level, where rendering
+    it recursed past Python's limit (RecursionError: an empty reply)."""
+    with_payload(approvals, "a-1", b"[" * 980 + b"]" * 980)
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/runs/a-1")
+    assert status == 200, page
+    shown_payload = "[" * 20 + "[…]" + "]" * 20  # 20 levels open, the 21st shortened
+    assert f'<tr><td>#1</td><td>approve</td><td class="mono">{shown_payload}</td>' in page
+
+
+@pytest.mark.parametrize(
+    ("value", "limit", "text"),
+    [
+        ({"by": "ada", "ok": [1, 2.5, True, None]}, 80, '{"by":"ada","ok":[1,2.5,true,null]}'),
+        ("é", 80, '"\\u00e9"'),
+        ([[], {}], 80, "[[],{}]"),
+        (list(range(30)), 20, "[0,1,2,3,4,5,6,7,..."),
+    ],
+    ids=["object", "non-ascii", "empty", "cut"],
+)
+def test_short_writes_compact_json_cut_to_its_limit(value: JSON, limit: int, text: str) -> None:
+    assert short(value, limit) == text
