@@ -711,3 +711,47 @@ def test_a_payload_nested_980_deep_is_shown_shortened_on_the_run_page(approvals:
 )
 def test_short_writes_compact_json_cut_to_its_limit(value: JSON, limit: int, text: str) -> None:
     assert short(value, limit) == text
+
+
+def test_a_signal_name_with_spaces_is_recorded_exactly_as_sent(approvals: Path) -> None:
+    """' go ' is a name of its own: the form's value was trimmed, recording 'go'."""
+    with serving(str(approvals)) as url:
+        status, flash = Client(url).act("a-1", "signal", name=" go ", payload=" 1 ")
+    assert (status, flash) == (303, "Signal ' go ' sent to run a-1: recorded in the log.")
+    [sent] = [r.change for r in records(approvals) if isinstance(r.change, SignalSent)]
+    assert (sent.name, sent.payload) == (" go ", 1)
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("name=%FFgo", "400 Bad Request: the form holds bytes that are not UTF-8; nothing was written.\n"),
+        ("name=go&name=stop", "400 Bad Request: the form gives 'name' 2 times; nothing was written.\n"),
+    ],
+    ids=["not-utf8", "twice"],
+)
+def test_a_form_that_cannot_be_taken_as_sent_is_a_400_and_writes_nothing(
+    approvals: Path, body: str, said: str
+) -> None:
+    """A name that is not UTF-8 was recorded with U+FFFD in its place; of two names, the first."""
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        token = urllib.parse.quote(client.token("a-1"))
+        request = urllib.request.Request(
+            url + "runs/a-1/signal", data=f"csrf={token}&{body}".encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            client.opener.open(request, timeout=TIMEOUT)
+        with refused.value as answer:
+            status, text = answer.code, answer.read().decode()
+    assert (status, text) == (400, said)
+    assert nothing_written(approvals, before)
+
+
+def test_a_query_that_is_not_utf8_is_a_400_naming_it(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/?workflow=%FFapprover")
+    assert status == 400
+    assert "the query holds bytes that are not UTF-8; nothing was listed." in page

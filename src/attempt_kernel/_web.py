@@ -173,8 +173,30 @@ def _action(name: str) -> Action | None:
 
 
 def _one(params: Mapping[str, list[str]], name: str) -> str:
+    """The value of field ``name`` exactly as sent (``""`` when absent); `_fields` saw it is one."""
     values = params.get(name)
-    return values[0].strip() if values else ""
+    return values[0] if values else ""
+
+
+class _BadForm(Exception):
+    """A query or form the view will not read: not UTF-8, or a field given twice."""
+
+
+def _fields(text: str, where: str) -> dict[str, list[str]]:
+    """The fields of a query string or urlencoded form, values exactly as sent.
+
+    `_BadForm` (a 400 saying what) where a value is not UTF-8 once decoded,
+    or a field comes twice: guessing (a U+FFFD in a signal's name, the first
+    of two names) would write what nobody sent.
+    """
+    try:
+        fields = parse_qs(text, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise _BadForm(f"the {where} holds bytes that are not UTF-8") from None
+    for name, values in fields.items():
+        if len(values) > 1:
+            raise _BadForm(f"the {where} gives {shown(name)!r} {len(values)} times")
+    return fields
 
 
 def _run_href(run: str) -> str:
@@ -323,7 +345,11 @@ class WebView:
             # Routes are paths, not a closed union: plain comparisons, no match.
             if request.method in ("GET", "HEAD"):
                 if parts == [""]:
-                    return self._runs_page(parse_qs(split.query), session)
+                    try:
+                        query = _fields(split.query, "query")
+                    except _BadForm as error:
+                        return self._message(session, 400, "Bad request", f"{error}; nothing was listed.")
+                    return self._runs_page(query, session)
                 if len(parts) == 2 and parts[0] == "runs":
                     return self._run_page(parts[1], session)
                 if parts == ["style.css"]:
@@ -486,7 +512,15 @@ class WebView:
     # ------------------------------------------------------------ actions
 
     def _post(self, run: str, action: Action, body: bytes, session: str | None) -> Response:
-        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        try:
+            form = _fields(body.decode("utf-8"), "form")
+        except (UnicodeDecodeError, _BadForm) as error:
+            said = error if isinstance(error, _BadForm) else "the form holds bytes that are not UTF-8"
+            return Response(
+                status=400,
+                body=f"400 Bad Request: {said}; nothing was written.\n".encode(),
+                content_type="text/plain; charset=utf-8",
+            )
         if session is None or not self._token_ok(session, _one(form, "csrf")):
             return Response(
                 status=403,
