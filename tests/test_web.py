@@ -236,7 +236,8 @@ def test_the_list_shows_each_run_newest_first_with_workflow_status_and_attempts(
     assert run_ids(page) == ["a-1", "trip-1"]
     assert '<span class="badge s-waiting">waiting</span> <span class="muted">for signal &#39;approve&#39;</span>' in page
     assert '<span class="badge s-needs-reconciliation">needs-reconciliation</span>' in page
-    assert "<td>approver</td>" in page and "<td>trip-planner</td>" in page
+    for name in ("approver", "trip-planner"):  # each a link to its runs alone
+        assert f'<td><a href="/?workflow={name}" title="this workflow\'s runs only">{name}</a></td>' in page
 
 
 @pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
@@ -755,3 +756,58 @@ def test_a_query_that_is_not_utf8_is_a_400_naming_it(approvals: Path) -> None:
         status, page = Client(url).get("/?workflow=%FFapprover")
     assert status == 400
     assert "the query holds bytes that are not UTF-8; nothing was listed." in page
+
+
+ODD_WORKFLOWS = ("w\x1b[31m", "w\r\nx", "a&b=c+d%20", "\u202eright")
+
+
+def add_run_of(log: Path, workflow_name: str, run: str) -> None:
+    """A run of a one-step workflow named ``workflow_name``, which succeeds."""
+
+    @workflow(workflow_name)
+    async def flow(ctx: RunContext) -> JSON:
+        return 1
+
+    async def go() -> None:
+        with RunLogWriter(log) as writer:
+            report = await Executor(writer, let_go_after=0).run(flow, run)
+            assert report.status == "succeeded"
+
+    asyncio.run(go())
+
+
+def test_each_workflows_filter_link_and_option_select_exactly_its_runs(tmp_path: Path) -> None:
+    """Names with ESC, a line break, URL syntax and a right-to-left override: the workflow's link in
+    the list and its option in the filter give back exactly that name (the option's value was
+    the escaped text, so the filter it sent matched no workflow)."""
+    log = tmp_path / "odd.jsonl"
+    for n, name in enumerate(ODD_WORKFLOWS, 1):
+        add_run_of(log, name, f"r-{n}")
+    with serving(str(log)) as url:
+        client = Client(url)
+        page = client.get("/")[1]
+        links = dict(
+            (html.unescape(text), html.unescape(href))
+            for href, text in re.findall(r'<td><a href="(/\?workflow=[^"]*)" title="[^"]*">(.*?)</a></td>', page)
+        )
+        options = [as_parsed(v) for v in re.findall(r'<option value="([^"]*)"', page)]
+        by_link = {text: run_ids(client.get(href)[1]) for text, href in links.items()}
+        # What a browser sends for an option: its value, form-encoded (line breaks aside: it writes CRLF).
+        by_option = {
+            value: run_ids(client.get("/?" + urllib.parse.urlencode({"workflow": value}))[1])
+            for value in options if value and value not in LISTED_STATUSES_TEXT
+        }
+    assert "\x1b" not in page and "\u202e" not in page
+    assert by_option == {"w\x1b[31m": ["r-1"], "w\r\nx": ["r-2"], "a&b=c+d%20": ["r-3"], "\u202eright": ["r-4"]}
+    assert by_link == {
+        "w\\x1b[31m": ["r-1"], "w\\r\\nx": ["r-2"], "a&b=c+d%20": ["r-3"], "\\u202eright": ["r-4"],
+    }  # fmt: skip
+
+
+def as_parsed(attribute: str) -> str:
+    """An attribute's value as a browser's HTML parser reads it: a numeric character reference
+    to a control character is that character (Python's html.unescape drops it instead)."""
+    return html.unescape(re.sub(r"&#([0-9]+);", lambda m: chr(int(m.group(1))), attribute))
+
+
+LISTED_STATUSES_TEXT = ("queued", "running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled")

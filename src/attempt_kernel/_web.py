@@ -40,6 +40,7 @@ from typing import Final, Literal, get_args
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import jinja2
+from markupsafe import Markup, escape  # Jinja2's own dependency
 from typing_extensions import TypeAlias, assert_never, final
 
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name, strict_json
@@ -199,6 +200,13 @@ def _fields(text: str, where: str) -> dict[str, list[str]]:
     return fields
 
 
+def _exact_attribute(value: str) -> Markup:
+    """``value`` for an HTML attribute, given back as it is by the browser's parser: markup
+    escaped, and every non-printable character as a numeric character reference, never raw."""
+    escaped = str(escape(value))
+    return Markup("".join(c if c.isprintable() else f"&#{ord(c)};" for c in escaped))
+
+
 def _run_href(run: str) -> str:
     return "/runs/" + quote(run, safe="")
 
@@ -257,6 +265,9 @@ class WebView:
         # Names from the log shown as text: non-printable characters escaped
         # (then HTML-escaped by autoescape); a form's value keeps the raw name.
         self._env.filters["shown"] = shown
+        # A form's value that must come back exactly: escaped, and its non-printable
+        # characters written as character references (an ESC stays an ESC, not raw).
+        self._env.filters["exact"] = _exact_attribute
         # A PostgreSQL journal reads through one connection: one reader at a time.
         self._read_lock: Final = threading.Lock()
         self._flash_lock: Final = threading.Lock()
@@ -452,6 +463,7 @@ class WebView:
                 {
                     "run": shown(r.run), "href": _run_href(r.run),
                     "workflow": shown(r.workflow or "-"), "status": r.status,
+                    "workflow_href": None if r.workflow is None else "/?" + urlencode({"workflow": r.workflow}),
                     "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
                     "waiting": ", ".join(
                         f"for signal {shown(repr(w.signal))}" if w.signal is not None
@@ -461,7 +473,9 @@ class WebView:
                 }
                 for r in page
             ],
-            statuses=LISTED_STATUSES, workflows=[shown(w) for w in workflows],
+            statuses=LISTED_STATUSES,
+            # The option's value is the name as it is (what the filter compares), its text shown().
+            workflows=[{"value": w, "text": shown(w)} for w in workflows],
             filters={**filters, "limit": limit}, filtered=bool(kept), max_limit=MAX_LIMIT,
             older=older_href, newer=newer_href, summary=summary,
             violations=violations,

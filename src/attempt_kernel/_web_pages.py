@@ -126,7 +126,7 @@ RUNS: Final = """{% extends "base.html" %}
   <label>Workflow
     <select name="workflow">
       <option value="">any</option>
-      {% for w in workflows %}<option value="{{ w }}"{% if w == filters.workflow %} selected{% endif %}>{{ w }}</option>
+      {% for w in workflows %}<option value="{{ w.value | exact }}"{% if w.value == filters.workflow %} selected{% endif %}>{{ w.text }}</option>
       {% endfor %}
     </select>
   </label>
@@ -144,7 +144,7 @@ RUNS: Final = """{% extends "base.html" %}
 <tbody>
 {% for r in rows %}<tr>
 <td class="mono"><a href="{{ r.href }}">{{ r.run }}</a></td>
-<td>{{ r.workflow }}</td>
+<td>{% if r.workflow_href %}<a href="{{ r.workflow_href }}" title="this workflow's runs only">{{ r.workflow }}</a>{% else %}{{ r.workflow }}{% endif %}</td>
 <td><span class="badge s-{{ r.status }}">{{ r.status }}</span>{% if r.waiting %} <span class="muted">{{ r.waiting }}</span>{% endif %}</td>
 <td>{{ r.attempts }}</td>
 <td class="time">{{ r.started }}</td>
