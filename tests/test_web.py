@@ -811,3 +811,25 @@ def as_parsed(attribute: str) -> str:
 
 
 LISTED_STATUSES_TEXT = ("queued", "running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled")
+
+
+@pytest.mark.parametrize("run", [".", ".."])
+def test_a_run_named_dot_or_dot_dot_is_linked_through_the_query_and_its_forms_work(
+    tmp_path: Path, run: str
+) -> None:
+    """``/runs/.`` and ``/runs/%2E`` alike are resolved away by browsers before they are sent (the
+    list linked to ``/runs/.``): the link and the forms carry such an id in the query."""
+    log = add_waiting_runs(tmp_path / "dots.jsonl", run)
+    with serving(str(log)) as url:
+        client = Client(url)
+        [href] = re.findall(r'<td class="mono"><a href="([^"]*)">', client.get("/")[1])
+        status, page = client.get(html.unescape(href))
+        assert status == 200, page
+        [token] = re.findall(r'name="csrf" value="([^"]+)"', page)[:1]
+        [action] = re.findall(r'<form method="post" action="([^"]*)" id="signal-form">', page)
+        posted, headers, _ = client.request(html.unescape(action), {"csrf": token, "name": "approve"})
+    assert html.unescape(href) == f"/runs/?id={run}"
+    assert f'<h1 id="run-id">{run}</h1>' in page
+    assert html.unescape(action) == f"/runs//signal?id={run}"
+    assert (posted, headers["Location"]) == (303, f"/runs/?id={run}")
+    assert [(r.run, r.change.name) for r in records(log) if isinstance(r.change, SignalSent)] == [(run, "approve")]

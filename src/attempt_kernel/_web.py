@@ -207,8 +207,23 @@ def _exact_attribute(value: str) -> Markup:
     return Markup("".join(c if c.isprintable() else f"&#{ord(c)};" for c in escaped))
 
 
+DOT_SEGMENTS: Final = frozenset({".", ".."})
+"""Run ids a path cannot carry: browsers resolve ``/runs/.`` and ``/runs/..``, and their
+percent-encoded forms (``%2E``) too, before sending them."""
+
+
 def _run_href(run: str) -> str:
+    """The run's page: ``/runs/RUN`` percent-encoded; ``/runs/?id=RUN`` for ``.`` and ``..``."""
+    if run in DOT_SEGMENTS:
+        return "/runs/?" + urlencode({"id": run})
     return "/runs/" + quote(run, safe="")
+
+
+def _action_href(run: str, action: Action) -> str:
+    """Where a run's form posts ``action``: ``/runs/RUN/ACTION``; ``/runs//ACTION?id=RUN`` for ``.`` and ``..``."""
+    if run in DOT_SEGMENTS:
+        return f"/runs//{action}?" + urlencode({"id": run})
+    return f"/runs/{quote(run, safe='')}/{action}"
 
 
 def _event_text(event: IntentEvent) -> str:
@@ -352,6 +367,13 @@ class WebView:
             )  # fmt: skip
         split = urlsplit(request.target)
         parts = [unquote(p) for p in split.path.split("/")[1:]]
+        if len(parts) in (2, 3) and parts[0] == "runs" and parts[1] == "" and split.query:
+            # /runs/?id=RUN and /runs//ACTION?id=RUN: a run id no path can carry (`_run_href`)
+            try:
+                query = _fields(split.query, "query")
+            except _BadForm as error:
+                return self._message(session, 400, "Bad request", f"{error}; nothing was done.")
+            parts[1] = _one(query, "id")
         try:
             # Routes are paths, not a closed union: plain comparisons, no match.
             if request.method in ("GET", "HEAD"):
@@ -508,7 +530,7 @@ class WebView:
             attempts=_attempt_rows(history), intents=_intent_rows(history, outstanding),
             waits=_wait_rows(history), signals=_signal_rows(history),
             finished=view is not None and view.finished,
-            csrf=self._token(session), action_base=_run_href(run),
+            csrf=self._token(session), actions={a: _action_href(run, a) for a in ACTIONS},
             signal_name=_awaited(history), resume_hint=self._resume_hint(),
         )  # fmt: skip
 
