@@ -833,3 +833,63 @@ def test_a_run_named_dot_or_dot_dot_is_linked_through_the_query_and_its_forms_wo
     assert html.unescape(action) == f"/runs//signal?id={run}"
     assert (posted, headers["Location"]) == (303, f"/runs/?id={run}")
     assert [(r.run, r.change.name) for r in records(log) if isinstance(r.change, SignalSent)] == [(run, "approve")]
+
+
+# --------------------------------------------------------------------------
+# Server limits: the listen backlog, idle connections, the Origin of a POST
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving_on(log: Path, host: str, **options: float) -> Generator[tuple[str, int], None, None]:
+    """A server for ``log`` bound to ``host`` on a free port (``options``: open_server's); (host, port)."""
+    view = WebView(str(log), FileLog(str(log)), shown_as=str(log))
+    server = open_server(view, host, 0, **options)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield host, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(TIMEOUT)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read a socket's backlog")
+def test_the_server_listens_with_a_backlog_of_128(approvals: Path) -> None:
+    """http.server's default of 5 refused connections when 100 browsers' requests came at once."""
+    with serving_on(approvals, "127.0.0.1") as (_, port):
+        listed = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, timeout=TIMEOUT, check=True
+        ).stdout.split()
+    assert listed[:3] == ["LISTEN", "0", "128"]  # state, queued now, backlog
+
+
+def test_a_silent_connection_is_closed_after_the_idle_timeout(approvals: Path) -> None:
+    """A client that connects and says nothing no longer holds a thread for good."""
+    with serving_on(approvals, "127.0.0.1", idle_timeout=0.2) as (host, port):
+        with socket.create_connection((host, port), timeout=TIMEOUT) as silent:
+            closed = silent.recv(1)  # waits for the server to close it, for at most TIMEOUT
+        assert closed == b""
+        assert Client(f"http://{host}:{port}/").get("/")[0] == 200  # and the server goes on
+
+
+def test_a_post_from_another_origin_is_refused_and_writes_nothing(approvals: Path) -> None:
+    """On 0.0.0.0 no Host is refused, so a page whose name an attacker points at this machine
+    (DNS rebinding) could read a form's token and post it: its Origin names no address of
+    this server, and the POST is refused. A form from the server's own page is not."""
+    before = approvals.read_bytes()
+    with serving_on(approvals, "0.0.0.0") as (_, port):
+        client = Client(f"http://127.0.0.1:{port}/")
+        evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+        refused = client.request("/runs/a-1/cancel", {"csrf": client.token("a-1")}, headers=evil)
+        unchanged = approvals.read_bytes() == before
+        own = {"Origin": f"http://127.0.0.1:{port}"}
+        accepted = client.request("/runs/a-1/cancel", {"csrf": client.token("a-1")}, headers=own)[0]
+    assert refused[0] == 403
+    assert refused[2] == (
+        f"403 Forbidden: a form posted from http://evil.example:{port}, not from this server's own pages;"
+        " nothing was written.\n"
+    )
+    assert unchanged
+    assert accepted == 303

@@ -16,7 +16,10 @@ form carries a token, an HMAC (under a secret drawn when the process
 starts) of the browser's session cookie (SameSite=Strict) and a nonce; a
 POST without a valid one is refused with 403 before anything is read or
 written. On loopback, a request whose Host header is not a loopback name is
-refused too, so a page from elsewhere cannot reach it by DNS rebinding.
+refused too, so a page from elsewhere cannot reach it by DNS rebinding; on
+any address, a POST whose Origin is not one of this server's own pages is
+refused (`_origin_ok`). The socket queues `LISTEN_BACKLOG` connections, and
+a connection silent for `IDLE_TIMEOUT` seconds is closed.
 """
 
 from __future__ import annotations
@@ -72,6 +75,10 @@ MAX_BODY: Final = 1 << 20
 """The largest form accepted, in bytes (a signal's payload rides in it)."""
 RESUME_WAIT: Final = 2.0
 """Seconds a resume request waits for what resuming did, before it answers anyway."""
+LISTEN_BACKLOG: Final = 128
+"""Connections the kernel queues before the server accepts them (http.server's default is 5)."""
+IDLE_TIMEOUT: Final = 30.0
+"""Seconds a connection may stay silent before it is closed, so a client cannot hold a thread."""
 SESSION_COOKIE: Final = "ak_session"
 LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
@@ -117,6 +124,8 @@ class Request:
     target: str
     headers: Mapping[str, str]
     body: bytes = b""
+    local: str = ""
+    """The address the connection came in to (the server's end), for the Origin check."""
 
 
 def is_loopback(host: str) -> bool:
@@ -137,6 +146,43 @@ def _names_loopback(host_header: str) -> bool:
     except ValueError:  # "[" with no "]", say
         return False
     return name is not None and is_loopback(name)
+
+
+def _host_and_port(authority: str) -> tuple[str, int | None] | None:
+    """``(host, port)`` of ``name:port``, ``[::1]:port`` or ``name`` (lowercase), or None."""
+    try:
+        split = urlsplit(f"//{authority}")
+        return (split.hostname or "", split.port)
+    except ValueError:  # "[" with no "]", a port that is not a number
+        return None
+
+
+def _origin_ok(origin: str, host_header: str, local: str) -> bool:
+    """May a POST carrying ``Origin: origin`` act? (DNS rebinding, on an address that is not loopback.)
+
+    The origin must be the page's own (the Host the request names, over http) and name this
+    server: a loopback name or address, the address the connection came in to, or this
+    machine's host name. A page from a name an attacker points at this address (its Origin
+    and Host then agree) is refused.
+    """
+    try:
+        split = urlsplit(origin)
+        origin_host, origin_port = split.hostname, split.port
+    except ValueError:
+        return False
+    host = _host_and_port(host_header)
+    if split.scheme != "http" or origin_host is None or host is None:
+        return False
+    if (origin_host, origin_port or 80) != (host[0], host[1] or 80):
+        return False
+    if is_loopback(origin_host):
+        return True
+    try:
+        if ipaddress.ip_address(origin_host) == ipaddress.ip_address(local.partition("%")[0]):
+            return True
+    except ValueError:
+        pass
+    return origin_host in {socket.gethostname().lower(), socket.getfqdn().lower()}
 
 
 def _json_field(text: str, field: str) -> JSON:
@@ -391,6 +437,14 @@ class WebView:
                     return self._metrics_page(session)
                 return self._message(session, 404, "Not found", f"Nothing at {shown(split.path)}.")
             if request.method == "POST":
+                origin = request.headers.get("origin")
+                if origin is not None and not _origin_ok(origin, request.headers.get("host", ""), request.local):
+                    return Response(
+                        status=403,
+                        body=f"403 Forbidden: a form posted from {shown(origin)}, not from this server's"
+                        " own pages; nothing was written.\n".encode(),
+                        content_type="text/plain; charset=utf-8",
+                    )
                 if len(parts) == 3 and parts[0] == "runs":
                     run, name = parts[1], parts[2]
                     chosen = _action(name)
@@ -770,16 +824,27 @@ def _signal_rows(history: RunHistory) -> list[dict[str, object]]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], view: WebView, family: socket.AddressFamily) -> None:
+    def __init__(
+        self, address: tuple[str, int], view: WebView, family: socket.AddressFamily, idle_timeout: float
+    ) -> None:
         self.address_family = family
         self.view: Final = view
+        self.idle_timeout: Final = idle_timeout
         super().__init__(address, _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "attempt-kernel"
     sys_version = ""
+    timeout = IDLE_TIMEOUT  # set per server by open_server: a silent client does not keep its thread
+
+    def setup(self) -> None:
+        server = self.server
+        assert isinstance(server, _Server)
+        self.timeout = server.idle_timeout
+        super().setup()
 
     def do_GET(self) -> None:
         self._answer("GET")
@@ -800,7 +865,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
-        response = server.view.respond(Request(method=method, target=self.path, headers=headers, body=body))
+        local = str(self.connection.getsockname()[0])
+        response = server.view.respond(
+            Request(method=method, target=self.path, headers=headers, body=body, local=local)
+        )
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
@@ -818,14 +886,16 @@ class _Handler(BaseHTTPRequestHandler):
         pass  # no access log: the terminal is for what serve says, not every request
 
 
-def open_server(view: WebView, host: str, port: int) -> ThreadingHTTPServer:
+def open_server(view: WebView, host: str, port: int, *, idle_timeout: float = IDLE_TIMEOUT) -> ThreadingHTTPServer:
     """A server for ``view`` bound to ``host``:``port`` (0: any free port), not yet serving.
 
-    Raises `OSError` when it cannot bind (``errno.EADDRINUSE``: the port is in use).
+    ``idle_timeout``: seconds a connection may stay silent (no request, or a
+    request sent no further) before it is closed. Raises `OSError` when it
+    cannot bind (``errno.EADDRINUSE``: the port is in use).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     view.set_loopback_only(is_loopback(host))
-    return _Server((host.strip("[]"), port), view, family)
+    return _Server((host.strip("[]"), port), view, family, idle_timeout)
 
 
 def address_of(server: ThreadingHTTPServer) -> str:
