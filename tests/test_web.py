@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import http.client
 import http.cookiejar
 import re
 import shutil
@@ -893,3 +894,50 @@ def test_a_post_from_another_origin_is_refused_and_writes_nothing(approvals: Pat
     )
     assert unchanged
     assert accepted == 303
+
+
+# --------------------------------------------------------------------------
+# Errors: http.server's own pages carry the headers too; a GET of an action is a 405
+# --------------------------------------------------------------------------
+
+
+def raw_answer(url: str, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """``method path`` sent as it is (http.client), the status and headers of the answer."""
+    split = urllib.parse.urlsplit(url)
+    assert split.hostname is not None
+    connection = http.client.HTTPConnection(split.hostname, split.port, timeout=TIMEOUT)
+    try:
+        connection.request(method, path, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status, dict(answer.headers.items())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "status"),
+    [("PUT", {}, 501), ("POST", {"Content-Length": str(2 << 20)}, 413)],
+    ids=["unknown-method", "too-large"],
+)
+def test_http_servers_own_error_pages_carry_the_security_headers(
+    approvals: Path, method: str, headers: dict[str, str], status: int
+) -> None:
+    with serving(str(approvals)) as url:
+        answered, sent = raw_answer(url, method, "/runs/a-1/signal", headers)
+    assert answered == status
+    assert {name: sent.get(name) for name in (
+        "X-Content-Type-Options", "Referrer-Policy", "X-Frame-Options", "Cache-Control",
+    )} == {
+        "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
+        "Cache-Control": "no-store",
+    }  # fmt: skip
+    assert sent["Content-Security-Policy"].startswith("default-src 'none';")
+
+
+def test_a_get_of_an_action_is_405_allowing_post(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, headers, page = Client(url).request("/runs/a-1/cancel")
+    assert (status, headers.get("Allow")) == (405, "POST")
+    assert "GET is not served here: an action is a form&#39;s POST." in page
+    assert headers["X-Frame-Options"] == "DENY"

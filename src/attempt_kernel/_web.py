@@ -113,6 +113,8 @@ class Response:
     content_type: str = "text/html; charset=utf-8"
     location: str | None = None
     set_cookie: str | None = None
+    allow: str | None = None
+    """The methods a 405 names (its ``Allow`` header)."""
 
 
 @final
@@ -384,6 +386,10 @@ class WebView:
     def _message(self, session: str, status: int, heading: str, message: str) -> Response:
         return self._page("message.html", session, status, heading=heading, message=message)
 
+    def _not_allowed(self, session: str, method: str, allow: str, why: str) -> Response:
+        page = self._message(session, 405, "Method not allowed", f"{shown(method)} is not served here: {why}.")
+        return Response(status=405, body=page.body, allow=allow)
+
     # ------------------------------------------------------------ dispatch
 
     def respond(self, request: Request) -> Response:
@@ -401,7 +407,7 @@ class WebView:
             cookie = f"{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict"
             response = Response(
                 status=response.status, body=response.body, content_type=response.content_type,
-                location=response.location, set_cookie=cookie,
+                location=response.location, set_cookie=cookie, allow=response.allow,
             )  # fmt: skip
         return response
 
@@ -431,6 +437,8 @@ class WebView:
                     return self._runs_page(query, session)
                 if len(parts) == 2 and parts[0] == "runs":
                     return self._run_page(parts[1], session)
+                if len(parts) == 3 and parts[0] == "runs" and _action(parts[2]) is not None:
+                    return self._not_allowed(session, request.method, "POST", "an action is a form's POST")
                 if parts == ["style.css"]:
                     return Response(status=200, body=STYLE.encode(), content_type="text/css; charset=utf-8")
                 if parts == ["metrics"]:
@@ -872,8 +880,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
-        for name, value in SECURITY_HEADERS:
-            self.send_header(name, value)
+        if response.allow is not None:
+            self.send_header("Allow", response.allow)
         if response.location is not None:
             self.send_header("Location", response.location)
         if response.set_cookie is not None:
@@ -881,6 +889,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method != "HEAD":
             self.wfile.write(response.body)
+
+    def end_headers(self) -> None:
+        # Every answer carries them: the view's pages, and http.server's own
+        # error pages (send_error: its 501 for an unknown method, a 400, a 413).
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        super().end_headers()
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # no access log: the terminal is for what serve says, not every request
