@@ -91,3 +91,26 @@ def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     assert f'attempt_kernel_runs{{journal="{log}",status="interrupted"}} 1.0' in text, text
     assert "attempt_kernel_attempts_total" not in text
+
+
+def test_replay_metrics_writes_a_control_character_in_the_log_name_escaped(tmp_path: Path) -> None:
+    """An ESC in the log's file name reached the ``journal`` label raw; it is written as the
+    text ``\\x1b``, as every report shows it, and the label parses back to that text."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+    log = tmp_path / 'odd\x1b"q\\.jsonl'
+    with RunLogWriter(log) as writer:
+        writer.append("r1", RunStarted(workflow="w"))
+    done = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "replay", "--metrics", str(log)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert f'attempt_kernel_log_records{{journal="{tmp_path}/odd\\\\x1b\\"q\\\\.jsonl"}} 1\n' in done.stdout
+    labels = {
+        sample.labels["journal"]
+        for family in text_string_to_metric_families(done.stdout)
+        for sample in family.samples
+    }
+    assert labels == {f'{tmp_path}/odd\\x1b"q\\.jsonl'}

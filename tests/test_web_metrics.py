@@ -153,3 +153,13 @@ def copy_with_cancel(log: Path, run: str, grown: int) -> bytes:
     padding, odd = divmod(log.stat().st_size + grown - one, per)
     assert padding >= 0 and odd == 0, (one, two, grown)
     return cancelled("x" * (1 + padding))
+
+
+def test_a_control_character_in_the_log_name_is_escaped_in_the_journal_label(tmp_path: Path) -> None:
+    """As `replay --metrics` writes it: an ESC in the path is the text ``\\x1b``, never raw."""
+    log = add_waiting_runs(tmp_path / "odd\x1bname.jsonl", "a-1")
+    with serving(str(log), metrics=metrics_app(str(log))) as url:
+        status, text = Client(url).get("/metrics")
+    assert status == 200
+    assert "\x1b" not in text
+    assert f'attempt_kernel_runs{{journal="{tmp_path}/odd\\\\x1bname.jsonl",status="waiting"}} 1.0\n' in text

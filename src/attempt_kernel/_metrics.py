@@ -80,7 +80,7 @@ from ._records import (
     WaitEnded,
     WaitStarted,
 )
-from ._report import redacted
+from ._report import redacted, shown
 
 STANDINGS: Final[tuple[RunStanding, ...]] = (
     "running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled",
@@ -114,8 +114,9 @@ READ_BATCH: Final = 1000
 
 
 def journal_label(journal: str) -> str:
-    """The ``journal`` label's value: the log path, or the URL without its password."""
-    return redacted(journal)
+    """The ``journal`` label's value: the log path, or the URL without its password, its
+    non-printable characters escaped as every report shows them (an ESC as the text ``\\x1b``)."""
+    return shown(redacted(journal))
 
 
 def _is_url(journal: str) -> bool:

@@ -126,7 +126,8 @@ def as_json(report: ReplayReport, source: str) -> str:
 
 
 def _label(value: str) -> str:
-    """A label value as the text exposition writes it: backslash, quote and newline escaped."""
+    """A label value as the text exposition writes it: backslash, quote and newline escaped
+    (the only escapes the format has: other control characters are `shown` first)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -137,9 +138,11 @@ def as_metrics(report: ReplayReport, journal: str) -> str:
     (``attempt_kernel_indeterminate_attempts``, ``attempt_kernel_outstanding_intents``)
     mean the same here, so the shipped alerting rules apply to a log file
     too. Counts that only grow as the log grows are counters. Every sample
-    carries ``journal``: the log it was read from.
+    carries ``journal``: the log it was read from, as `shown` writes it
+    (as the live worker's ``journal`` label does).
     """
-    where = f'journal="{_label(journal)}"'
+    # The name as the rest of the output shows it (an ESC as the text \x1b), then escaped for the format.
+    where = f'journal="{_label(shown(journal))}"'
     out = [
         "# TYPE attempt_kernel_log_attempts counter",
         "# HELP attempt_kernel_log_attempts Attempts in the run log that reached a final state, by state.",
