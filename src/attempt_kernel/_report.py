@@ -303,7 +303,7 @@ def short(value: JSON, limit: int = 80) -> str:
                     piece = "{…}"
                 elif node:
                     todo.append("}")
-                    for n, (key, inner) in enumerate(reversed(node.items())):
+                    for n, (key, inner) in enumerate(reversed(list(node.items()))):
                         todo.append((inner, depth + 1))
                         todo.append(json.dumps(key) + ":")
                         if n < len(node) - 1:

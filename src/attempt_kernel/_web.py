@@ -846,12 +846,11 @@ class _Server(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server_version = "attempt-kernel"
     sys_version = ""
-    timeout = IDLE_TIMEOUT  # set per server by open_server: a silent client does not keep its thread
-
     def setup(self) -> None:
+        # The server's idle timeout (open_server's): a silent client does not keep its thread.
         server = self.server
         assert isinstance(server, _Server)
-        self.timeout = server.idle_timeout
+        self.request.settimeout(server.idle_timeout)
         super().setup()
 
     def do_GET(self) -> None:
