@@ -91,3 +91,18 @@ def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
     assert content_type == "text/plain; version=0.0.4; charset=utf-8"
     assert f'attempt_kernel_runs{{journal="{log}",status="interrupted"}} 1.0' in text, text
     assert "attempt_kernel_attempts_total" not in text
+
+
+def test_replay_metrics_writes_a_control_character_in_the_log_name_escaped(tmp_path: Path) -> None:
+    """An ESC in the log's file name reached the ``journal`` label raw; it is written as the
+    text ``\\x1b``, as every report shows it (backslash and quote escaped as the format says)."""
+    log = tmp_path / 'odd\x1b"q\\.jsonl'
+    with RunLogWriter(log) as writer:
+        writer.append("r1", RunStarted(workflow="w"))
+    done = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "replay", "--metrics", str(log)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert f'attempt_kernel_log_records{{journal="{tmp_path}/odd\\\\x1b\\"q\\\\.jsonl"}} 1\n' in done.stdout

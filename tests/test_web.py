@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import html
+import http.client
 import http.cookiejar
 import re
 import shutil
@@ -26,6 +27,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 
@@ -55,7 +57,8 @@ from attempt_kernel import (
 )
 from attempt_kernel.cli._main import main
 from attempt_kernel._logfile import FileLog
-from attempt_kernel._operations import cancel_run, resume_run
+from attempt_kernel._operations import cancel_run, resume_run, send_signal
+from attempt_kernel._report import short
 from attempt_kernel._store import LogSource
 from attempt_kernel._web import MetricsHook, WebView, address_of, open_server
 from attempt_kernel._web_timeline import duration, timeline
@@ -234,7 +237,8 @@ def test_the_list_shows_each_run_newest_first_with_workflow_status_and_attempts(
     assert run_ids(page) == ["a-1", "trip-1"]
     assert '<span class="badge s-waiting">waiting</span> <span class="muted">for signal &#39;approve&#39;</span>' in page
     assert '<span class="badge s-needs-reconciliation">needs-reconciliation</span>' in page
-    assert "<td>approver</td>" in page and "<td>trip-planner</td>" in page
+    for name in ("approver", "trip-planner"):  # each a link to its runs alone
+        assert f'<td><a href="/?workflow={name}" title="this workflow\'s runs only">{name}</a></td>' in page
 
 
 @pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
@@ -668,3 +672,271 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
     assert status == 303
     assert flash == "Signal 'approve' sent to run p-1: recorded in the journal."
     assert "<td>not taken yet</td>" in page
+
+
+# --------------------------------------------------------------------------
+# Values the log may hold, however odd
+# --------------------------------------------------------------------------
+
+
+def with_payload(log: Path, run: str, payload_json: bytes) -> None:
+    """Append signal 'approve' for ``run`` with ``payload_json`` as its payload, as another tool
+    may have written it: the writer's line for a placeholder payload, the JSON put in its
+    place and the checksum made again (the CRC-32 of the line without its crc field)."""
+    send_signal(log, run, "approve", "PLACEHOLDER")
+    *kept, last = log.read_bytes().splitlines(keepends=True)
+    body = last[: last.rindex(b',"crc":"')].replace(b'"PLACEHOLDER"', payload_json) + b"}"
+    line = body[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(body)
+    log.write_bytes(b"".join(kept) + line)
+
+
+def test_a_payload_nested_980_deep_is_shown_shortened_on_the_run_page(approvals: Path) -> None:
+    """Valid JSON that the CLI recorded: the page shows it cut at its 20th level, where rendering
+    it recursed past Python's limit (RecursionError: an empty reply)."""
+    with_payload(approvals, "a-1", b"[" * 980 + b"]" * 980)
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/runs/a-1")
+    assert status == 200, page
+    shown_payload = "[" * 20 + "[…]" + "]" * 20  # 20 levels open, the 21st shortened
+    assert f'<tr><td>#1</td><td>approve</td><td class="mono">{shown_payload}</td>' in page
+
+
+SHORT_CASES: list[tuple[JSON, int, str]] = [
+    ({"by": "ada", "ok": [1, 2.5, True, None]}, 80, '{"by":"ada","ok":[1,2.5,true,null]}'),
+    ("é", 80, '"\\u00e9"'),
+    ([[], {}], 80, "[[],{}]"),
+    (list(range(30)), 20, "[0,1,2,3,4,5,6,7,..."),
+]
+
+
+@pytest.mark.parametrize(("value", "limit", "text"), SHORT_CASES, ids=["object", "non-ascii", "empty", "cut"])
+def test_short_writes_compact_json_cut_to_its_limit(value: JSON, limit: int, text: str) -> None:
+    assert short(value, limit) == text
+
+
+def test_a_signal_name_with_spaces_is_recorded_exactly_as_sent(approvals: Path) -> None:
+    """' go ' is a name of its own: the form's value was trimmed, recording 'go'."""
+    with serving(str(approvals)) as url:
+        status, flash = Client(url).act("a-1", "signal", name=" go ", payload=" 1 ")
+    assert (status, flash) == (303, "Signal ' go ' sent to run a-1: recorded in the log.")
+    [sent] = [r.change for r in records(approvals) if isinstance(r.change, SignalSent)]
+    assert (sent.name, sent.payload) == (" go ", 1)
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        ("name=%FFgo", "400 Bad Request: the form holds bytes that are not UTF-8; nothing was written.\n"),
+        ("name=go&name=stop", "400 Bad Request: the form gives 'name' 2 times; nothing was written.\n"),
+    ],
+    ids=["not-utf8", "twice"],
+)
+def test_a_form_that_cannot_be_taken_as_sent_is_a_400_and_writes_nothing(
+    approvals: Path, body: str, said: str
+) -> None:
+    """A name that is not UTF-8 was recorded with U+FFFD in its place; of two names, the first."""
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        token = urllib.parse.quote(client.token("a-1"))
+        request = urllib.request.Request(
+            url + "runs/a-1/signal", data=f"csrf={token}&{body}".encode(),
+            headers={"Content-Type": "application/x-www-form-urlencoded"},
+        )  # fmt: skip
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            client.opener.open(request, timeout=TIMEOUT)
+        with refused.value as answer:
+            status, text = answer.code, answer.read().decode()
+    assert (status, text) == (400, said)
+    assert nothing_written(approvals, before)
+
+
+def test_a_query_that_is_not_utf8_is_a_400_naming_it(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/?workflow=%FFapprover")
+    assert status == 400
+    assert "the query holds bytes that are not UTF-8; nothing was listed." in page
+
+
+ODD_WORKFLOWS = ("w\x1b[31m", "w\r\nx", "a&b=c+d%20", "\u202eright")
+
+
+def add_run_of(log: Path, workflow_name: str, run: str) -> None:
+    """A run of a one-step workflow named ``workflow_name``, which succeeds."""
+
+    @workflow(workflow_name)
+    async def flow(ctx: RunContext) -> JSON:
+        return 1
+
+    async def go() -> None:
+        with RunLogWriter(log) as writer:
+            report = await Executor(writer, let_go_after=0).run(flow, run)
+            assert report.status == "succeeded"
+
+    asyncio.run(go())
+
+
+def test_each_workflows_filter_link_and_option_select_exactly_its_runs(tmp_path: Path) -> None:
+    """Names with ESC, a line break, URL syntax and a right-to-left override: the workflow's link in
+    the list and its option in the filter give back exactly that name (the option's value was
+    the escaped text, so the filter it sent matched no workflow)."""
+    log = tmp_path / "odd.jsonl"
+    for n, name in enumerate(ODD_WORKFLOWS, 1):
+        add_run_of(log, name, f"r-{n}")
+    with serving(str(log)) as url:
+        client = Client(url)
+        page = client.get("/")[1]
+        links = dict(
+            (html.unescape(text), html.unescape(href))
+            for href, text in re.findall(r'<td><a href="(/\?workflow=[^"]*)" title="[^"]*">(.*?)</a></td>', page)
+        )
+        options = [as_parsed(v) for v in re.findall(r'<option value="([^"]*)"', page)]
+        by_link = {text: run_ids(client.get(href)[1]) for text, href in links.items()}
+        # What a browser sends for an option: its value, form-encoded (line breaks aside: it writes CRLF).
+        by_option = {
+            value: run_ids(client.get("/?" + urllib.parse.urlencode({"workflow": value}))[1])
+            for value in options if value and value not in LISTED_STATUSES_TEXT
+        }
+    assert "\x1b" not in page and "\u202e" not in page
+    assert by_option == {"w\x1b[31m": ["r-1"], "w\r\nx": ["r-2"], "a&b=c+d%20": ["r-3"], "\u202eright": ["r-4"]}
+    assert by_link == {
+        "w\\x1b[31m": ["r-1"], "w\\r\\nx": ["r-2"], "a&b=c+d%20": ["r-3"], "\\u202eright": ["r-4"],
+    }  # fmt: skip
+
+
+def as_parsed(attribute: str) -> str:
+    """An attribute's value as a browser's HTML parser reads it: a numeric character reference
+    to a control character is that character (Python's html.unescape drops it instead)."""
+    return html.unescape(re.sub(r"&#([0-9]+);", lambda m: chr(int(m.group(1))), attribute))
+
+
+LISTED_STATUSES_TEXT = ("queued", "running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled")
+
+
+@pytest.mark.parametrize("run", [".", ".."])
+def test_a_run_named_dot_or_dot_dot_is_linked_through_the_query_and_its_forms_work(
+    tmp_path: Path, run: str
+) -> None:
+    """``/runs/.`` and ``/runs/%2E`` alike are resolved away by browsers before they are sent (the
+    list linked to ``/runs/.``): the link and the forms carry such an id in the query."""
+    log = add_waiting_runs(tmp_path / "dots.jsonl", run)
+    with serving(str(log)) as url:
+        client = Client(url)
+        [href] = re.findall(r'<td class="mono"><a href="([^"]*)">', client.get("/")[1])
+        status, page = client.get(html.unescape(href))
+        assert status == 200, page
+        [token] = re.findall(r'name="csrf" value="([^"]+)"', page)[:1]
+        [action] = re.findall(r'<form method="post" action="([^"]*)" id="signal-form">', page)
+        posted, headers, _ = client.request(html.unescape(action), {"csrf": token, "name": "approve"})
+    assert html.unescape(href) == f"/runs/?id={run}"
+    assert f'<h1 id="run-id">{run}</h1>' in page
+    assert html.unescape(action) == f"/runs//signal?id={run}"
+    assert (posted, headers["Location"]) == (303, f"/runs/?id={run}")
+    assert [(r.run, r.change.name) for r in records(log) if isinstance(r.change, SignalSent)] == [(run, "approve")]
+
+
+# --------------------------------------------------------------------------
+# Server limits: the listen backlog, idle connections, the Origin of a POST
+# --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serving_on(log: Path, host: str, **options: float) -> Generator[tuple[str, int], None, None]:
+    """A server for ``log`` bound to ``host`` on a free port (``options``: open_server's); (host, port)."""
+    view = WebView(str(log), FileLog(str(log)), shown_as=str(log))
+    server = open_server(view, host, 0, **options)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield host, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(TIMEOUT)
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to read a socket's backlog")
+def test_the_server_listens_with_a_backlog_of_128(approvals: Path) -> None:
+    """http.server's default of 5 refused connections when 100 browsers' requests came at once."""
+    with serving_on(approvals, "127.0.0.1") as (_, port):
+        listed = subprocess.run(
+            ["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True, timeout=TIMEOUT, check=True
+        ).stdout.split()
+    assert listed[:3] == ["LISTEN", "0", "128"]  # state, queued now, backlog
+
+
+def test_a_silent_connection_is_closed_after_the_idle_timeout(approvals: Path) -> None:
+    """A client that connects and says nothing no longer holds a thread for good."""
+    with serving_on(approvals, "127.0.0.1", idle_timeout=0.2) as (host, port):
+        with socket.create_connection((host, port), timeout=TIMEOUT) as silent:
+            closed = silent.recv(1)  # waits for the server to close it, for at most TIMEOUT
+        assert closed == b""
+        assert Client(f"http://{host}:{port}/").get("/")[0] == 200  # and the server goes on
+
+
+def test_a_post_from_another_origin_is_refused_and_writes_nothing(approvals: Path) -> None:
+    """On 0.0.0.0 no Host is refused, so a page whose name an attacker points at this machine
+    (DNS rebinding) could read a form's token and post it: its Origin names no address of
+    this server, and the POST is refused. A form from the server's own page is not."""
+    before = approvals.read_bytes()
+    with serving_on(approvals, "0.0.0.0") as (_, port):
+        client = Client(f"http://127.0.0.1:{port}/")
+        evil = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+        refused = client.request("/runs/a-1/cancel", {"csrf": client.token("a-1")}, headers=evil)
+        unchanged = approvals.read_bytes() == before
+        own = {"Origin": f"http://127.0.0.1:{port}"}
+        accepted = client.request("/runs/a-1/cancel", {"csrf": client.token("a-1")}, headers=own)[0]
+    assert refused[0] == 403
+    assert refused[2] == (
+        f"403 Forbidden: a form posted from http://evil.example:{port}, not from this server's own pages;"
+        " nothing was written.\n"
+    )
+    assert unchanged
+    assert accepted == 303
+
+
+# --------------------------------------------------------------------------
+# Errors: http.server's own pages carry the headers too; a GET of an action is a 405
+# --------------------------------------------------------------------------
+
+
+def raw_answer(url: str, method: str, path: str, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+    """``method path`` sent as it is (http.client), the status and headers of the answer."""
+    split = urllib.parse.urlsplit(url)
+    assert split.hostname is not None
+    connection = http.client.HTTPConnection(split.hostname, split.port, timeout=TIMEOUT)
+    try:
+        connection.request(method, path, headers=headers)
+        answer = connection.getresponse()
+        answer.read()
+        return answer.status, dict(answer.headers.items())
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "headers", "status"),
+    [("PUT", {}, 501), ("POST", {"Content-Length": str(2 << 20)}, 413)],
+    ids=["unknown-method", "too-large"],
+)
+def test_http_servers_own_error_pages_carry_the_security_headers(
+    approvals: Path, method: str, headers: dict[str, str], status: int
+) -> None:
+    with serving(str(approvals)) as url:
+        answered, sent = raw_answer(url, method, "/runs/a-1/signal", headers)
+    assert answered == status
+    assert {name: sent.get(name) for name in (
+        "X-Content-Type-Options", "Referrer-Policy", "X-Frame-Options", "Cache-Control",
+    )} == {
+        "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin", "X-Frame-Options": "DENY",
+        "Cache-Control": "no-store",
+    }  # fmt: skip
+    assert sent["Content-Security-Policy"].startswith("default-src 'none';")
+
+
+def test_a_get_of_an_action_is_405_allowing_post(approvals: Path) -> None:
+    with serving(str(approvals)) as url:
+        status, headers, page = Client(url).request("/runs/a-1/cancel")
+    assert (status, headers.get("Allow")) == (405, "POST")
+    assert "GET is not served here: an action is a form&#39;s POST." in page
+    assert headers["X-Frame-Options"] == "DENY"

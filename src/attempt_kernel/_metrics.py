@@ -19,8 +19,9 @@ Theory of operation:
   standing changes only with its own records, so only the runs those
   records name are judged again.
 - On a file, the new records are the complete lines past the last one
-  read; a file cut shorter (recovery cut a torn tail) or replaced is read
-  again from its start.
+  read; a file cut shorter (recovery cut a torn tail), replaced, or
+  rewritten in place (the bytes at either end of what was read differ, see
+  `_FileSource`) is read again from its start.
 - On PostgreSQL, the new records are the rows past the highest ``pos``
   applied. ``pos`` comes from a sequence, so a row can commit after a row
   with a higher ``pos`` was read: the positions skipped below it are kept
@@ -37,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -55,6 +57,7 @@ from ._attempt import (
 )
 from ._codec import decode_line, state_name
 from ._ledger import Ledger, RunStanding
+from ._logfile import LogOpenError, open_regular
 from ._operations import writer_holds
 from ._records import (
     AttemptCreated,
@@ -77,7 +80,7 @@ from ._records import (
     WaitEnded,
     WaitStarted,
 )
-from ._report import redacted
+from ._report import redacted, shown
 
 STANDINGS: Final[tuple[RunStanding, ...]] = (
     "running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled",
@@ -103,13 +106,17 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 ASCII, so nothing needs the 1.0.0 format's quoting, which newer prometheus_client
 releases name by default): the content type every Prometheus server reads."""
 
+CHECK_BYTES: Final = 4096
+"""Bytes at each end of what was read from a log file, read again per scrape to see a rewrite."""
+
 READ_BATCH: Final = 1000
 """Rows read per query from PostgreSQL."""
 
 
 def journal_label(journal: str) -> str:
-    """The ``journal`` label's value: the log path, or the URL without its password."""
-    return redacted(journal)
+    """The ``journal`` label's value: the log path, or the URL without its password, its
+    non-printable characters escaped as every report shows them (an ESC as the text ``\\x1b``)."""
+    return shown(redacted(journal))
 
 
 def _is_url(journal: str) -> bool:
@@ -304,32 +311,62 @@ class _Standings:
 
 @final
 class _FileSource:
-    """The complete lines of a log file past the last one read."""
+    """The complete lines of a log file past the last one read.
+
+    A log is only appended to, but a file may be rewritten in place (a copy
+    restored over it: same inode, same or greater size). So the first and
+    the last `CHECK_BYTES` of what was read are kept, and read again at
+    their offsets before reading on: bytes that differ mean the file was
+    rewritten, and it is read again from its start. (A rewrite that keeps
+    both windows byte for byte at the same offsets is not seen; records
+    carry their time and sequence number, so a different log does not.)
+    """
 
     def __init__(self, path: str) -> None:
         self.path: Final = path
         self._offset = 0
         self._identity: tuple[int, int] | None = None
+        self._head = b""
+        """The first bytes read (up to `CHECK_BYTES`), at offset 0."""
+        self._tail = b""
+        """The last bytes read (up to `CHECK_BYTES`), ending at ``_offset``."""
 
     def new(self) -> tuple[bool, list[Record | CorruptLine]]:
         """(True when the file must be read from its start again, the new items)."""
         try:
-            with open(self.path, "rb") as stream:
-                stat = os.fstat(stream.fileno())
-                identity = (stat.st_dev, stat.st_ino)
-                restart = identity != self._identity or stat.st_size < self._offset
-                if restart:
-                    self._identity, self._offset = identity, 0
-                stream.seek(self._offset)
-                data = stream.read()
-        except FileNotFoundError:
+            # Without blocking, and refused unless a regular file: a FIFO put
+            # at the path would block the open (and every scrape after it).
+            fd = open_regular(Path(self.path), os.O_RDONLY, "for reading")
+        except LogOpenError:
+            if os.path.exists(self.path):
+                raise  # a FIFO, a directory, a device, no permission: the scrape says which
             restart = self._identity is not None
-            self._identity, self._offset = None, 0
+            self._forget(None)
             return restart, []
+        with open(fd, "rb") as stream:
+            stat = os.fstat(fd)
+            identity = (stat.st_dev, stat.st_ino)
+            restart = (
+                identity != self._identity
+                or stat.st_size < self._offset
+                or os.pread(fd, len(self._head), 0) != self._head
+                or os.pread(fd, len(self._tail), self._offset - len(self._tail)) != self._tail
+            )
+            if restart:
+                self._forget(identity)
+            stream.seek(self._offset)
+            data = stream.read()
         end = data.rfind(b"\n") + 1  # a torn or half-written last line waits for its end
+        if end:
+            if len(self._head) < CHECK_BYTES:
+                self._head = (self._head + data[:end])[:CHECK_BYTES]
+            self._tail = (self._tail + data[:end])[-CHECK_BYTES:]
         self._offset += end
         lines = data[:end].splitlines(keepends=True)
         return restart, [decode_line(raw, 0) for raw in lines]
+
+    def _forget(self, identity: tuple[int, int] | None) -> None:
+        self._identity, self._offset, self._head, self._tail = identity, 0, b"", b""
 
     def live(self) -> bool:
         return _writer_listed(self.path)

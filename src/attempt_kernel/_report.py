@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from typing import Final
 
 from typing_extensions import assert_never
@@ -125,7 +126,8 @@ def as_json(report: ReplayReport, source: str) -> str:
 
 
 def _label(value: str) -> str:
-    """A label value as the text exposition writes it: backslash, quote and newline escaped."""
+    """A label value as the text exposition writes it: backslash, quote and newline escaped
+    (the only escapes the format has: other control characters are `shown` first)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
@@ -136,9 +138,11 @@ def as_metrics(report: ReplayReport, journal: str) -> str:
     (``attempt_kernel_indeterminate_attempts``, ``attempt_kernel_outstanding_intents``)
     mean the same here, so the shipped alerting rules apply to a log file
     too. Counts that only grow as the log grows are counters. Every sample
-    carries ``journal``: the log it was read from.
+    carries ``journal``: the log it was read from, as `shown` writes it
+    (as the live worker's ``journal`` label does).
     """
-    where = f'journal="{_label(journal)}"'
+    # The name as the rest of the output shows it (an ESC as the text \x1b), then escaped for the format.
+    where = f'journal="{_label(shown(journal))}"'
     out = [
         "# TYPE attempt_kernel_log_attempts counter",
         "# HELP attempt_kernel_log_attempts Attempts in the run log that reached a final state, by state.",
@@ -269,9 +273,58 @@ def when(time_us: int | None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros // 1000:03d}Z"
 
 
+SHOWN_DEPTH: Final = 20
+"""`short` shows a list or object nested deeper than this as ``[…]`` or ``{…}``."""
+
+
 def short(value: JSON, limit: int = 80) -> str:
-    """A JSON value on one line, cut to ``limit`` characters."""
-    text = json.dumps(value, separators=(",", ":"))
+    """A JSON value on one line, cut to ``limit`` characters.
+
+    Compact JSON (as ``json.dumps`` with no spaces writes it) for any value a
+    log can hold, however deep: it is written without recursion, a list or
+    object nested deeper than `SHOWN_DEPTH` is shown as ``[…]`` or ``{…}``,
+    and writing stops once past ``limit`` (a long value costs what is shown).
+    """
+    pieces: list[str] = []
+    size = 0
+    # What is left to write, last first: text as it is, or a value at its depth.
+    todo: list[str | tuple[JSON, int]] = [(value, 0)]
+    while todo and size <= limit:
+        item = todo.pop()
+        if isinstance(item, str):
+            piece = item
+        else:
+            node, depth = item
+            if isinstance(node, (str, int, float)) or node is None:  # bool is an int
+                piece = json.dumps(node)
+            elif isinstance(node, Mapping):
+                piece = "{"
+                if node and depth >= SHOWN_DEPTH:
+                    piece = "{…}"
+                elif node:
+                    todo.append("}")
+                    for n, (key, inner) in enumerate(reversed(list(node.items()))):
+                        todo.append((inner, depth + 1))
+                        todo.append(json.dumps(key) + ":")
+                        if n < len(node) - 1:
+                            todo.append(",")
+                else:
+                    piece = "{}"
+            else:
+                piece = "["
+                if node and depth >= SHOWN_DEPTH:
+                    piece = "[…]"
+                elif node:
+                    todo.append("]")
+                    for n, inner in enumerate(reversed(node)):
+                        todo.append((inner, depth + 1))
+                        if n < len(node) - 1:
+                            todo.append(",")
+                else:
+                    piece = "[]"
+        pieces.append(piece)
+        size += len(piece)
+    text = "".join(pieces)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -16,7 +16,10 @@ form carries a token, an HMAC (under a secret drawn when the process
 starts) of the browser's session cookie (SameSite=Strict) and a nonce; a
 POST without a valid one is refused with 403 before anything is read or
 written. On loopback, a request whose Host header is not a loopback name is
-refused too, so a page from elsewhere cannot reach it by DNS rebinding.
+refused too, so a page from elsewhere cannot reach it by DNS rebinding; on
+any address, a POST whose Origin is not one of this server's own pages is
+refused (`_origin_ok`). The socket queues `LISTEN_BACKLOG` connections, and
+a connection silent for `IDLE_TIMEOUT` seconds is closed.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Final, Literal, get_args
 from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import jinja2
+from markupsafe import Markup, escape  # Jinja2's own dependency
 from typing_extensions import TypeAlias, assert_never, final
 
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name, strict_json
@@ -71,6 +75,10 @@ MAX_BODY: Final = 1 << 20
 """The largest form accepted, in bytes (a signal's payload rides in it)."""
 RESUME_WAIT: Final = 2.0
 """Seconds a resume request waits for what resuming did, before it answers anyway."""
+LISTEN_BACKLOG: Final = 128
+"""Connections the kernel queues before the server accepts them (http.server's default is 5)."""
+IDLE_TIMEOUT: Final = 30.0
+"""Seconds a connection may stay silent before it is closed, so a client cannot hold a thread."""
 SESSION_COOKIE: Final = "ak_session"
 LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
@@ -105,6 +113,8 @@ class Response:
     content_type: str = "text/html; charset=utf-8"
     location: str | None = None
     set_cookie: str | None = None
+    allow: str | None = None
+    """The methods a 405 names (its ``Allow`` header)."""
 
 
 @final
@@ -116,6 +126,8 @@ class Request:
     target: str
     headers: Mapping[str, str]
     body: bytes = b""
+    local: str = ""
+    """The address the connection came in to (the server's end), for the Origin check."""
 
 
 def is_loopback(host: str) -> bool:
@@ -136,6 +148,43 @@ def _names_loopback(host_header: str) -> bool:
     except ValueError:  # "[" with no "]", say
         return False
     return name is not None and is_loopback(name)
+
+
+def _host_and_port(authority: str) -> tuple[str, int | None] | None:
+    """``(host, port)`` of ``name:port``, ``[::1]:port`` or ``name`` (lowercase), or None."""
+    try:
+        split = urlsplit(f"//{authority}")
+        return (split.hostname or "", split.port)
+    except ValueError:  # "[" with no "]", a port that is not a number
+        return None
+
+
+def _origin_ok(origin: str, host_header: str, local: str) -> bool:
+    """May a POST carrying ``Origin: origin`` act? (DNS rebinding, on an address that is not loopback.)
+
+    The origin must be the page's own (the Host the request names, over http) and name this
+    server: a loopback name or address, the address the connection came in to, or this
+    machine's host name. A page from a name an attacker points at this address (its Origin
+    and Host then agree) is refused.
+    """
+    try:
+        split = urlsplit(origin)
+        origin_host, origin_port = split.hostname, split.port
+    except ValueError:
+        return False
+    host = _host_and_port(host_header)
+    if split.scheme != "http" or origin_host is None or host is None:
+        return False
+    if (origin_host, origin_port or 80) != (host[0], host[1] or 80):
+        return False
+    if is_loopback(origin_host):
+        return True
+    try:
+        if ipaddress.ip_address(origin_host) == ipaddress.ip_address(local.partition("%")[0]):
+            return True
+    except ValueError:
+        pass
+    return origin_host in {socket.gethostname().lower(), socket.getfqdn().lower()}
 
 
 def _json_field(text: str, field: str) -> JSON:
@@ -173,12 +222,56 @@ def _action(name: str) -> Action | None:
 
 
 def _one(params: Mapping[str, list[str]], name: str) -> str:
+    """The value of field ``name`` exactly as sent (``""`` when absent); `_fields` saw it is one."""
     values = params.get(name)
-    return values[0].strip() if values else ""
+    return values[0] if values else ""
+
+
+class _BadForm(Exception):
+    """A query or form the view will not read: not UTF-8, or a field given twice."""
+
+
+def _fields(text: str, where: str) -> dict[str, list[str]]:
+    """The fields of a query string or urlencoded form, values exactly as sent.
+
+    `_BadForm` (a 400 saying what) where a value is not UTF-8 once decoded,
+    or a field comes twice: guessing (a U+FFFD in a signal's name, the first
+    of two names) would write what nobody sent.
+    """
+    try:
+        fields = parse_qs(text, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        raise _BadForm(f"the {where} holds bytes that are not UTF-8") from None
+    for name, values in fields.items():
+        if len(values) > 1:
+            raise _BadForm(f"the {where} gives {shown(name)!r} {len(values)} times")
+    return fields
+
+
+def _exact_attribute(value: str) -> Markup:
+    """``value`` for an HTML attribute, given back as it is by the browser's parser: markup
+    escaped, and every non-printable character as a numeric character reference, never raw."""
+    escaped = str(escape(value))
+    return Markup("".join(c if c.isprintable() else f"&#{ord(c)};" for c in escaped))
+
+
+DOT_SEGMENTS: Final = frozenset({".", ".."})
+"""Run ids a path cannot carry: browsers resolve ``/runs/.`` and ``/runs/..``, and their
+percent-encoded forms (``%2E``) too, before sending them."""
 
 
 def _run_href(run: str) -> str:
+    """The run's page: ``/runs/RUN`` percent-encoded; ``/runs/?id=RUN`` for ``.`` and ``..``."""
+    if run in DOT_SEGMENTS:
+        return "/runs/?" + urlencode({"id": run})
     return "/runs/" + quote(run, safe="")
+
+
+def _action_href(run: str, action: Action) -> str:
+    """Where a run's form posts ``action``: ``/runs/RUN/ACTION``; ``/runs//ACTION?id=RUN`` for ``.`` and ``..``."""
+    if run in DOT_SEGMENTS:
+        return f"/runs//{action}?" + urlencode({"id": run})
+    return f"/runs/{quote(run, safe='')}/{action}"
 
 
 def _event_text(event: IntentEvent) -> str:
@@ -235,6 +328,9 @@ class WebView:
         # Names from the log shown as text: non-printable characters escaped
         # (then HTML-escaped by autoescape); a form's value keeps the raw name.
         self._env.filters["shown"] = shown
+        # A form's value that must come back exactly: escaped, and its non-printable
+        # characters written as character references (an ESC stays an ESC, not raw).
+        self._env.filters["exact"] = _exact_attribute
         # A PostgreSQL journal reads through one connection: one reader at a time.
         self._read_lock: Final = threading.Lock()
         self._flash_lock: Final = threading.Lock()
@@ -290,6 +386,10 @@ class WebView:
     def _message(self, session: str, status: int, heading: str, message: str) -> Response:
         return self._page("message.html", session, status, heading=heading, message=message)
 
+    def _not_allowed(self, session: str, method: str, allow: str, why: str) -> Response:
+        page = self._message(session, 405, "Method not allowed", f"{shown(method)} is not served here: {why}.")
+        return Response(status=405, body=page.body, allow=allow)
+
     # ------------------------------------------------------------ dispatch
 
     def respond(self, request: Request) -> Response:
@@ -307,7 +407,7 @@ class WebView:
             cookie = f"{SESSION_COOKIE}={session}; Path=/; HttpOnly; SameSite=Strict"
             response = Response(
                 status=response.status, body=response.body, content_type=response.content_type,
-                location=response.location, set_cookie=cookie,
+                location=response.location, set_cookie=cookie, allow=response.allow,
             )  # fmt: skip
         return response
 
@@ -319,19 +419,40 @@ class WebView:
             )  # fmt: skip
         split = urlsplit(request.target)
         parts = [unquote(p) for p in split.path.split("/")[1:]]
+        if len(parts) in (2, 3) and parts[0] == "runs" and parts[1] == "" and split.query:
+            # /runs/?id=RUN and /runs//ACTION?id=RUN: a run id no path can carry (`_run_href`)
+            try:
+                query = _fields(split.query, "query")
+            except _BadForm as error:
+                return self._message(session, 400, "Bad request", f"{error}; nothing was done.")
+            parts[1] = _one(query, "id")
         try:
             # Routes are paths, not a closed union: plain comparisons, no match.
             if request.method in ("GET", "HEAD"):
                 if parts == [""]:
-                    return self._runs_page(parse_qs(split.query), session)
+                    try:
+                        query = _fields(split.query, "query")
+                    except _BadForm as error:
+                        return self._message(session, 400, "Bad request", f"{error}; nothing was listed.")
+                    return self._runs_page(query, session)
                 if len(parts) == 2 and parts[0] == "runs":
                     return self._run_page(parts[1], session)
+                if len(parts) == 3 and parts[0] == "runs" and _action(parts[2]) is not None:
+                    return self._not_allowed(session, request.method, "POST", "an action is a form's POST")
                 if parts == ["style.css"]:
                     return Response(status=200, body=STYLE.encode(), content_type="text/css; charset=utf-8")
                 if parts == ["metrics"]:
                     return self._metrics_page(session)
                 return self._message(session, 404, "Not found", f"Nothing at {shown(split.path)}.")
             if request.method == "POST":
+                origin = request.headers.get("origin")
+                if origin is not None and not _origin_ok(origin, request.headers.get("host", ""), request.local):
+                    return Response(
+                        status=403,
+                        body=f"403 Forbidden: a form posted from {shown(origin)}, not from this server's"
+                        " own pages; nothing was written.\n".encode(),
+                        content_type="text/plain; charset=utf-8",
+                    )
                 if len(parts) == 3 and parts[0] == "runs":
                     run, name = parts[1], parts[2]
                     chosen = _action(name)
@@ -350,7 +471,15 @@ class WebView:
         # what `serve` passes as `metrics`; without one there is nothing here.
         if self._metrics is None:
             return self._message(session, 404, "No metrics", "This server was started without metrics.")
-        body, content_type = self._metrics()
+        try:
+            body, content_type = self._metrics()
+        except AttemptKernelError as error:  # the log is a FIFO, a directory, unreadable, corrupt
+            # A scraper shows this text as the target's error; 503: no sample was read.
+            return Response(
+                status=503,
+                body=f"The log cannot be read: {shown(str(error))}\n".encode(),
+                content_type="text/plain; charset=utf-8",
+            )
         return Response(status=200, body=body, content_type=content_type)
 
     # ------------------------------------------------------------ the run list
@@ -418,6 +547,7 @@ class WebView:
                 {
                     "run": shown(r.run), "href": _run_href(r.run),
                     "workflow": shown(r.workflow or "-"), "status": r.status,
+                    "workflow_href": None if r.workflow is None else "/?" + urlencode({"workflow": r.workflow}),
                     "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
                     "waiting": ", ".join(
                         f"for signal {shown(repr(w.signal))}" if w.signal is not None
@@ -427,7 +557,9 @@ class WebView:
                 }
                 for r in page
             ],
-            statuses=LISTED_STATUSES, workflows=[shown(w) for w in workflows],
+            statuses=LISTED_STATUSES,
+            # The option's value is the name as it is (what the filter compares), its text shown().
+            workflows=[{"value": w, "text": shown(w)} for w in workflows],
             filters={**filters, "limit": limit}, filtered=bool(kept), max_limit=MAX_LIMIT,
             older=older_href, newer=newer_href, summary=summary,
             violations=violations,
@@ -460,7 +592,7 @@ class WebView:
             attempts=_attempt_rows(history), intents=_intent_rows(history, outstanding),
             waits=_wait_rows(history), signals=_signal_rows(history),
             finished=view is not None and view.finished,
-            csrf=self._token(session), action_base=_run_href(run),
+            csrf=self._token(session), actions={a: _action_href(run, a) for a in ACTIONS},
             signal_name=_awaited(history), resume_hint=self._resume_hint(),
         )  # fmt: skip
 
@@ -478,7 +610,15 @@ class WebView:
     # ------------------------------------------------------------ actions
 
     def _post(self, run: str, action: Action, body: bytes, session: str | None) -> Response:
-        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        try:
+            form = _fields(body.decode("utf-8"), "form")
+        except (UnicodeDecodeError, _BadForm) as error:
+            said = error if isinstance(error, _BadForm) else "the form holds bytes that are not UTF-8"
+            return Response(
+                status=400,
+                body=f"400 Bad Request: {said}; nothing was written.\n".encode(),
+                content_type="text/plain; charset=utf-8",
+            )
         if session is None or not self._token_ok(session, _one(form, "csrf")):
             return Response(
                 status=403,
@@ -692,16 +832,27 @@ def _signal_rows(history: RunHistory) -> list[dict[str, object]]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
-    def __init__(self, address: tuple[str, int], view: WebView, family: socket.AddressFamily) -> None:
+    def __init__(
+        self, address: tuple[str, int], view: WebView, family: socket.AddressFamily, idle_timeout: float
+    ) -> None:
         self.address_family = family
         self.view: Final = view
+        self.idle_timeout: Final = idle_timeout
         super().__init__(address, _Handler)
 
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "attempt-kernel"
     sys_version = ""
+
+    def setup(self) -> None:
+        # The server's idle timeout (open_server's): a silent client does not keep its thread.
+        server = self.server
+        assert isinstance(server, _Server)
+        self.request.settimeout(server.idle_timeout)
+        super().setup()
 
     def do_GET(self) -> None:
         self._answer("GET")
@@ -722,12 +873,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         body = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
-        response = server.view.respond(Request(method=method, target=self.path, headers=headers, body=body))
+        local = str(self.connection.getsockname()[0])
+        response = server.view.respond(
+            Request(method=method, target=self.path, headers=headers, body=body, local=local)
+        )
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
         self.send_header("Content-Length", str(len(response.body)))
-        for name, value in SECURITY_HEADERS:
-            self.send_header(name, value)
+        if response.allow is not None:
+            self.send_header("Allow", response.allow)
         if response.location is not None:
             self.send_header("Location", response.location)
         if response.set_cookie is not None:
@@ -736,18 +890,27 @@ class _Handler(BaseHTTPRequestHandler):
         if method != "HEAD":
             self.wfile.write(response.body)
 
+    def end_headers(self) -> None:
+        # Every answer carries them: the view's pages, and http.server's own
+        # error pages (send_error: its 501 for an unknown method, a 400, a 413).
+        for name, value in SECURITY_HEADERS:
+            self.send_header(name, value)
+        super().end_headers()
+
     def log_message(self, format: str, *args: object) -> None:
         pass  # no access log: the terminal is for what serve says, not every request
 
 
-def open_server(view: WebView, host: str, port: int) -> ThreadingHTTPServer:
+def open_server(view: WebView, host: str, port: int, *, idle_timeout: float = IDLE_TIMEOUT) -> ThreadingHTTPServer:
     """A server for ``view`` bound to ``host``:``port`` (0: any free port), not yet serving.
 
-    Raises `OSError` when it cannot bind (``errno.EADDRINUSE``: the port is in use).
+    ``idle_timeout``: seconds a connection may stay silent (no request, or a
+    request sent no further) before it is closed. Raises `OSError` when it
+    cannot bind (``errno.EADDRINUSE``: the port is in use).
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     view.set_loopback_only(is_loopback(host))
-    return _Server((host.strip("[]"), port), view, family)
+    return _Server((host.strip("[]"), port), view, family, idle_timeout)
 
 
 def address_of(server: ThreadingHTTPServer) -> str:

@@ -126,7 +126,7 @@ RUNS: Final = """{% extends "base.html" %}
   <label>Workflow
     <select name="workflow">
       <option value="">any</option>
-      {% for w in workflows %}<option value="{{ w }}"{% if w == filters.workflow %} selected{% endif %}>{{ w }}</option>
+      {% for w in workflows %}<option value="{{ w.value | exact }}"{% if w.value == filters.workflow %} selected{% endif %}>{{ w.text }}</option>
       {% endfor %}
     </select>
   </label>
@@ -144,7 +144,7 @@ RUNS: Final = """{% extends "base.html" %}
 <tbody>
 {% for r in rows %}<tr>
 <td class="mono"><a href="{{ r.href }}">{{ r.run }}</a></td>
-<td>{{ r.workflow }}</td>
+<td>{% if r.workflow_href %}<a href="{{ r.workflow_href }}" title="this workflow's runs only">{{ r.workflow }}</a>{% else %}{{ r.workflow }}{% endif %}</td>
 <td><span class="badge s-{{ r.status }}">{{ r.status }}</span>{% if r.waiting %} <span class="muted">{{ r.waiting }}</span>{% endif %}</td>
 <td>{{ r.attempts }}</td>
 <td class="time">{{ r.started }}</td>
@@ -228,7 +228,7 @@ RUN: Final = """{% extends "base.html" %}
 <td class="mono">{{ i.key | shown }}</td>
 <td>{{ i.state }}{% for e in i.events %}<div class="muted mono">{{ e }}</div>{% endfor %}</td>
 <td>{% if i.outstanding %}
-<form method="post" action="{{ action_base }}/reconcile" class="inline">
+<form method="post" action="{{ actions.reconcile }}" class="inline">
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <input type="hidden" name="key" value="{{ i.key }}">
 <input type="text" name="note" placeholder="note (why)" aria-label="note for {{ i.key | shown }}">
@@ -267,20 +267,20 @@ RUN: Final = """{% extends "base.html" %}
 <h2>Actions</h2>
 {% if finished %}<p class="muted">This run has finished: signal, cancel and resume are refused (reconcile stays open for an outstanding intent).</p>{% endif %}
 <div class="actions">
-<form method="post" action="{{ action_base }}/signal" id="signal-form">
+<form method="post" action="{{ actions.signal }}" id="signal-form">
 <h3>Send a signal</h3>
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <label>Name<input type="text" name="name" required value="{{ signal_name }}"></label>
 <label>Payload (JSON; empty sends {})<textarea name="payload" rows="2"></textarea></label>
 <button type="submit">Send signal</button>
 </form>
-<form method="post" action="{{ action_base }}/cancel" id="cancel-form">
+<form method="post" action="{{ actions.cancel }}" id="cancel-form">
 <h3>Cancel the run</h3>
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <label>Reason<input type="text" name="reason"></label>
 <button type="submit" class="danger">Cancel run</button>
 </form>
-<form method="post" action="{{ action_base }}/resume" id="resume-form">
+<form method="post" action="{{ actions.resume }}" id="resume-form">
 <h3>Resume</h3>
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <p class="muted">{{ resume_hint }}</p>
