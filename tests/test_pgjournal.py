@@ -7,6 +7,9 @@ each gets a schema of its own, dropped afterwards.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,6 +70,7 @@ from attempt_kernel.postgres._journal import (
     PgJournal,
     PgJournalError,
     PgSchemaTooNew,
+    RunHolds,
     connection_lost,
 )
 
@@ -706,3 +710,48 @@ def test_a_transition_record_is_the_same_value_after_the_round_trip(pg: PgJourna
     change = AttemptTransitioned(step="s", attempt=2, from_state=Running(), cause=Succeed(), to_state=Succeeded())
     pg.append("r", change)
     assert records(pg) == [(1, "r", change)]
+
+
+# --------------------------------------------------------------------------
+# Holding runs outside a worker (RunHolds)
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.postgres
+def test_a_run_held_by_one_process_is_refused_to_another_until_it_lets_go(pg_url: str, schema: str) -> None:
+    """Two sessions: the first to take a run holds it; the other is told so, holds other runs
+    (and the same run id in another schema), and takes it once the first closes."""
+    with RunHolds(pg_url, schema=schema) as first, RunHolds(pg_url, schema=schema) as second:
+        assert first.take("r") is True
+        assert first.take("r") is True  # again: still held, by this one
+        assert second.take("r") is False
+        assert second.take("s") is True
+        assert first.take("s") is False
+        with RunHolds(pg_url, schema=schema + "_other") as elsewhere:
+            assert elsewhere.take("r") is True
+        first.close()
+        assert second.take("r") is True
+        assert second.held == {"r", "s"}
+
+
+@pytest.mark.postgres
+def test_a_hold_ends_with_the_process_that_took_it(pg_url: str, schema: str) -> None:
+    """SIGKILL the holder: the server ends its session, and the run can be taken again."""
+    with subprocess.Popen(
+        [
+            sys.executable, "-c",
+            "import sys; from attempt_kernel.postgres._journal import RunHolds\n"
+            f"h = RunHolds({pg_url!r}, schema={schema!r}); assert h.take('r'); print('held', flush=True)\n"
+            "sys.stdin.read()",
+        ],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as holder, RunHolds(pg_url, schema=schema) as other:  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert other.take("r") is False
+        holder.kill()
+        holder.wait(timeout=60)
+        deadline = time.monotonic() + 60  # the server notices the closed connection; no bound asserted
+        while not other.take("r"):
+            assert time.monotonic() < deadline, "the killed holder's lock was never released"
+            time.sleep(0.05)
+        assert other.held == {"r"}

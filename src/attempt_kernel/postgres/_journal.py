@@ -64,6 +64,7 @@ loop, can wait for a thread, never for a task of the loop they block.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import threading
@@ -2109,3 +2110,61 @@ def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
             ).format(s=sql.Identifier(schema))
         ).fetchall()
     return frozenset(str(row[0]) for row in rows)
+
+
+def _hold_key(schema: str, run: str) -> int:
+    """The advisory-lock key of ``run`` in ``schema``: 64 bits of BLAKE2b, as a signed bigint."""
+    text = f"attempt-kernel\0{schema}\0{run}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
+
+
+@final
+class RunHolds:
+    """Runs this process drives outside a worker, held so that no other process drives them too.
+
+    A worker holds its runs by lease (the ``runs`` row); a run that
+    ``attempt-kernel run URL`` starts has no row, and ``recover URL`` resumes
+    runs without taking one. Each holds the runs it drives here instead: a
+    session-level advisory lock per run (``pg_try_advisory_lock`` on a key
+    made from the schema and the run id), on a connection of its own. The
+    locks go when `close` is called, and when the process dies (the server
+    ends its session when the connection drops). So a second ``run`` of the
+    same id, or a ``recover`` while a ``run`` (or another ``recover``) drives
+    a run, finds the run held and leaves it alone, as the file log's lock
+    makes a second writer wait.
+    """
+
+    def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA) -> None:
+        if not _IDENTIFIER.fullmatch(schema):
+            raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
+        self._schema: Final = schema
+        self._conn: Final = connect(url)
+        self.held: Final[set[str]] = set()
+
+    def take(self, run: str) -> bool:
+        """Hold ``run`` (True), or say that another process holds it now (False)."""
+        if run in self.held:
+            return True
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (_hold_key(self._schema, run),)).fetchone()
+        if row is None or row[0] is not True:
+            return False
+        self.held.add(run)
+        return True
+
+    def close(self) -> None:
+        """Let every run go: unlocked before the connection closes (the server ends a
+        closed session a moment later, and a run would stay held until then)."""
+        try:
+            if self.held and not self._conn.closed:
+                self._conn.execute("SELECT pg_advisory_unlock_all()")
+        except psycopg.Error:
+            pass  # the connection is gone: so is its session, and every lock with it
+        finally:
+            self.held.clear()
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
