@@ -57,8 +57,13 @@ class InboxCorrupt(RunLogError):
 
 
 def inbox_path(log: str | os.PathLike[str]) -> Path:
-    """Where the inbox of the file log ``log`` lives: ``<log>.inbox`` beside it."""
+    """Where the inbox of the file log ``log`` lives: ``<log>.inbox`` beside it.
+
+    A path that names no file (``.``, ``''``, ``/``) has no inbox: `LogOpenError`.
+    """
     path = Path(log)
+    if path.name in ("", ".."):
+        raise LogOpenError(f"{str(log)!r}: names a folder, not a run log file, so it has no inbox")
     return path.with_name(path.name + INBOX_SUFFIX)
 
 

@@ -599,6 +599,12 @@ def _redacted(url: str) -> str:
     return _report.redacted(url)
 
 
+def _names_a_file(log: str, flag: str) -> None:
+    """Refuse a log path whose last part names no file (``''``, ``.``, ``/``, ``dir/..``)."""
+    if not _is_url(log) and Path(log).name in ("", ".."):
+        raise _Usage(f"{flag} {log!r} names a folder, not a run log file (give a file name, e.g. {flag} runs.jsonl)")
+
+
 def _source(log: str) -> LogSource:
     """What a reading command reads: a file, or the journal a URL names (see `_reading`)."""
     return _pg(log) if _is_url(log) else FileLog(log)
@@ -629,8 +635,9 @@ def _journal(log: str, *, create: bool) -> Generator[Journal, None, None]:
             if callable(close):
                 close()
     else:
+        writer = RunLogWriter(log, create=create)  # not opened: nothing was let go, nothing to settle
         try:
-            with RunLogWriter(log, create=create) as writer:
+            with writer:
                 yield writer
         finally:
             # What an operator sent while this process let the log go.
@@ -780,6 +787,7 @@ def _demo(args: argparse.Namespace) -> int:
     as_json: bool = args.json
     if _is_url(log_path):
         raise _Usage(f"demo writes a run log file, not a PostgreSQL journal: {_redacted(log_path)!r}")
+    _names_a_file(log_path, "--log")
     ops = _CrashAfter(args.crash_after) if args.crash_after is not None else None
     blueprint = WORKFLOWS[TRIP_PLANNER](args.seed)
     with RunLogWriter(log_path, ops=ops) as log, _settled(log_path):
@@ -824,6 +832,7 @@ def _run(args: argparse.Namespace) -> int:
     workflow = load_target(target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
+    _names_a_file(log_path, "--log")
     if args.run_id == "":  # refused before the log is created
         raise _Usage("--run needs a non-empty id")
     with _journal(log_path, create=True) as log:
