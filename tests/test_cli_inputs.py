@@ -46,3 +46,31 @@ def test_run_with_a_log_that_names_a_folder_is_a_usage_error(
 def test_a_path_that_names_no_file_has_no_inbox() -> None:
     with pytest.raises(LogOpenError, match=r"^'\.': names a folder, not a run log file, so it has no inbox$"):
         inbox_path(".")
+
+
+@pytest.mark.parametrize(("target", "name"), [("pathflows:UPWARD", "../escaped"), ("pathflows:NESTED", "a/b")])
+def test_run_without_log_refuses_a_workflow_name_that_is_no_plain_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: str, name: str
+) -> None:
+    """The default log is <workflow>.jsonl in the current folder, never elsewhere."""
+    here = tmp_path / "here"
+    (here / "a").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    before = listing(tmp_path)
+    assert main(["run", target]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"attempt-kernel run: error: workflow {name!r} has a name that is not a plain file name,"
+        " so <workflow>.jsonl would not be a file in the current folder; give the log with --log PATH\n"
+    )
+    assert listing(tmp_path) == before
+
+
+def test_such_a_workflow_runs_with_an_explicit_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "pathflows:UPWARD", "--log", "up.jsonl"]) == 0
+    assert "run result: 1\n" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["up.jsonl"]

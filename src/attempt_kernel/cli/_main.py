@@ -155,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="MODULE:ATTR", help="the workflow, e.g. flows:orders")
     run.add_argument(
         "--log", metavar="LOG|URL",
-        help="run log file to append to (default: <workflow name>.jsonl; created if missing),"
-        " or a PostgreSQL journal's postgresql:// URL",
+        help="run log file to append to (default: <workflow name>.jsonl in the current folder;"
+        " a name holding '/' must give --log; created if missing), or a PostgreSQL journal's"
+        " postgresql:// URL",
     )  # fmt: skip
     run.add_argument(
         "--run", metavar="ID", dest="run_id",
@@ -599,6 +600,17 @@ def _redacted(url: str) -> str:
     return _report.redacted(url)
 
 
+def _default_log(workflow: str) -> str:
+    """``run``'s log without ``--log``: ``<workflow>.jsonl`` in the current folder, for a
+    name that is a plain file name; any other name is refused (give ``--log``)."""
+    if "/" in workflow or "\x00" in workflow or (os.altsep is not None and os.altsep in workflow):
+        raise _Usage(
+            f"workflow {workflow!r} has a name that is not a plain file name, so <workflow>.jsonl"
+            " would not be a file in the current folder; give the log with --log PATH"
+        )
+    return f"{workflow}.jsonl"
+
+
 def _names_a_file(log: str, flag: str) -> None:
     """Refuse a log path whose last part names no file (``''``, ``.``, ``/``, ``dir/..``)."""
     if not _is_url(log) and Path(log).name in ("", ".."):
@@ -831,7 +843,7 @@ def _run(args: argparse.Namespace) -> int:
     as_json: bool = args.json
     workflow = load_target(target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
-    log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
+    log_path: str = args.log if args.log is not None else _default_log(workflow.name)
     _names_a_file(log_path, "--log")
     if args.run_id == "":  # refused before the log is created
         raise _Usage("--run needs a non-empty id")
