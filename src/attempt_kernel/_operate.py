@@ -14,8 +14,9 @@ Intent moves go through `intent_transition`, as every intent move does.
 from __future__ import annotations
 
 import json
+import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, Union
 
@@ -28,6 +29,12 @@ from ._records import JSON, IntentReconciled, RunCancelRequested, SignalSent
 
 MAX_SIGNAL_NAME: Final = 200
 """The longest signal name (characters)."""
+
+MAX_JSON_DEPTH: Final = 100
+"""The deepest nesting of arrays and objects an operator's JSON value may have (a
+signal's payload, a reconciled result, a run's input given on the command line):
+``[]`` is 1 level, ``[[]]`` 2. Deeper values are refused before anything is written
+(a viewer, or Python's own JSON code, would recurse past its limit on them)."""
 
 Delivery: TypeAlias = Union[SignalSent, RunCancelRequested, IntentReconciled]
 """A change an operator delivers to a run from outside."""
@@ -79,6 +86,23 @@ def check_signal_name(name: object, where: str) -> str:
     return name
 
 
+def json_problem(value: object, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` cannot be an operator's JSON value, or None when it can: arrays and
+    objects nested deeper than ``limit``, or a number that is not finite (``1e400``
+    parses as infinity, which no record can carry). Walks without recursion."""
+    todo: list[tuple[object, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (list, dict)):
+            if depth + 1 > limit:
+                return f"it is nested deeper than {limit} levels of arrays and objects"
+            children: Iterable[object] = item.values() if isinstance(item, dict) else item
+            todo.extend((child, depth + 1) for child in children)
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"it holds a number out of range ({item!r}); numbers must be finite"
+    return None
+
+
 def _open_run(ledger: Ledger, run: str, doing: str) -> RunView:
     view = ledger.runs.get(run)
     if view is None or view.workflow is None:
@@ -101,6 +125,9 @@ def signal_change(
     doing = f"signal {name!r} to run {run!r}"
     check_signal_name(name, doing)
     value: JSON = {} if payload is None else payload
+    problem = json_problem(value)
+    if problem is not None:
+        raise OperationRefused(f"{doing}: the payload is refused: {problem}")
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as error:
@@ -140,6 +167,9 @@ def reconcile_change(
     """
     if result is not None and not confirmed:
         raise OperationRefused("a rejected effect has no result (give a result with a confirm only)")
+    problem = json_problem(result)
+    if problem is not None:
+        raise OperationRefused(f"reconciliation of intent {key!r}: the result is refused: {problem}")
     found = None
     for view in ledger.runs.values():
         for step in view.steps.values():

@@ -148,7 +148,7 @@ def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON 
     or when it next waits for it (signals are a mailbox). Refused
     (`OperationRefused`, nothing written) for a run the log does not hold or
     that has finished, a DAG workflow's run, a bad name, or a payload JSON
-    cannot carry.
+    cannot carry or nested deeper than 100 levels.
     """
     return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload)), run=run)
 
@@ -181,7 +181,8 @@ def reconcile_intent(
     once no intent of the step is outstanding, recovery (or the process
     running the log, which takes this in) resumes the run. ``log`` as
     `send_signal` says. Refused (`OperationRefused`, nothing written) when
-    no intent has that key or it is not outstanding.
+    no intent has that key or it is not outstanding, or ``result`` is nested
+    deeper than 100 levels or holds a number that is not finite.
     """
 
     def build(ledger: Ledger) -> tuple[str, IntentReconciled]:

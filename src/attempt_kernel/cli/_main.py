@@ -43,7 +43,9 @@ from .._observe import utc
 from .._logfile import FileLog, RunLogWriter, open_regular
 from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
 from .._inbox import inbox_path, inbox_size, settle_inbox
-from .._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
+from .._operate import (
+    MAX_JSON_DEPTH, Build, Delivered, Delivery, cancel_change, json_problem, reconcile_change, signal_change,
+)  # fmt: skip
 from .._records import (
     JSON, CorruptLine, IntentReconciled, LogItem, Record, RunStarted, SignalSent, TornTail, WaitStarted,
 )  # fmt: skip
@@ -530,7 +532,8 @@ def _progress() -> Callable[[str], None] | None:
 
 
 def _json_argument(text: str, flag: str) -> JSON:
-    """Strict JSON from the command line, or a usage error naming the position."""
+    """Strict JSON from the command line, or a usage error naming the position; nested
+    at most `MAX_JSON_DEPTH` levels, its numbers finite (`json_problem`)."""
     try:
         value = strict_json(text)
     except json.JSONDecodeError as error:
@@ -540,6 +543,14 @@ def _json_argument(text: str, flag: str) -> JSON:
         ) from None
     except ValueError as error:
         raise _Usage(f"{flag} is not JSON: {error}") from None
+    except RecursionError:  # far deeper than the limit: the parser gave up
+        raise _Usage(
+            f"{flag} is refused: it is nested deeper than {MAX_JSON_DEPTH} levels of arrays and"
+            " objects; nothing was written"
+        ) from None
+    problem = json_problem(value)
+    if problem is not None:
+        raise _Usage(f"{flag} is refused: {problem}; nothing was written")
     return value
 
 
