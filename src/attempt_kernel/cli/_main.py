@@ -296,7 +296,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Write every record of the journal, or of one run with --run, to "
         "standard output as a run log file that `replay` validates: the same records, "
         "numbered 1, 2, ... in journal order, each with its checksum. Exit 0, or 2 for "
-        "usage or I/O errors (a corrupt record is refused, naming it).",
+        "usage or I/O errors: a corrupt record, or a gap or repeat in the journal's own "
+        "numbering (which renumbering would hide), is refused, naming its line, and nothing "
+        "after it is written.",
     )
     export.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     export.add_argument("--run", metavar="ID", help="only this run's records")
@@ -1207,11 +1209,20 @@ def _export(args: argparse.Namespace) -> int:
     log: str = args.log
     only: str | None = args.run
     seq = 0
+    expect: int | None = None  # the journal's next number: a gap or repeat is not hidden by renumbering
     out = sys.stdout.buffer
     with _reading(log) as source:
         for item in source.read():
             match item:
                 case Record():
+                    if expect is not None and item.seq != expect:
+                        kind = "a gap: records are missing" if item.seq > expect else "a repeat"
+                        raise _Usage(
+                            f"{_redacted(log)}: line {item.line}: sequence number {item.seq} where"
+                            f" {expect} was expected ({kind}); nothing more exported (renumbered, the"
+                            f" export would hide it; `attempt-kernel replay {_redacted(log)}` lists what is wrong)"
+                        )
+                    expect = item.seq + 1
                     if only is not None and item.run != only:
                         continue
                     seq += 1
