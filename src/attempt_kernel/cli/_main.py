@@ -932,8 +932,11 @@ def _recover(args: argparse.Namespace) -> int:
     taken_up: list[Recovery] = []
 
     def print_recovery(recovery: Recovery) -> None:
+        taken_in.extend(recovery.taken_in)  # a file log's inbox, taken in by recovery
         if as_json:
             return
+        for line in recovery.taken_in:
+            print(f"recover: {shown(line)}")
         if held and recovery.changed_nothing:  # "every run has finished" would be false
             sys.stdout.write(
                 f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live worker"
@@ -1310,6 +1313,8 @@ def _worker_file(args: argparse.Namespace) -> int:
         caught.append(number)
 
     def print_recovery(recovery: Recovery) -> None:
+        for line in recovery.taken_in:
+            print(f"worker: {shown(line)}")
         if not recovery.changed_nothing:
             sys.stdout.write(_report.recovery_text(recovery, log))
             sys.stdout.flush()

@@ -1,0 +1,61 @@
+"""What recovery does with a file log's inbox, and says about it: each entry taken in
+or dropped has its line, and a bad entry is refused as a direct change would be.
+
+The inboxes are written with `write_entry`, as a sender that found the log held
+would have left them; the logs with `write_log` (records written out by hand).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from logs import simple_changes, write_log
+
+from attempt_kernel import RunFinished, RunStarted, SignalSent, recover_log
+from attempt_kernel._inbox import write_entry
+from attempt_kernel.cli._main import main
+
+
+def finished_log(path: Path) -> Path:
+    """Run 'r' of workflow 'w', started and finished (nothing left to recover)."""
+    return write_log(path, [RunStarted(workflow="w"), *simple_changes(), RunFinished()])
+
+
+def test_recover_prints_a_line_for_an_inbox_entry_it_drops(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = finished_log(tmp_path / "a.jsonl")
+    write_entry(log, "r", SignalSent(name="approve", payload={}, id="s1"))
+    before = log.read_bytes()
+    assert main(["recover", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "recover: r: dropped signal 'approve' (s1) from a.jsonl.inbox: run 'r' has finished\n"
+        f"recover: nothing to do: {log} ends cleanly and every run in it has finished; the log was not changed\n"
+    ), out
+    assert log.read_bytes() == before
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == b""
+
+
+def test_recover_log_returns_what_it_did_with_each_entry(tmp_path: Path) -> None:
+    log = finished_log(tmp_path / "a.jsonl")
+    write_entry(log, "r", SignalSent(name="approve", payload={}, id="s1"))
+    write_entry(log, "r", SignalSent(name="later", payload=[1], id="s2"))
+    writer, recovery = recover_log(log, {})
+    writer.close()
+    assert recovery.taken_in == (
+        "r: dropped signal 'approve' (s1) from a.jsonl.inbox: run 'r' has finished",
+        "r: dropped signal 'later' (s2) from a.jsonl.inbox: run 'r' has finished",
+    )
+
+
+def test_a_file_worker_prints_the_line_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = finished_log(tmp_path / "a.jsonl")
+    write_entry(log, "r", SignalSent(name="approve", payload={}, id="s1"))
+    assert main(["worker", str(log), "--workflows", "cliflows:GREETER", "--until-idle"]) == 0
+    assert capsys.readouterr().out == (
+        f"worker: serving the runs of {log} (greeter)\n"
+        "worker: r: dropped signal 'approve' (s1) from a.jsonl.inbox: run 'r' has finished\n"
+        "worker: idle; no unfinished run of these workflows is left\n"
+    )
