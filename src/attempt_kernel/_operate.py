@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Union
 
@@ -86,20 +86,23 @@ def check_signal_name(name: object, where: str) -> str:
     return name
 
 
-def json_problem(value: object, limit: int = MAX_JSON_DEPTH) -> str | None:
+def json_problem(value: JSON, limit: int = MAX_JSON_DEPTH) -> str | None:
     """Why ``value`` cannot be an operator's JSON value, or None when it can: arrays and
     objects nested deeper than ``limit``, or a number that is not finite (``1e400``
     parses as infinity, which no record can carry). Walks without recursion."""
-    todo: list[tuple[object, int]] = [(value, 0)]
+    todo: list[tuple[JSON, int]] = [(value, 0)]
     while todo:
         item, depth = todo.pop()
-        if isinstance(item, (list, dict)):
-            if depth + 1 > limit:
-                return f"it is nested deeper than {limit} levels of arrays and objects"
-            children: Iterable[object] = item.values() if isinstance(item, dict) else item
-            todo.extend((child, depth + 1) for child in children)
-        elif isinstance(item, float) and not math.isfinite(item):
-            return f"it holds a number out of range ({item!r}); numbers must be finite"
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"it holds a number out of range ({item!r}); numbers must be finite"
+            continue
+        if depth + 1 > limit:
+            return f"it is nested deeper than {limit} levels of arrays and objects"
+        children: Iterable[JSON] = item.values() if isinstance(item, Mapping) else item
+        todo.extend((child, depth + 1) for child in children)
     return None
 
 
