@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 from logs import simple_changes, write_log
 
-from attempt_kernel import RunFinished, RunStarted, SignalSent, recover_log
+from attempt_kernel import OperationRefused, Record, RunFinished, RunStarted, SignalSent, read_log, recover_log
+from attempt_kernel._codec import encode_record
 from attempt_kernel._inbox import write_entry
 from attempt_kernel.cli._main import main
+from test_cli_waits import waiting_log
 
 
 def finished_log(path: Path) -> Path:
@@ -59,3 +61,38 @@ def test_a_file_worker_prints_the_line_too(tmp_path: Path, capsys: pytest.Captur
         "worker: r: dropped signal 'approve' (s1) from a.jsonl.inbox: run 'r' has finished\n"
         "worker: idle; no unfinished run of these workflows is left\n"
     )
+
+
+def test_an_inbox_entry_with_a_name_signal_refuses_is_dropped_with_its_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Entries written past the door (by hand, or by an older version): the bad ones are
+    dropped, each with a line naming why, and the good one after them is recorded."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    (tmp_path / "a.jsonl.inbox").write_bytes(
+        encode_record(1, 1, "a-1", SignalSent(name="ap\x1bprove", payload={}, id="s1"))
+        + encode_record(2, 2, "a-1", SignalSent(name="x" * 201, payload={}, id="s2"))
+        + encode_record(3, 3, "a-1", SignalSent(name="approve", payload={"ok": 1}, id="s3"))
+    )
+    assert main(["recover", str(log), "--workflows", "waitflows:APPROVER"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [
+        "recover: a-1: dropped signal 'ap\\x1bprove' (s1) from a.jsonl.inbox: signal 's1': signal name"
+        " 'ap\\x1bprove' holds a control character at index 2 ('\\x1b'); use printable characters",
+        "recover: a-1: dropped signal '" + "x" * 201 + "' (s2) from a.jsonl.inbox: signal 's2': a signal name"
+        " has at most 200 characters, got 201",
+        "recover: a-1: took in signal 'approve' (s3) from a.jsonl.inbox",
+    ]
+    sent = [i.change for i in read_log(log) if isinstance(i, Record) and isinstance(i.change, SignalSent)]
+    assert sent == [SignalSent(name="approve", payload={"ok": 1}, id="s3")]
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == b""
+
+
+def test_the_inbox_refuses_to_take_a_name_signal_refuses(tmp_path: Path) -> None:
+    """Refused at delivery: nothing bad is ever written to an inbox."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    write_entry(log, "a-1", SignalSent(name="approve", payload={}, id="s1"))
+    before = (tmp_path / "a.jsonl.inbox").read_bytes()
+    with pytest.raises(OperationRefused, match=r"^signal 's2': signal name 'a\\tb' holds a control character"):
+        write_entry(log, "a-1", SignalSent(name="a\tb", payload={}, id="s2"))
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == before

@@ -39,7 +39,7 @@ from typing_extensions import assert_never, final
 from ._codec import RunLogError, encode_record
 from ._ledger import Ledger
 from ._logfile import LogLocked, LogOpenError, RunLogWriter, fsync_dir, open_regular, now_us, read_log
-from ._operate import Delivery, refusal
+from ._operate import Delivery, OperationRefused, malformed, refusal
 from ._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent, TornTail
 from ._store import Journal
 
@@ -138,7 +138,15 @@ class LockedInbox:
         return found, None
 
     def append(self, run: str, change: Delivery, time_us: int) -> None:
-        """Append one entry and make it durable (a torn tail before it is cut first)."""
+        """Append one entry and make it durable (a torn tail before it is cut first).
+
+        A change that could never be recorded (`malformed`: a signal name
+        the `signal` command refuses, say) is refused, `OperationRefused`,
+        and nothing is written.
+        """
+        bad = malformed(change)
+        if bad is not None:
+            raise OperationRefused(f"{bad}; nothing was written to {self.path}")
         found, torn = self.entries()
         if torn is not None:  # a sender that died mid-write: never acknowledged
             os.ftruncate(self._fd, torn.offset)

@@ -204,6 +204,36 @@ def reconcile_change(
     return view.run, change
 
 
+def malformed(change: Delivery) -> str | None:
+    """Why ``change`` could never be recorded, whatever the log holds, or None.
+
+    What `signal_change` and `reconcile_change` refuse in the value itself: a
+    signal's name (`check_signal_name`) or payload (`json_problem`), a
+    reconciled result (`json_problem`). Asked again of a change that comes
+    through an inbox (`refusal`), which someone other than those functions
+    may have written.
+    """
+    match change:
+        case SignalSent():
+            try:
+                check_signal_name(change.name, f"signal {change.id!r}")
+            except OperationRefused as error:
+                return str(error)
+            problem = json_problem(change.payload)
+            if problem is not None:
+                return f"signal {change.name!r} ({change.id}): the payload is refused: {problem}"
+            return None
+        case RunCancelRequested():
+            return None
+        case IntentReconciled():
+            problem = json_problem(change.result)
+            if problem is not None:
+                return f"reconciliation of intent {change.key!r}: the result is refused: {problem}"
+            return None
+        case _:
+            assert_never(change)
+
+
 def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
     """Why ``change``, delivered for ``run``, may not be appended now (None: it may).
 
@@ -211,7 +241,12 @@ def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
     appends one: a run may have finished since it was sent, a change may
     be taken in a second time (a crash between recording it and clearing
     the inbox it came from), an intent may have been reconciled already.
+    And a change that could never be recorded (`malformed`: a signal name
+    `signal` refuses) is refused here as it is at the door.
     """
+    bad = malformed(change)
+    if bad is not None:
+        return bad
     view = ledger.runs.get(run)
     if view is None or view.workflow is None:
         return f"no run {run!r} in the log"
