@@ -281,8 +281,11 @@ def _parser() -> argparse.ArgumentParser:
         help="resume one unfinished run that no process drives",
         description="On PostgreSQL, make run RUN claimable now: a worker of its workflow takes "
         "it up at its next claim. On a log file, recover run RUN and drive it in this process "
-        "(its workflow given with --workflows) until it finishes or waits; other runs are left "
-        "alone. Exit 0 when it was resumed, or 2 for an unknown or finished run, one that needs "
+        "(its workflow given with --workflows) until it finishes; other runs are left alone. A "
+        "run that waits (for a signal or a timer) waits in this process, as under `run`: it "
+        "prints what the run waits for and the command that ends the wait (a `signal` from "
+        "elsewhere reaches it through the log's inbox). "
+        "Exit 0 when it was resumed, or 2 for an unknown or finished run, one that needs "
         "reconciliation first, one a process drives already, or other usage or I/O errors "
         "(nothing is written then).",
     )
@@ -1157,7 +1160,12 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     try:
         # A signal stops the run gracefully, as `recover` and `worker` do: a
         # KeyboardInterrupt would cancel it, and a cancel is final.
-        done = resume_run(log, run, workflows, stop_on_signals=True, grace=GRACE)
+        # A run that waits waits here, as under `run`: say for what, and how to end it.
+        done = resume_run(
+            log, run, workflows, stop_on_signals=True, grace=GRACE,
+            on_recovered=None if args.json else (lambda recovery: _announce_resumed_waits(log, recovery)),
+            on_wait=None if args.json else _announce_waits(log),
+        )  # fmt: skip
     except RunsStopped as error:
         again = " ".join(["attempt-kernel resume", _redacted(log), shlex.quote(run), *(f"--workflows {shlex.quote(t)}" for t in targets)])
         return _stopped("resume", error, again)
