@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from logs import simple_changes, write_log
 
-from attempt_kernel import OperationRefused, Record, RunFinished, RunStarted, SignalSent, read_log, recover_log
+from attempt_kernel import (
+    AttemptCreated, OperationRefused, Record, RunFinished, RunStarted, SignalSent, read_log, recover_log,
+)  # fmt: skip
 from attempt_kernel._codec import encode_record
 from attempt_kernel._inbox import write_entry
 from attempt_kernel.cli._main import main
@@ -96,3 +98,25 @@ def test_the_inbox_refuses_to_take_a_name_signal_refuses(tmp_path: Path) -> None
     with pytest.raises(OperationRefused, match=r"^signal 's2': signal name 'a\\tb' holds a control character"):
         write_entry(log, "a-1", SignalSent(name="a\tb", payload={}, id="s2"))
     assert (tmp_path / "a.jsonl.inbox").read_bytes() == before
+
+
+def test_an_inbox_holding_a_kernel_record_is_refused_in_good_english(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said 'holds a AttemptCreated record'."""
+    log = finished_log(tmp_path / "a.jsonl")
+    inbox = tmp_path / "a.jsonl.inbox"
+    inbox.write_bytes(encode_record(1, 1, "r", AttemptCreated(step="s", attempt=2)))
+    assert main(["recover", str(log)]) == 2
+    assert capsys.readouterr().err == (
+        f"attempt-kernel recover: error: {inbox}: line 1 holds a record of type AttemptCreated, not an"
+        " operator's change (signal, cancel, reconciliation); nothing of the inbox was applied: move the"
+        " file aside and send the changes again\n"
+    )
+
+
+def test_a_postgresql_inbox_row_holding_a_kernel_record_is_named_in_good_english() -> None:
+    from attempt_kernel.postgres._deliver import inbox_change
+
+    line = encode_record(1, 1, "r", AttemptCreated(step="s", attempt=2))
+    assert inbox_change(line) == "an inbox row holds AttemptCreated, which no operator delivers"

@@ -120,8 +120,9 @@ class LockedInbox:
                     change = _as_delivery(item)
                     if change is None:
                         raise InboxCorrupt(
-                            f"{self.path}: line {item.line} holds a {type(item.change).__name__}"
-                            " record, not an operator's change (signal, cancel, reconciliation);"
+                            f"{self.path}: line {item.line} holds a record of type"
+                            f" {type(item.change).__name__}, not an operator's change (signal, cancel,"
+                            " reconciliation);"
                             " nothing of the inbox was applied: move the file aside and send the"
                             " changes again"
                         )
