@@ -1593,6 +1593,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        # SIGINT before a command began (while its arguments were read): one
+        # line, no traceback. A command's own are caught in `_main`.
+        print("attempt-kernel: interrupted by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:
         # The reader went away (`demo | head -1`): stop quietly. Python would
         # complain again when it flushes stdout at exit, so point it at devnull.
@@ -1661,6 +1666,12 @@ def _main(argv: Sequence[str] | None) -> int:
             if isinstance(journal, str) and _is_url(journal) and command != "demo":
                 _needs_psycopg(journal)  # one message for every command given a URL without the extra
         return handler(args)
+    except KeyboardInterrupt:
+        # SIGINT outside a run's own handling (which stops runs gracefully):
+        # at start-up, say while a workflow module imports or a log is read.
+        # Nothing was half-written: the writer closes (flushing) on the way out.
+        print(f"attempt-kernel {command}: interrupted by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
     except AttemptKernelError as error:
         # One shape for every error found after parsing, as argparse's own last line:
         # `attempt-kernel CMD: error: MESSAGE` on stderr.
