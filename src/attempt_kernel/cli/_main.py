@@ -24,7 +24,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -1039,13 +1039,23 @@ def _runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _checked(items: Iterable[LogItem], ledger: Ledger) -> Iterator[LogItem]:
+    """``items``, each fed to ``ledger`` on its way (which then counts their violations)."""
+    for item in items:
+        ledger.feed((item,))
+        yield item
+
+
 def _show(args: argparse.Namespace) -> int:
     log_path: str = args.log
     run: str = args.run
+    # What `show` reads is checked as `runs` checks it: a log that breaks the
+    # kernel's rules is said to, beside the run it shows.
+    checked = Ledger()
     if _is_url(log_path):
         # Only this run's records (an index range), never the whole journal.
         with _pg_journal(log_path) as journal:
-            history = run_history(journal.read_run(run), run)
+            history = run_history(_checked(journal.read_run(run), checked), run)
             queued = journal.queued(run) if history is None else None
         if queued is not None:
             if args.json:
@@ -1054,16 +1064,25 @@ def _show(args: argparse.Namespace) -> int:
                 sys.stdout.write(_report.queued_text(queued.run, queued.workflow, queued.submitted_us))
             return EXIT_OK
     else:
-        history = run_history(FileLog(log_path).read(), run)
+        history = run_history(_checked(FileLog(log_path).read(), checked), run)
     if history is None:
         name = _redacted(log_path)
         raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
     held = held_runs(log_path)
     live = history.standing == "interrupted" and (held is None or history.run in held)
+    violations = checked.violation_count
     if args.json:
-        sys.stdout.write(_report.show_json(history, live))
+        doc: dict[str, object] = json.loads(_report.show_json(history, live))
+        doc["violations"] = violations  # as `runs --json` has it
+        _print_json(doc)
     else:
         sys.stdout.write(_report.show_text(history, live))
+        if violations:
+            # The line `runs` ends with.
+            print(
+                f"warning: the log breaks the kernel's rules {violations} time(s);"
+                f" see `attempt-kernel replay {shown(_redacted(log_path))}`"
+            )
     return EXIT_OK
 
 
