@@ -128,13 +128,13 @@ def signal_change(
     doing = f"signal {name!r} to run {run!r}"
     check_signal_name(name, doing)
     value: JSON = {} if payload is None else payload
-    problem = json_problem(value)
-    if problem is not None:
-        raise OperationRefused(f"{doing}: the payload is refused: {problem}")
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as error:
         raise OperationRefused(f"{doing}: the payload is not a JSON value ({error})") from None
+    problem = json_problem(value)  # JSON, but nested past the limit
+    if problem is not None:
+        raise OperationRefused(f"{doing}: the payload is refused: {problem}")
     view = _open_run(ledger, run, doing)
     if not view.code:
         raise OperationRefused(
