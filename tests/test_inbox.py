@@ -204,7 +204,7 @@ def test_an_inbox_record_that_is_no_operators_change_is_refused(tmp_path: Path) 
     log = waiting_log(tmp_path / "a.jsonl")
     [first] = log.read_bytes().splitlines(keepends=True)[:1]  # the run_started record
     (tmp_path / "a.jsonl.inbox").write_bytes(first)
-    with pytest.raises(InboxCorrupt, match="line 1 holds a RunStarted record, not an operator's change"):
+    with pytest.raises(InboxCorrupt, match="line 1 holds a record of type RunStarted, not an operator's change"):
         send_signal(log, RUN, "approve")
 
 

@@ -39,7 +39,7 @@ from typing_extensions import assert_never, final
 from ._codec import RunLogError, encode_record
 from ._ledger import Ledger
 from ._logfile import LogLocked, LogOpenError, RunLogWriter, fsync_dir, open_regular, now_us, read_log
-from ._operate import Delivery, refusal
+from ._operate import Delivery, OperationRefused, malformed, refusal
 from ._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent, TornTail
 from ._store import Journal
 
@@ -57,8 +57,13 @@ class InboxCorrupt(RunLogError):
 
 
 def inbox_path(log: str | os.PathLike[str]) -> Path:
-    """Where the inbox of the file log ``log`` lives: ``<log>.inbox`` beside it."""
+    """Where the inbox of the file log ``log`` lives: ``<log>.inbox`` beside it.
+
+    A path that names no file (``.``, ``''``, ``/``) has no inbox: `LogOpenError`.
+    """
     path = Path(log)
+    if path.name in ("", ".."):
+        raise LogOpenError(f"{str(log)!r}: names a folder, not a run log file, so it has no inbox")
     return path.with_name(path.name + INBOX_SUFFIX)
 
 
@@ -115,8 +120,9 @@ class LockedInbox:
                     change = _as_delivery(item)
                     if change is None:
                         raise InboxCorrupt(
-                            f"{self.path}: line {item.line} holds a {type(item.change).__name__}"
-                            " record, not an operator's change (signal, cancel, reconciliation);"
+                            f"{self.path}: line {item.line} holds a record of type"
+                            f" {type(item.change).__name__}, not an operator's change (signal, cancel,"
+                            " reconciliation);"
                             " nothing of the inbox was applied: move the file aside and send the"
                             " changes again"
                         )
@@ -133,7 +139,15 @@ class LockedInbox:
         return found, None
 
     def append(self, run: str, change: Delivery, time_us: int) -> None:
-        """Append one entry and make it durable (a torn tail before it is cut first)."""
+        """Append one entry and make it durable (a torn tail before it is cut first).
+
+        A change that could never be recorded (`malformed`: a signal name
+        the `signal` command refuses, say) is refused, `OperationRefused`,
+        and nothing is written.
+        """
+        bad = malformed(change)
+        if bad is not None:
+            raise OperationRefused(f"{bad}; nothing was written to {self.path}")
         found, torn = self.entries()
         if torn is not None:  # a sender that died mid-write: never acknowledged
             os.ftruncate(self._fd, torn.offset)

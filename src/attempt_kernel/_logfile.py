@@ -119,18 +119,23 @@ class LogWriteFailed(RunLogError):
 # --------------------------------------------------------------------------
 
 
-def _not_a_log(path: Path, mode: int) -> LogOpenError:
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, for a message."""
     if stat.S_ISDIR(mode):
-        what = "a directory"
-    elif stat.S_ISFIFO(mode):
-        what = "a FIFO (named pipe)"
-    elif stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        what = "a device"
-    elif stat.S_ISSOCK(mode):
-        what = "a socket"
-    else:
-        what = "not a regular file"
-    return LogOpenError(f"{path}: is {what}, not a run log (a run log is a regular file)")
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "not a regular file"
+
+
+def _not_a_log(path: Path, mode: int) -> LogOpenError:
+    return LogOpenError(f"{path}: is {_kind(mode)}, not a run log (a run log is a regular file)")
 
 
 def open_regular(path: Path, flags: int, doing: str) -> int:
@@ -300,32 +305,98 @@ def _side_file(path: Path, offset: int, data: bytes) -> Path:
     these bytes (a cut that crashed after keeping them) is reused. A
     half-written temporary file left by a crash is never read as a side
     file; it is removed once the bytes are safe under a final name.
+
+    Nothing already at these names is followed or opened blocking: a name
+    holding a symlink, a FIFO or anything but a regular file is never a
+    side file (the next name is taken), and the temporary file is created
+    fresh (``O_EXCL | O_NOFOLLOW``); a stale one is removed only if it is
+    a regular file, anything else there is refused, naming it.
     """
     base = path.with_name(f"{path.name}.torn-at-{offset}")
     partial = path.with_name(f".{path.name}.torn-at-{offset}.partial")
     candidates = (base, *(base.with_name(f"{base.name}.{n}") for n in range(2, 10_000)))
     for candidate in candidates:
-        try:
-            if candidate.read_bytes() == data:
-                partial.unlink(missing_ok=True)
-                return candidate
-        except FileNotFoundError:
+        held = _holds(candidate, data)
+        if held is None:
             break
-        except OSError:  # unreadable or not a file: leave it, take the next name
-            continue
-    with open(partial, "wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    for candidate in candidates:
-        try:
-            os.link(partial, candidate)
-        except FileExistsError:
-            continue
-        partial.unlink()
-        fsync_dir(path.parent)
-        return candidate
+        if held:
+            _remove_partial(partial, refuse=False)
+            return candidate
+    _remove_partial(partial, refuse=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(partial, flags, 0o644)
+    except FileExistsError:
+        raise LogWriteFailed(
+            f"{partial}: appeared while the torn tail was being kept (another process writes"
+            " there); nothing was cut, run recover again"
+        ) from None
+    try:
+        with open(fd, "wb", closefd=False) as out:
+            out.write(data)
+        os.fsync(fd)
+        made = os.fstat(fd)
+        for candidate in candidates:
+            try:
+                os.link(partial, candidate, follow_symlinks=False)
+            except FileExistsError:
+                continue
+            linked = os.lstat(candidate)
+            if (linked.st_dev, linked.st_ino) != (made.st_dev, made.st_ino):
+                raise LogWriteFailed(
+                    f"{partial}: was replaced while the torn tail was being kept; nothing was"
+                    f" cut, and {candidate} is not a side file: move both away and run recover again"
+                )
+            partial.unlink()
+            fsync_dir(path.parent)
+            return candidate
+    finally:
+        os.close(fd)
     raise LogWriteFailed(f"{path}: no free name for the torn tail's side file near {base}")
+
+
+def _holds(candidate: Path, data: bytes) -> bool | None:
+    """Is ``candidate`` a regular file holding exactly ``data``? None when nothing is there.
+
+    Opened without following a symlink and without blocking on a FIFO; a
+    name holding anything but a readable regular file holds nothing.
+    """
+    try:
+        fd = os.open(candidate, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError:  # a symlink (ELOOP), unreadable, ...: leave it, take the next name
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        with open(fd, "rb", closefd=False) as found:
+            return found.read(len(data) + 1) == data
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove_partial(partial: Path, *, refuse: bool) -> None:
+    """Remove the temporary copy a crash left at ``partial``, if it is a regular file.
+
+    Anything else there (a symlink, a FIFO, a directory) is left alone, and
+    with ``refuse`` (the name is needed) refused, naming it.
+    """
+    try:
+        mode = os.lstat(partial).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(mode):
+        partial.unlink(missing_ok=True)
+        return
+    if refuse:
+        raise LogWriteFailed(
+            f"{partial}: is {_kind(mode)}, in the way of the temporary copy of the torn tail (only a"
+            " regular file left by a crash is removed there); move it away and run recover"
+            " again (nothing was cut)"
+        )
 
 
 def fsync_dir(folder: Path) -> None:
@@ -343,9 +414,12 @@ def _cut_tail(path: Path, fd: int, tail: TornTail) -> Path:
     point leaves the bytes in the log, in a side file, or in both; recovery
     started again simply cuts again.
     """
-    with open(path, "rb") as log:
-        log.seek(tail.offset)
-        data = log.read()
+    with open(open_regular(path, os.O_RDONLY, "for reading"), "rb") as log:
+        if os.path.sameopenfile(log.fileno(), fd):
+            log.seek(tail.offset)
+            data = log.read()
+        else:
+            raise LogWriteFailed(f"{path}: was replaced while recovery held it; nothing was cut")
     side = _side_file(path, tail.offset, data)
     os.truncate(fd, tail.offset)
     os.fsync(fd)

@@ -14,8 +14,9 @@ Intent moves go through `intent_transition`, as every intent move does.
 from __future__ import annotations
 
 import json
+import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final, Union
 
@@ -28,6 +29,12 @@ from ._records import JSON, IntentReconciled, RunCancelRequested, SignalSent
 
 MAX_SIGNAL_NAME: Final = 200
 """The longest signal name (characters)."""
+
+MAX_JSON_DEPTH: Final = 100
+"""The deepest nesting of arrays and objects an operator's JSON value may have (a
+signal's payload, a reconciled result, a run's input given on the command line):
+``[]`` is 1 level, ``[[]]`` 2. Deeper values are refused before anything is written
+(a viewer, or Python's own JSON code, would recurse past its limit on them)."""
 
 Delivery: TypeAlias = Union[SignalSent, RunCancelRequested, IntentReconciled]
 """A change an operator delivers to a run from outside."""
@@ -79,6 +86,26 @@ def check_signal_name(name: object, where: str) -> str:
     return name
 
 
+def json_problem(value: JSON, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` cannot be an operator's JSON value, or None when it can: arrays and
+    objects nested deeper than ``limit``, or a number that is not finite (``1e400``
+    parses as infinity, which no record can carry). Walks without recursion."""
+    todo: list[tuple[JSON, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if item is None or isinstance(item, (bool, int, str)):
+            continue
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return f"it holds a number out of range ({item!r}); numbers must be finite"
+            continue
+        if depth + 1 > limit:
+            return f"it is nested deeper than {limit} levels of arrays and objects"
+        children: Iterable[JSON] = item.values() if isinstance(item, Mapping) else item
+        todo.extend((child, depth + 1) for child in children)
+    return None
+
+
 def _open_run(ledger: Ledger, run: str, doing: str) -> RunView:
     view = ledger.runs.get(run)
     if view is None or view.workflow is None:
@@ -105,6 +132,9 @@ def signal_change(
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as error:
         raise OperationRefused(f"{doing}: the payload is not a JSON value ({error})") from None
+    problem = json_problem(value)  # JSON, but nested past the limit
+    if problem is not None:
+        raise OperationRefused(f"{doing}: the payload is refused: {problem}")
     view = _open_run(ledger, run, doing)
     if not view.code:
         raise OperationRefused(
@@ -140,6 +170,9 @@ def reconcile_change(
     """
     if result is not None and not confirmed:
         raise OperationRefused("a rejected effect has no result (give a result with a confirm only)")
+    problem = json_problem(result)
+    if problem is not None:
+        raise OperationRefused(f"reconciliation of intent {key!r}: the result is refused: {problem}")
     found = None
     for view in ledger.runs.values():
         for step in view.steps.values():
@@ -171,6 +204,36 @@ def reconcile_change(
     return view.run, change
 
 
+def malformed(change: Delivery) -> str | None:
+    """Why ``change`` could never be recorded, whatever the log holds, or None.
+
+    What `signal_change` and `reconcile_change` refuse in the value itself: a
+    signal's name (`check_signal_name`) or payload (`json_problem`), a
+    reconciled result (`json_problem`). Asked again of a change that comes
+    through an inbox (`refusal`), which someone other than those functions
+    may have written.
+    """
+    match change:
+        case SignalSent():
+            try:
+                check_signal_name(change.name, f"signal {change.id!r}")
+            except OperationRefused as error:
+                return str(error)
+            problem = json_problem(change.payload)
+            if problem is not None:
+                return f"signal {change.name!r} ({change.id}): the payload is refused: {problem}"
+            return None
+        case RunCancelRequested():
+            return None
+        case IntentReconciled():
+            problem = json_problem(change.result)
+            if problem is not None:
+                return f"reconciliation of intent {change.key!r}: the result is refused: {problem}"
+            return None
+        case _:
+            assert_never(change)
+
+
 def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
     """Why ``change``, delivered for ``run``, may not be appended now (None: it may).
 
@@ -178,7 +241,12 @@ def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
     appends one: a run may have finished since it was sent, a change may
     be taken in a second time (a crash between recording it and clearing
     the inbox it came from), an intent may have been reconciled already.
+    And a change that could never be recorded (`malformed`: a signal name
+    `signal` refuses) is refused here as it is at the door.
     """
+    bad = malformed(change)
+    if bad is not None:
+        return bad
     view = ledger.runs.get(run)
     if view is None or view.workflow is None:
         return f"no run {run!r} in the log"

@@ -24,6 +24,7 @@ import fcntl
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ._inbox import LedgerDelivery, locked_inbox
 from ._ledger import Ledger
@@ -37,10 +38,13 @@ from ._operate import (
     reconcile_change,
     signal_change,
 )
-from ._records import JSON, IntentReconciled
+from ._records import JSON, IntentReconciled, WaitStarted
 from ._report import redacted
 from ._runlist import RunFilter, RunRow, select
 from ._workflow import Workflow
+
+if TYPE_CHECKING:  # what resume_run's on_recovered is told
+    from ._recovery import Recovery
 
 
 def _no_violations(ledger: Ledger, path: Path) -> None:
@@ -148,7 +152,7 @@ def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON 
     or when it next waits for it (signals are a mailbox). Refused
     (`OperationRefused`, nothing written) for a run the log does not hold or
     that has finished, a DAG workflow's run, a bad name, or a payload JSON
-    cannot carry.
+    cannot carry or nested deeper than 100 levels.
     """
     return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload)), run=run)
 
@@ -181,7 +185,8 @@ def reconcile_intent(
     once no intent of the step is outstanding, recovery (or the process
     running the log, which takes this in) resumes the run. ``log`` as
     `send_signal` says. Refused (`OperationRefused`, nothing written) when
-    no intent has that key or it is not outstanding.
+    no intent has that key or it is not outstanding, or ``result`` is nested
+    deeper than 100 levels or holds a number that is not finite.
     """
 
     def build(ledger: Ledger) -> tuple[str, IntentReconciled]:
@@ -239,6 +244,8 @@ def resume_run(
     *,
     stop_on_signals: bool = False,
     grace: float = 5.0,
+    on_recovered: Callable[[Recovery], None] | None = None,
+    on_wait: Callable[[str, WaitStarted], None] | None = None,
 ) -> str:
     """Resume an unfinished run that no process drives; return what was done, in one sentence.
 
@@ -246,7 +253,11 @@ def resume_run(
     of its workflow takes it up (``workflows`` is not used). For a file log,
     the run is recovered and driven in this process until it finishes or
     stops (this call blocks meanwhile), with its workflow from
-    ``workflows``. Refused (`OperationRefused`, nothing written) for an
+    ``workflows``: a run that waits (for a signal, or a timer) waits in this
+    process, as under `run_jobs`, and a signal sent meanwhile reaches it
+    through the log's inbox. ``on_recovered`` and ``on_wait`` are told, as
+    `resume_log` tells them, what recovery handed back (a run that already
+    waited) and each wait the run begins. Refused (`OperationRefused`, nothing written) for an
     unknown or finished run, a run that needs reconciliation first, a run a
     process drives already, and, on a file log, a run whose workflow is not
     in ``workflows`` (the message names the command that resumes it).
@@ -292,7 +303,10 @@ def resume_run(
         )
     others = {name for name, other in ledger.runs.items() if name != run and not other.finished}
     try:
-        resumed = resume_log(path, [workflow], skip_runs=others, stop_on_signals=stop_on_signals, grace=grace)
+        resumed = resume_log(
+            path, [workflow], skip_runs=others, stop_on_signals=stop_on_signals, grace=grace,
+            on_recovered=on_recovered, on_wait=on_wait,
+        )  # fmt: skip
     except LogLocked as error:
         raise OperationRefused(f"{error}; nothing was written") from None
     if resumed.diverged:

@@ -115,6 +115,10 @@ class Recovery:
     """Runs whose cancel was decided before the crash: closed, not resumed."""
     asked: tuple[Asked, ...] = ()
     """Reconcilers asked before the orphans were ended, with their answers."""
+    taken_in: tuple[str, ...] = ()
+    """What `recover_log` did with each entry of the log's inbox, one line each:
+    ``<run>: took in ...`` or ``<run>: dropped ...: <why>`` (a run that finished, a
+    change recorded already)."""
 
     @property
     def changed_nothing(self) -> bool:
@@ -316,18 +320,21 @@ def recover_log(
 
     Takes the writer's lock (a missing file is an error, never created), cuts
     a torn tail (kept in a side file), takes in the changes operators left in
-    the log's inbox (`_inbox`; a corrupt inbox is refused, `InboxCorrupt`),
+    the log's inbox (`_inbox`; a corrupt inbox is refused, `InboxCorrupt`;
+    what became of each entry is in `Recovery.taken_in`),
     then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it.
     """
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
+    taken_in: list[str] = []
     try:
         # What operators sent while a writer that died held the log: taken in
         # first, so that recovery decides with it (a cancel closes its run).
+        # An entry that no longer applies is dropped, with a line saying why.
         with locked_inbox(path, create=False) as inbox:
             if inbox is not None and inbox.size() > 0:
-                inbox.take_in(LedgerDelivery(writer))
+                inbox.take_in(LedgerDelivery(writer), taken_in.append)
         done = recover(
             writer,
             workflows,
@@ -346,4 +353,5 @@ def recover_log(
         runs=done.runs,
         closed=done.closed,
         asked=done.asked,
+        taken_in=tuple(taken_in),
     )

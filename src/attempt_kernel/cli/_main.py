@@ -24,7 +24,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -43,7 +43,9 @@ from .._observe import utc
 from .._logfile import FileLog, RunLogWriter, open_regular
 from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
 from .._inbox import inbox_path, inbox_size, settle_inbox
-from .._operate import Build, Delivered, Delivery, cancel_change, reconcile_change, signal_change
+from .._operate import (
+    MAX_JSON_DEPTH, Build, Delivered, Delivery, cancel_change, json_problem, reconcile_change, signal_change,
+)  # fmt: skip
 from .._records import (
     JSON, CorruptLine, IntentReconciled, LogItem, Record, RunStarted, SignalSent, TornTail, WaitStarted,
 )  # fmt: skip
@@ -155,8 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("target", metavar="MODULE:ATTR", help="the workflow, e.g. flows:orders")
     run.add_argument(
         "--log", metavar="LOG|URL",
-        help="run log file to append to (default: <workflow name>.jsonl; created if missing),"
-        " or a PostgreSQL journal's postgresql:// URL",
+        help="run log file to append to (default: <workflow name>.jsonl in the current folder;"
+        " a name holding '/' must give --log; created if missing), or a PostgreSQL journal's"
+        " postgresql:// URL",
     )  # fmt: skip
     run.add_argument(
         "--run", metavar="ID", dest="run_id",
@@ -278,8 +281,11 @@ def _parser() -> argparse.ArgumentParser:
         help="resume one unfinished run that no process drives",
         description="On PostgreSQL, make run RUN claimable now: a worker of its workflow takes "
         "it up at its next claim. On a log file, recover run RUN and drive it in this process "
-        "(its workflow given with --workflows) until it finishes or waits; other runs are left "
-        "alone. Exit 0 when it was resumed, or 2 for an unknown or finished run, one that needs "
+        "(its workflow given with --workflows) until it finishes; other runs are left alone. A "
+        "run that waits (for a signal or a timer) waits in this process, as under `run`: it "
+        "prints what the run waits for and the command that ends the wait (a `signal` from "
+        "elsewhere reaches it through the log's inbox). "
+        "Exit 0 when it was resumed, or 2 for an unknown or finished run, one that needs "
         "reconciliation first, one a process drives already, or other usage or I/O errors "
         "(nothing is written then).",
     )
@@ -293,7 +299,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Write every record of the journal, or of one run with --run, to "
         "standard output as a run log file that `replay` validates: the same records, "
         "numbered 1, 2, ... in journal order, each with its checksum. Exit 0, or 2 for "
-        "usage or I/O errors (a corrupt record is refused, naming it).",
+        "usage or I/O errors: a corrupt record, or a gap or repeat in the journal's own "
+        "numbering (which renumbering would hide), is refused, naming its line, and nothing "
+        "after it is written.",
     )
     export.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     export.add_argument("--run", metavar="ID", help="only this run's records")
@@ -529,7 +537,8 @@ def _progress() -> Callable[[str], None] | None:
 
 
 def _json_argument(text: str, flag: str) -> JSON:
-    """Strict JSON from the command line, or a usage error naming the position."""
+    """Strict JSON from the command line, or a usage error naming the position; nested
+    at most `MAX_JSON_DEPTH` levels, its numbers finite (`json_problem`)."""
     try:
         value = strict_json(text)
     except json.JSONDecodeError as error:
@@ -539,6 +548,14 @@ def _json_argument(text: str, flag: str) -> JSON:
         ) from None
     except ValueError as error:
         raise _Usage(f"{flag} is not JSON: {error}") from None
+    except RecursionError:  # far deeper than the limit: the parser gave up
+        raise _Usage(
+            f"{flag} is refused: it is nested deeper than {MAX_JSON_DEPTH} levels of arrays and"
+            " objects; nothing was written"
+        ) from None
+    problem = json_problem(value)
+    if problem is not None:
+        raise _Usage(f"{flag} is refused: {problem}; nothing was written")
     return value
 
 
@@ -599,6 +616,23 @@ def _redacted(url: str) -> str:
     return _report.redacted(url)
 
 
+def _default_log(workflow: str) -> str:
+    """``run``'s log without ``--log``: ``<workflow>.jsonl`` in the current folder, for a
+    name that is a plain file name; any other name is refused (give ``--log``)."""
+    if "/" in workflow or "\x00" in workflow or (os.altsep is not None and os.altsep in workflow):
+        raise _Usage(
+            f"workflow {workflow!r} has a name that is not a plain file name, so <workflow>.jsonl"
+            " would not be a file in the current folder; give the log with --log PATH"
+        )
+    return f"{workflow}.jsonl"
+
+
+def _names_a_file(log: str, flag: str) -> None:
+    """Refuse a log path whose last part names no file (``''``, ``.``, ``/``, ``dir/..``)."""
+    if not _is_url(log) and Path(log).name in ("", ".."):
+        raise _Usage(f"{flag} {log!r} names a folder, not a run log file (give a file name, e.g. {flag} runs.jsonl)")
+
+
 def _source(log: str) -> LogSource:
     """What a reading command reads: a file, or the journal a URL names (see `_reading`)."""
     return _pg(log) if _is_url(log) else FileLog(log)
@@ -629,8 +663,9 @@ def _journal(log: str, *, create: bool) -> Generator[Journal, None, None]:
             if callable(close):
                 close()
     else:
+        writer = RunLogWriter(log, create=create)  # not opened: nothing was let go, nothing to settle
         try:
-            with RunLogWriter(log, create=create) as writer:
+            with writer:
                 yield writer
         finally:
             # What an operator sent while this process let the log go.
@@ -780,6 +815,7 @@ def _demo(args: argparse.Namespace) -> int:
     as_json: bool = args.json
     if _is_url(log_path):
         raise _Usage(f"demo writes a run log file, not a PostgreSQL journal: {_redacted(log_path)!r}")
+    _names_a_file(log_path, "--log")
     ops = _CrashAfter(args.crash_after) if args.crash_after is not None else None
     blueprint = WORKFLOWS[TRIP_PLANNER](args.seed)
     with RunLogWriter(log_path, ops=ops) as log, _settled(log_path):
@@ -823,7 +859,8 @@ def _run(args: argparse.Namespace) -> int:
     as_json: bool = args.json
     workflow = load_target(target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
-    log_path: str = args.log if args.log is not None else f"{workflow.name}.jsonl"
+    log_path: str = args.log if args.log is not None else _default_log(workflow.name)
+    _names_a_file(log_path, "--log")
     if args.run_id == "":  # refused before the log is created
         raise _Usage("--run needs a non-empty id")
     with _journal(log_path, create=True) as log:
@@ -898,8 +935,11 @@ def _recover(args: argparse.Namespace) -> int:
     taken_up: list[Recovery] = []
 
     def print_recovery(recovery: Recovery) -> None:
+        taken_in.extend(recovery.taken_in)  # a file log's inbox, taken in by recovery
         if as_json:
             return
+        for line in recovery.taken_in:
+            print(f"recover: {shown(line)}")
         if held and recovery.changed_nothing:  # "every run has finished" would be false
             sys.stdout.write(
                 f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live worker"
@@ -999,13 +1039,23 @@ def _runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _checked(items: Iterable[LogItem], ledger: Ledger) -> Iterator[LogItem]:
+    """``items``, each fed to ``ledger`` on its way (which then counts their violations)."""
+    for item in items:
+        ledger.feed((item,))
+        yield item
+
+
 def _show(args: argparse.Namespace) -> int:
     log_path: str = args.log
     run: str = args.run
+    # What `show` reads is checked as `runs` checks it: a log that breaks the
+    # kernel's rules is said to, beside the run it shows.
+    checked = Ledger()
     if _is_url(log_path):
         # Only this run's records (an index range), never the whole journal.
         with _pg_journal(log_path) as journal:
-            history = run_history(journal.read_run(run), run)
+            history = run_history(_checked(journal.read_run(run), checked), run)
             queued = journal.queued(run) if history is None else None
         if queued is not None:
             if args.json:
@@ -1014,16 +1064,25 @@ def _show(args: argparse.Namespace) -> int:
                 sys.stdout.write(_report.queued_text(queued.run, queued.workflow, queued.submitted_us))
             return EXIT_OK
     else:
-        history = run_history(FileLog(log_path).read(), run)
+        history = run_history(_checked(FileLog(log_path).read(), checked), run)
     if history is None:
         name = _redacted(log_path)
         raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
     held = held_runs(log_path)
     live = history.standing == "interrupted" and (held is None or history.run in held)
+    violations = checked.violation_count
     if args.json:
-        sys.stdout.write(_report.show_json(history, live))
+        doc: dict[str, object] = json.loads(_report.show_json(history, live))
+        doc["violations"] = violations  # as `runs --json` has it
+        _print_json(doc)
     else:
         sys.stdout.write(_report.show_text(history, live))
+        if violations:
+            # The line `runs` ends with.
+            print(
+                f"warning: the log breaks the kernel's rules {violations} time(s);"
+                f" see `attempt-kernel replay {shown(_redacted(log_path))}`"
+            )
     return EXIT_OK
 
 
@@ -1120,7 +1179,12 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     try:
         # A signal stops the run gracefully, as `recover` and `worker` do: a
         # KeyboardInterrupt would cancel it, and a cancel is final.
-        done = resume_run(log, run, workflows, stop_on_signals=True, grace=GRACE)
+        # A run that waits waits here, as under `run`: say for what, and how to end it.
+        done = resume_run(
+            log, run, workflows, stop_on_signals=True, grace=GRACE,
+            on_recovered=None if args.json else (lambda recovery: _announce_resumed_waits(log, recovery)),
+            on_wait=None if args.json else _announce_waits(log),
+        )  # fmt: skip
     except RunsStopped as error:
         again = " ".join(["attempt-kernel resume", _redacted(log), shlex.quote(run), *(f"--workflows {shlex.quote(t)}" for t in targets)])
         return _stopped("resume", error, again)
@@ -1177,11 +1241,20 @@ def _export(args: argparse.Namespace) -> int:
     log: str = args.log
     only: str | None = args.run
     seq = 0
+    expect: int | None = None  # the journal's next number: a gap or repeat is not hidden by renumbering
     out = sys.stdout.buffer
     with _reading(log) as source:
         for item in source.read():
             match item:
                 case Record():
+                    if expect is not None and item.seq != expect:
+                        kind = "a gap: records are missing" if item.seq > expect else "a repeat"
+                        raise _Usage(
+                            f"{_redacted(log)}: line {item.line}: sequence number {item.seq} where"
+                            f" {expect} was expected ({kind}); nothing more exported (renumbered, the"
+                            f" export would hide it; `attempt-kernel replay {_redacted(log)}` lists what is wrong)"
+                        )
+                    expect = item.seq + 1
                     if only is not None and item.run != only:
                         continue
                     seq += 1
@@ -1269,6 +1342,8 @@ def _worker_file(args: argparse.Namespace) -> int:
         caught.append(number)
 
     def print_recovery(recovery: Recovery) -> None:
+        for line in recovery.taken_in:
+            print(f"worker: {shown(line)}")
         if not recovery.changed_nothing:
             sys.stdout.write(_report.recovery_text(recovery, log))
             sys.stdout.flush()
@@ -1539,6 +1614,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     try:
         return _main(argv)
+    except KeyboardInterrupt:
+        # SIGINT before a command began (while its arguments were read): one
+        # line, no traceback. A command's own are caught in `_main`.
+        print("attempt-kernel: interrupted by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:
         # The reader went away (`demo | head -1`): stop quietly. Python would
         # complain again when it flushes stdout at exit, so point it at devnull.
@@ -1607,6 +1687,12 @@ def _main(argv: Sequence[str] | None) -> int:
             if isinstance(journal, str) and _is_url(journal) and command != "demo":
                 _needs_psycopg(journal)  # one message for every command given a URL without the extra
         return handler(args)
+    except KeyboardInterrupt:
+        # SIGINT outside a run's own handling (which stops runs gracefully):
+        # at start-up, say while a workflow module imports or a log is read.
+        # Nothing was half-written: the writer closes (flushing) on the way out.
+        print(f"attempt-kernel {command}: interrupted by SIGINT", file=sys.stderr)
+        return 128 + signal.SIGINT
     except AttemptKernelError as error:
         # One shape for every error found after parsing, as argparse's own last line:
         # `attempt-kernel CMD: error: MESSAGE` on stderr.

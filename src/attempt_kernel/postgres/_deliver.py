@@ -163,7 +163,7 @@ def inbox_change(line: bytes) -> Delivery | str:
     change = item.change
     if isinstance(change, (SignalSent, RunCancelRequested, IntentReconciled)):
         return change
-    return f"an inbox row holds a {type(change).__name__}, which no operator delivers"
+    return f"an inbox row holds {type(change).__name__}, which no operator delivers"
 
 
 _ALL_INBOX: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox ORDER BY id"

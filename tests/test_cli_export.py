@@ -1,0 +1,69 @@
+"""`export` of a file log: the records renumbered 1, 2, ..., never hiding a gap or a repeat.
+
+The logs are written line by line with `encode_record` and hand-picked numbers,
+so that the only thing wrong with them is their numbering.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from logs import simple_changes
+
+from attempt_kernel import Change, RunFinished, RunStarted, replay
+from attempt_kernel._codec import encode_record
+
+pytestmark = pytest.mark.slow
+
+CHANGES: list[Change] = [RunStarted(workflow="w", nonce="n0"), *simple_changes(), RunFinished()]
+"""Six records of run 'r': started, created, admitted, result, succeeded, finished."""
+
+
+def numbered(path: Path, seqs: list[int]) -> Path:
+    """The log at ``path`` with CHANGES numbered ``seqs`` (each line checksummed)."""
+    path.write_bytes(b"".join(
+        encode_record(seq, 1_000_000 + i, "r", change) for i, (seq, change) in enumerate(zip(seqs, CHANGES))
+    ))  # fmt: skip
+    return path
+
+
+def export(log: Path) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "export", str(log)],
+        capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("seqs", "line", "why"),
+    [
+        ([1, 2, 4, 5, 6, 7], 3, "sequence number 4 where 3 was expected (a gap: records are missing)"),
+        ([1, 2, 3, 3, 4, 5], 4, "sequence number 3 where 4 was expected (a repeat)"),
+    ],
+    ids=["gap", "repeat"],
+)  # fmt: skip
+def test_export_refuses_a_log_whose_numbering_it_would_hide(
+    tmp_path: Path, seqs: list[int], line: int, why: str
+) -> None:
+    log = numbered(tmp_path / "gap.jsonl", seqs)
+    assert [v.line for v in replay(log).violations] == [line]  # its numbering is all that is wrong
+    before = log.read_bytes()
+    result = export(log)
+    assert result.returncode == 2
+    assert result.stderr.decode() == (
+        f"attempt-kernel export: error: {log}: line {line}: {why}; nothing more exported (renumbered, the export"
+        f" would hide it; `attempt-kernel replay {log}` lists what is wrong)\n"
+    )
+    # What came before the bad line, as it was; nothing after it.
+    assert result.stdout == b"".join(before.splitlines(keepends=True)[: line - 1])
+    assert log.read_bytes() == before
+
+
+def test_export_of_a_log_numbered_without_fault_is_the_log(tmp_path: Path) -> None:
+    log = numbered(tmp_path / "ok.jsonl", [1, 2, 3, 4, 5, 6])
+    result = export(log)
+    assert (result.returncode, result.stderr) == (0, b"")
+    assert result.stdout == log.read_bytes()

@@ -1,0 +1,173 @@
+"""What the command line refuses before it writes anything: log paths that name a
+folder, default log names a workflow's name would move out of the current folder,
+JSON nested too deep or holding a number no log can carry.
+
+Each refusal exits 2 with one line on stderr naming the option, and leaves the
+folder (and any log in it) byte for byte as it was. The workflows are those of
+cliflows.py and pathflows.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attempt_kernel import (
+    JSON, LogOpenError, OperationRefused, Record, RunStarted, SignalSent, read_log, reconcile_intent, send_signal,
+)  # fmt: skip
+from attempt_kernel._inbox import inbox_path
+from attempt_kernel.cli._main import main
+from logs import indeterminate_changes, write_log
+from test_cli_waits import waiting_log
+
+
+def listing(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` with its bytes (folders by name alone)."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b"<dir>"
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize("log", [".", "", "/", "sub/.."])
+def test_run_with_a_log_that_names_a_folder_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], log: str
+) -> None:
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path)
+    before = listing(tmp_path)
+    assert main(["run", "cliflows:GREETER", "--log", log, "--input", '"ada"']) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"attempt-kernel run: error: --log {log!r} names a folder, not a run log file"
+        " (give a file name, e.g. --log runs.jsonl)\n"
+    )
+    assert listing(tmp_path) == before
+
+
+def test_a_path_that_names_no_file_has_no_inbox() -> None:
+    with pytest.raises(LogOpenError, match=r"^'\.': names a folder, not a run log file, so it has no inbox$"):
+        inbox_path(".")
+
+
+@pytest.mark.parametrize(("target", "name"), [("pathflows:UPWARD", "../escaped"), ("pathflows:NESTED", "a/b")])
+def test_run_without_log_refuses_a_workflow_name_that_is_no_plain_file_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], target: str, name: str
+) -> None:
+    """The default log is <workflow>.jsonl in the current folder, never elsewhere."""
+    here = tmp_path / "here"
+    (here / "a").mkdir(parents=True)
+    monkeypatch.chdir(here)
+    before = listing(tmp_path)
+    assert main(["run", target]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"attempt-kernel run: error: workflow {name!r} has a name that is not a plain file name,"
+        " so <workflow>.jsonl would not be a file in the current folder; give the log with --log PATH\n"
+    )
+    assert listing(tmp_path) == before
+
+
+def test_such_a_workflow_runs_with_an_explicit_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "pathflows:UPWARD", "--log", "up.jsonl"]) == 0
+    assert "run result: 1\n" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["up.jsonl"]
+
+
+# ------------------------------------------------------- JSON options: depth and range
+
+DEEP_101 = "[" * 101 + "]" * 101
+"""An array nested 101 levels deep: one past the limit."""
+
+DEEP_980 = "[" * 980 + "]" * 980
+"""Parses in Python, but a viewer recursing through it would fail."""
+
+DEEP_5000 = "[" * 5000 + "]" * 5000
+"""Deeper than Python's JSON parser goes (a RecursionError there)."""
+
+TOO_DEEP = "it is nested deeper than 100 levels of arrays and objects; nothing was written"
+
+
+@pytest.mark.parametrize("payload", [DEEP_101, DEEP_980, DEEP_5000], ids=["101", "980", "5000"])
+def test_signal_refuses_a_payload_nested_past_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], payload: str
+) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    before = listing(tmp_path)
+    assert main(["signal", str(log), "a-1", "approve", "--payload", payload]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"attempt-kernel signal: error: --payload is refused: {TOO_DEEP}\n"
+    assert listing(tmp_path) == before
+
+
+def test_signal_takes_a_payload_nested_exactly_to_the_limit(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = waiting_log(tmp_path / "a.jsonl")
+    assert main(["signal", str(log), "a-1", "approve", "--payload", "[" * 100 + "]" * 100]) == 0
+    capsys.readouterr()
+    [sent] = [i.change for i in read_log(log) if isinstance(i, Record) and isinstance(i.change, SignalSent)]
+    depth, value = 0, sent.payload
+    while isinstance(value, list) and value:
+        depth, value = depth + 1, value[0]
+    assert (depth, value) == (99, [])  # 99 arrays holding one, then the innermost: 100 levels
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("1e400", "it holds a number out of range (inf); numbers must be finite; nothing was written"),
+        ('{"a": [-1e999]}', "it holds a number out of range (-inf); numbers must be finite; nothing was written"),
+        (DEEP_101, TOO_DEEP),
+        (DEEP_5000, TOO_DEEP),
+    ],
+    ids=["1e400", "-1e999-inside", "101", "5000"],
+)
+def test_run_refuses_such_an_input_before_it_prints_or_writes_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], text: str, problem: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", "cliflows:GREETER", "--input", text]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no "starting run" line
+    assert captured.err == f"attempt-kernel run: error: --input is refused: {problem}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("text", ["1e400", DEEP_101, DEEP_5000], ids=["1e400", "101", "5000"])
+def test_reconcile_refuses_such_a_result(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    log = write_log(tmp_path / "r.jsonl", [RunStarted(workflow="mailer"), *indeterminate_changes()])
+    before = listing(tmp_path)
+    assert main(["reconcile", str(log), "--key", "k-send", "--confirmed", "--result", text]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("attempt-kernel reconcile: error: --result is refused: it ")
+    assert listing(tmp_path) == before
+    # The same reconciliation with a result within bounds is recorded.
+    assert main(["reconcile", str(log), "--key", "k-send", "--confirmed", "--result", "[[1]]"]) == 0
+
+
+def test_the_library_refuses_a_deep_payload_or_result_as_the_command_line_does(tmp_path: Path) -> None:
+    """send_signal and reconcile_intent are the doors the web view goes through too."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    deep: JSON = []
+    for _ in range(100):
+        deep = [deep]  # 101 levels
+    before = listing(tmp_path)
+    with pytest.raises(OperationRefused, match=r"^signal 'approve' to run 'a-1': the payload is refused: it is"
+                       r" nested deeper than 100 levels of arrays and objects$"):
+        send_signal(log, "a-1", "approve", deep)
+    assert listing(tmp_path) == before
+    reconcilable = write_log(tmp_path / "r.jsonl", [RunStarted(workflow="mailer"), *indeterminate_changes()])
+    before = listing(tmp_path)
+    with pytest.raises(OperationRefused, match=r"^reconciliation of intent 'k-send': the result is refused: it is"
+                       r" nested deeper than 100 levels of arrays and objects$"):
+        reconcile_intent(reconcilable, "k-send", confirmed=True, result=deep)
+    assert listing(tmp_path) == before
