@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -116,6 +117,50 @@ def test_a_url_the_driver_cannot_parse_exits_2_without_its_password(shop: Path) 
         assert "unreachable" not in output.stderr, output.stderr
 
 
+def test_recover_leaves_alone_a_run_that_run_url_drives_and_a_second_run_is_refused(
+    db: str, tmp_path: Path
+) -> None:
+    """`run --log URL` holds no lease: recover took its run over while its effect was in
+    flight (Running -> Indeterminate), and the run then died on a duplicate key. It holds
+    its run now: recover leaves it alone, a second `run` of the id is refused, and the
+    first run finishes, its effect sent once."""
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    gate, book = tmp_path / "gate", tmp_path / "book"
+    gate.mkdir()
+    env = {**os.environ, "WAIT_GATE": str(gate), "WAIT_BOOK": str(book)}
+    command = [sys.executable, "-m", "attempt_kernel"]
+    with subprocess.Popen(
+        [*command, "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as driver:  # fmt: skip
+        deadline = time.monotonic() + 60  # waits for the effect to be in flight; no bound asserted
+        while not (gate / "waiting").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.02)
+        recovered = subprocess.run(
+            [*command, "recover", db, "--workflows", "waitflows:BLOCKED"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        again = subprocess.run(
+            [*command, "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        (gate / "open").touch()
+        out, err = driver.communicate(timeout=120)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "recover: leaving run b-1 alone: another process (run or recover) drives it" in recovered.stdout
+    assert "-> Indeterminate" not in recovered.stdout and "ended orphaned" not in recovered.stdout, recovered.stdout
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert again.stderr.endswith(
+        "attempt-kernel run: error: run 'b-1' in postgresql://postgres@" + db.partition("@")[2]
+        + " is being driven by another process (attempt-kernel run or recover) now; nothing was written\n"
+    ), again.stderr
+    assert driver.returncode == 0, out + err
+    assert "run status: succeeded" in out
+    assert len(book.read_text().splitlines()) == 1  # the effect was sent once
+    assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
+
+
 def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_path: Path) -> None:
     """`export URL` is a JSON Lines run log; `--run` keeps one run, renumbered from 1."""
     for _ in range(2):
@@ -180,7 +225,7 @@ def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, s
             "recover: leaving run orders-1 alone: a live worker drives it\n"
             "recover: nothing else to do: every run in postgresql://"
         ), recovered.stdout
-        assert "that no live worker drives has finished; the journal was not changed\n" in recovered.stdout
+        assert "that no live process drives has finished; the journal was not changed\n" in recovered.stdout
         assert "every run in it has finished" not in recovered.stdout
         # reconcile reaches the live worker's run through the inbox, not the journal
         handed = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected")

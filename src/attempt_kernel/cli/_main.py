@@ -60,7 +60,7 @@ from .._workflow import Workflow
 
 if TYPE_CHECKING:  # optional dependencies: imported where a URL is opened, where --metrics-port asks
     from .. import _metrics
-    from ..postgres._journal import PgJournal
+    from ..postgres._journal import PgJournal, RunHolds
 
 EXIT_OK: Final = 0
 EXIT_VIOLATIONS: Final = 1
@@ -863,8 +863,17 @@ def _run(args: argparse.Namespace) -> int:
     _names_a_file(log_path, "--log")
     if args.run_id == "":  # refused before the log is created
         raise _Usage("--run needs a non-empty id")
-    with _journal(log_path, create=True) as log:
+    with _journal(log_path, create=True) as log, contextlib.ExitStack() as holding:
         run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name)
+        if _is_url(log_path):
+            # README, "Many workers on PostgreSQL": no other run or recover drives it meanwhile
+            holds = holding.enter_context(_run_holds(log_path))
+            if not holds.take(run):
+                raise _Usage(
+                    f"run {run!r} in {_redacted(log_path)} is being driven by another process"
+                    " (attempt-kernel run or recover) now; nothing was written"
+                    + ("" if args.run_id is not None else ": pick an id with --run")
+                )
         ledger = Ledger()
         ledger.feed(log.read())
         known = ledger.run(run)
@@ -914,7 +923,28 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
 
 
+def _run_holds(url: str) -> RunHolds:
+    from ..postgres._journal import RunHolds
+
+    return RunHolds(url)
+
+
+def _driven_elsewhere(url: str, holds: RunHolds, workers: frozenset[str]) -> frozenset[str]:
+    """The unfinished runs of the journal at ``url`` that no live worker holds and that
+    another process (`run URL`, `recover URL`) drives now; the others are held by ``holds``."""
+    ledger = Ledger()
+    with _reading(url) as source:
+        ledger.feed(source.read())
+    unfinished = sorted(run for run, view in ledger.runs.items() if not view.finished and run not in workers)
+    return frozenset(run for run in unfinished if not holds.take(run))
+
+
 def _recover(args: argparse.Namespace) -> int:
+    with contextlib.ExitStack() as holding:
+        return _recover_holding(args, holding)
+
+
+def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) -> int:
     log_path: str = args.log
     targets: list[str] = args.workflows
     demo: Blueprint = WORKFLOWS[TRIP_PLANNER](0)
@@ -930,6 +960,13 @@ def _recover(args: argparse.Namespace) -> int:
     # docs/contracts.md, "Fenced appends": a run a live worker drives is that
     # worker's; recovering it here would end its live attempts as orphans.
     held = held_runs(log_path) if _is_url(log_path) else None
+    # A run that `run URL` or another `recover URL` drives holds no lease;
+    # that process holds the run instead (`RunHolds`).
+    driven = frozenset[str]()
+    if _is_url(log_path):
+        holds = holding.enter_context(_run_holds(log_path))
+        driven = _driven_elsewhere(log_path, holds, held or frozenset())
+    skipped = (held or frozenset()) | driven
 
     as_json: bool = args.json
     taken_up: list[Recovery] = []
@@ -940,10 +977,10 @@ def _recover(args: argparse.Namespace) -> int:
             return
         for line in recovery.taken_in:
             print(f"recover: {shown(line)}")
-        if held and recovery.changed_nothing:  # "every run has finished" would be false
+        if skipped and recovery.changed_nothing:  # "every run has finished" would be false
             sys.stdout.write(
-                f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live worker"
-                " drives has finished; the journal was not changed\n"
+                f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live"
+                " process drives has finished; the journal was not changed\n"
             )
         else:
             sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
@@ -959,12 +996,14 @@ def _recover(args: argparse.Namespace) -> int:
     if not as_json:
         for run in sorted(held or ()):
             print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
+        for run in sorted(driven):
+            print(f"recover: leaving run {shown(run)} alone: another process (run or recover) drives it")
     taken_in: list[str] = []
     if _is_url(log_path):
         # What operators sent while a worker that has died drove its run.
         from ..postgres._deliver import take_in_pg
 
-        taken_in = list(take_in_pg(log_path, skip=held or frozenset()))
+        taken_in = list(take_in_pg(log_path, skip=skipped))
         if not as_json:
             for line in taken_in:
                 print(f"recover: {shown(line)}")
@@ -972,7 +1011,7 @@ def _recover(args: argparse.Namespace) -> int:
         resumed = resume_log(
             _pg(log_path) if _is_url(log_path) else log_path,
             workflows,
-            skip_runs=held or frozenset(),
+            skip_runs=skipped,
             supervisors=supervisors,
             progress=_progress(),
             stop_on_signals=True,
@@ -990,7 +1029,7 @@ def _recover(args: argparse.Namespace) -> int:
         _print_json({
             "log": _redacted(log_path),
             "changed_nothing": recovery.changed_nothing and not taken_up,
-            "left_alone": sorted(held or ()),
+            "left_alone": sorted(skipped),
             "taken_in": taken_in,
             "torn_tail": None if tail is None else {
                 "line": tail.line, "offset": tail.offset, "length": tail.length,
