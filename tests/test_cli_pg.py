@@ -161,6 +161,14 @@ def test_recover_leaves_alone_a_run_that_run_url_drives_and_a_second_run_is_refu
     assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
 
 
+def test_submit_prints_a_run_id_escaped_as_runs_does(db: str, shop: Path) -> None:
+    """A run id with an ESC and a newline: submit printed it raw (a terminal obeys an ESC)."""
+    submitted = cli(shop, "submit", db, "flows:orders", "--run", "a\x1b[31mb\nc", "--input", ORDER)
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout == "a\\x1b[31mb\\nc\n"
+    assert "a\\x1b[31mb\\nc" in cli(shop, "runs", db).stdout
+
+
 def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_path: Path) -> None:
     """`export URL` is a JSON Lines run log; `--run` keeps one run, renumbered from 1."""
     for _ in range(2):

@@ -366,9 +366,9 @@ def _parser() -> argparse.ArgumentParser:
         "lock (several at once are safe: the others wait and find it done). Run it once, as "
         "a role that may create tables there, before workers that run under a role without "
         "that privilege (see docs/design.md, \"Roles and migrations\"). Prints the version "
-        "before and after; a schema already up to date is only read. Exit 0, or 2 for usage "
-        "or I/O errors (an unreachable database, a role that may not create the tables, "
-        "tables newer than this library).",
+        "before and after; a schema already up to date is only read. Exit 0; 2 for usage "
+        "or I/O errors (a role that may not create the tables, tables newer than this "
+        "library); 3 when the database cannot be reached (try again later).",
     )
     migrate.add_argument("url", metavar="URL", help=_URL_HELP)
     migrate.add_argument("--schema", default="attempt_kernel", metavar="S",
@@ -1337,7 +1337,7 @@ def _submit(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"log": _redacted(url), "run": run, "workflow": workflow.name})
     else:
-        print(run)
+        print(shown(run))  # escaped, as runs and show print it
     return EXIT_OK
 
 
