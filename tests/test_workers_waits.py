@@ -27,7 +27,7 @@ import pytest
 from pgtools import expire_heartbeats, sql_in
 from psycopg import sql
 
-from attempt_kernel import Record, RunFinished, RunStarted, SignalSent, replay
+from attempt_kernel import Record, RunCancelRequested, RunFinished, RunStarted, SignalSent, replay
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._operate import OperationRefused, cancel_change, reconcile_change, signal_change
 from attempt_kernel.postgres._deliver import deliver_pg
@@ -407,4 +407,63 @@ def test_a_delivery_to_a_finished_or_unknown_run_is_refused_writing_nothing(
     with pytest.raises(OperationRefused, match=refused):
         signal_to(pg_url, schema, run, "late")
     assert records(pg_url, schema) == before
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+
+
+# --------------------------------------------------------------------------
+# Changes for a queued run: in the inbox until a worker starts it
+# --------------------------------------------------------------------------
+
+
+def test_a_queued_run_cancelled_before_any_worker_starts_it_runs_no_step(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    """`cancel` of a submitted run no worker started was refused ('no run in the log'). It
+    waits in the inbox now; the worker that claims the run records its start, then the
+    cancel, then its end: no attempt is created (its first step never ran)."""
+    set_pool(pg_url, "llm", 4, schema=schema)
+    submit_run(pg_url, "approver", "q-1", schema=schema)
+    delivered = deliver_pg(
+        pg_url, lambda ledger: ("q-1", cancel_change(ledger, "q-1", "not needed")), run="q-1", schema=schema
+    )
+    assert (delivered.recorded, delivered.queued) == (False, True)
+    assert records(pg_url, schema) == []
+    code, out = finish(worker(pg_url, schema, tmp_path, UNTIL_IDLE="1"))
+    assert code == 0, out
+    assert "q-1: took in RunCancelRequested from the inbox: cancelled before it starts" in out
+    found = finished_once_each(pg_url, schema, ["q-1"])
+    assert [type(r.change).__name__ for r in found] == ["RunStarted", "RunCancelRequested", "RunFinished"]
+    cancel = found[1].change
+    assert isinstance(cancel, RunCancelRequested) and cancel.reason == "not needed"
+    assert ledger_of(pg_url, schema).runs["q-1"].standing() == "cancelled"
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+    replays_clean(pg_url, schema)
+
+
+def test_a_signal_sent_to_a_queued_run_is_taken_when_it_waits(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    """A signal for a run still queued waits in the inbox; the worker takes it in once the
+    run runs, and the run's wait takes it (signals are a mailbox)."""
+    set_pool(pg_url, "llm", 4, schema=schema)
+    submit_run(pg_url, "approver", "q-2", schema=schema)
+    delivered = deliver_pg(
+        pg_url, lambda ledger: ("q-2", signal_change(ledger, "q-2", "approve", {"by": "ada"})), run="q-2", schema=schema
+    )
+    assert (delivered.recorded, delivered.queued) == (False, True)
+    code, out = finish(worker(pg_url, schema, tmp_path, UNTIL_IDLE="1"))
+    assert code == 0, out
+    assert results(finished_once_each(pg_url, schema, ["q-2"])) == {"q-2": {"approved": {"by": "ada"}}}
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+    replays_clean(pg_url, schema)
+
+
+def test_a_change_a_queued_run_would_refuse_is_refused_now(pg_url: str, schema: str) -> None:
+    """Checked against the run as it will stand once started: a bad signal name is refused,
+    and nothing is written to the inbox."""
+    submit_run(pg_url, "approver", "q-3", schema=schema)
+    with pytest.raises(OperationRefused, match="signal name"):
+        deliver_pg(
+            pg_url, lambda ledger: ("q-3", signal_change(ledger, "q-3", "", None)), run="q-3", schema=schema
+        )
     assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]

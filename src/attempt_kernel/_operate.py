@@ -55,11 +55,17 @@ class Delivered:
     run (a PostgreSQL worker), and ``change`` waits, durably, in the inbox
     that process takes changes in from (within about a second; a crash of
     either side loses nothing and applies nothing twice).
+
+    ``queued`` is True when the run is queued in a PostgreSQL journal
+    (submitted, not started by any worker yet): the change waits in the
+    inbox until a worker starts the run. A cancel is then recorded before
+    any step starts; a signal reaches the run as if sent once it runs.
     """
 
     run: str
     change: Delivery
     recorded: bool
+    queued: bool = False
 
 
 Build: TypeAlias = Callable[[Ledger], tuple[str, Delivery]]
@@ -254,6 +260,8 @@ def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
         case SignalSent():
             if view.finished:
                 return f"run {run!r} has finished"
+            if not view.code:  # sent while the run was queued, its kind unknown then
+                return f"run {run!r} is a DAG workflow's run; only a workflow written as code waits for signals"
             if any(signal.id == change.id for signal in view.signals):
                 return f"signal {change.id!r} is recorded already"
             return None

@@ -637,6 +637,8 @@ class WebView:
         journal = self.log.startswith(("postgresql://", "postgres://"))
         if delivered.recorded:
             return "recorded in the journal" if journal else "recorded in the log"
+        if delivered.queued:
+            return "it waits in the journal's inbox: the run is queued, and the worker that starts it takes it in"
         if journal:
             return "it waits in the journal's inbox: the worker driving the run takes it in within about a second"
         return "it waits in the log's inbox: the process writing the log takes it in within about a second"

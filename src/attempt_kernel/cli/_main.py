@@ -1129,6 +1129,11 @@ def _where(log: str, delivered: Delivered) -> str:
     """Where a delivered change is now, for the operator."""
     if delivered.recorded:
         return f"recorded in {shown(_redacted(log))}"
+    if delivered.queued:
+        return (
+            "waits in the journal's inbox: the run is queued, and the worker that starts it takes"
+            " it in (a cancel before any step starts)"
+        )
     if _is_url(log):
         return (
             "waits in the journal's inbox: the worker driving the run takes it in within"

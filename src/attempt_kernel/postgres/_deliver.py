@@ -17,6 +17,11 @@ Theory of operation:
   that worker takes it in within about a second, through its executor,
   and deletes the row after (a crash between: the next holder's
   `refusal` drops what was taken in already). ``recorded`` is False.
+- A queued run (its row not done, no record of it yet): a signal or a
+  cancel, checked against the run as it will stand once started, goes to
+  the ``inbox`` too (``queued`` True), until a worker starts the run: the
+  worker records a cancel before any step starts, and takes a signal in
+  once the run runs.
 - Any other run: the record is appended with the run's next number, read
   after the lock, and ``wake_at`` is cleared so that a free worker claims
   the run (a signal wakes it, a cancel closes it). A reconciliation that
@@ -45,12 +50,12 @@ from .._codec import decode_line, encode_record
 from .._ledger import Ledger
 from .._operate import Build, Delivered, Delivery, OperationRefused, refusal
 from ._journal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect, summary_of, summary_upsert_after
-from .._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, SignalSent
+from .._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, RunStarted, SignalSent
 
 # {s} is the schema.
 _LOCK: Final[LiteralString] = (
     "SELECT r.done, r.owner IS NOT NULL AND NOT r.done AND EXISTS"
-    " (SELECT 1 FROM {s}.workers w WHERE w.id = r.owner AND NOT w.dead)"
+    " (SELECT 1 FROM {s}.workers w WHERE w.id = r.owner AND NOT w.dead), r.workflow"
     " FROM {s}.runs r WHERE r.run = %s FOR UPDATE OF r"
 )
 _NEXT_SEQ: Final[LiteralString] = "SELECT coalesce(max(seq), 0) + 1 FROM {s}.records WHERE run = %s"
@@ -101,6 +106,8 @@ def deliver_pg(
                 ledger = Ledger()
                 ledger.feed(journal.read_run_in(conn, target))
                 _refuse_violations(ledger)
+                if row is not None and row[0] is False and ledger.run(target) is None:
+                    return _to_queued(conn, schema, target, str(row[2]), build)
                 built, change = build(ledger)
                 if built != target:
                     raise OperationRefused(
@@ -136,6 +143,30 @@ def deliver_pg(
                 f" (if the commit failed, whether it was written is unknown: `attempt-kernel show`"
                 " tells)"
             ) from error
+
+
+def _to_queued(
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str, workflow: str, build: Build
+) -> Delivered:
+    """A change for a queued run (submitted, no record yet): to the inbox, until a worker
+    starts the run (`_worker`: a cancel is recorded before any step starts, a signal is
+    taken in once the run runs).
+
+    The change is built against the run as it will stand once started (its start
+    record alone), so what would be refused then is refused now. Whether the
+    workflow is written as code (only such a run waits for signals) is known
+    only once a worker starts it: a signal is taken for one here, and the
+    worker drops it, saying why, if the run turns out to be a DAG's.
+    """
+    started = Ledger()
+    started.apply(Record(line=1, seq=1, time_us=0, run=run, change=RunStarted(workflow=workflow, code=True)))
+    built, change = build(started)
+    if built != run:
+        raise OperationRefused(f"the change was built for run {built!r}, not {run!r}; nothing was written")
+    now = _one_int(conn.execute(_DB_NOW_US).fetchone())
+    conn.execute(_q(_TO_INBOX, schema), (run, encode_record(1, now, run, change)))
+    conn.execute(_q(_WAKE, schema), (run,))
+    return Delivered(run=run, change=change, recorded=False, queued=True)
 
 
 def _refuse_violations(ledger: Ledger) -> None:

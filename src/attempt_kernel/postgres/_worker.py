@@ -92,7 +92,7 @@ from typing_extensions import LiteralString, final
 from .._codec import encode_record
 from .._errors import AttemptKernelError
 from .._coderun import WorkflowDiverged
-from .._executor import Executor, RunRefused
+from .._executor import Executor, RunControl, RunRefused
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from .._observe import RunObserver, tell
 from ._journal import (
@@ -117,7 +117,7 @@ from .._ledger import Ledger
 from .._operate import refusal
 from ._deliver import inbox_change
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
-from .._records import JSON, Change, LogItem, RunFinished, RunStarted
+from .._records import JSON, Change, LogItem, RunCancelRequested, RunFinished, RunStarted
 from .._recovery import Recovery, recover
 from .._store import DispatchRefused
 from .._workflow import Workflow
@@ -970,7 +970,11 @@ class Worker:
             self._driving[run] = executor
             if self._stop_reason is not None:
                 executor.stop(self._stop_reason, grace=self._grace)
-            report = await executor.run(workflow, run, prior=prior, input=claim.input)
+            control = RunControl()
+            cancels = [] if claim.written or not claim.mail else self._queued_cancels(conn, run, control)
+            report = await executor.run(workflow, run, control=control, prior=prior, input=claim.input)
+            if cancels:  # recorded now (the run's end is durable): the rows go
+                conn.execute(_statement(_INBOX_TAKEN, self._schema), (cancels,))
             schema = self._schema
             if report.status == "interrupted":  # stopped: back to the queue, for another worker
                 conn.execute(_statement(_RELEASE, schema), (run, lease.owner, lease.fence))
@@ -1011,6 +1015,27 @@ class Worker:
             self._leases.pop(run, None)
         self._say(f"{run}: {report.status}")
         return True
+
+    def _queued_cancels(
+        self, conn: psycopg.Connection[tuple[object, ...]], run: str, control: RunControl
+    ) -> list[int]:
+        """The inbox rows of a cancel sent while ``run`` was queued (no record yet):
+        ``control`` is cancelled with the first one's reason, so the run's start is
+        followed by its cancel before any step starts (docs/contracts.md, "Signals
+        and cancels reach a queued run"). Signals stay for `_take_in`, once the run
+        runs; the rows returned are deleted once the cancel is recorded.
+        """
+        rows = conn.execute(_statement(_INBOX_OF, self._schema), ([run],)).fetchall()
+        cancels: list[int] = []
+        for number, _, line in rows:
+            assert type(number) is int and type(line) is bytes
+            change = inbox_change(line)
+            if isinstance(change, RunCancelRequested):
+                if not cancels:
+                    control.cancel(change.reason)
+                    self._say(f"{run}: took in RunCancelRequested from the inbox: cancelled before it starts")
+                cancels.append(number)
+        return cancels
 
     def _lost(self, run: str) -> None:
         if self._watcher is not None:
