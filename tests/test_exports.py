@@ -45,7 +45,7 @@ EXPECTED_PUBLIC = {
     # operating runs
     "IntentReconciled", "DomainStateSet", "RunStopRequested", "RunResumed",
     "EffectFinding", "EffectHappened", "EffectNotHappened", "EffectUnknown", "Reconciler",
-    "RunRefused", "RunsStopped", "RunStanding", "resume_log", "Resumed", "Supervisor",
+    "RunRefused", "RunsStopped", "Stopper", "RunStanding", "resume_log", "Resumed", "Supervisor",
     # many workers: the executor's seam for shared pools
     "PoolAdmission",
     # workflows as code

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,8 +40,11 @@ from attempt_kernel import (
     RunLogWriter,
     RunsStopped,
     RunStopRequested,
+    Cancelled,
     Step,
     StepContext,
+    Stopper,
+    Workflow,
     idempotency_key,
     load_workflow,
     read_log,
@@ -416,3 +420,57 @@ def test_after_a_cancel_recovery_closes_the_run(tmp_path: Path) -> None:
     writer, recovery = recover_log(log, {"sleeper": SLEEPER})
     writer.close()
     assert recovery.runs == () and recovery.changed_nothing
+
+
+# --------------------------------------------------------------------------
+# Stopper: the same stop, from another thread
+# --------------------------------------------------------------------------
+
+
+def _slow_workflow(started: threading.Event) -> Workflow:
+    async def slow(ctx: StepContext) -> JSON:
+        started.set()
+        await asyncio.sleep(3600)
+        return None
+
+    return load_workflow("slow", [Step(name="s", run=slow)])
+
+
+def test_a_stopper_stops_runs_driven_on_another_thread_as_a_signal_would(tmp_path: Path) -> None:
+    """run_jobs on a thread (no signal reaches it there): `Stopper.stop` from this one
+    records the stop, ends the live attempt as recovery would, and raises RunsStopped."""
+    started = threading.Event()
+    stopper = Stopper()
+    raised: list[BaseException] = []
+
+    def drive() -> None:
+        with RunLogWriter(tmp_path / "log") as log:
+            try:
+                run_jobs(log, [Job(workflow=_slow_workflow(started), run="r")], grace=0.0, stopper=stopper)
+            except BaseException as error:  # noqa: BLE001  # handed to the test's thread
+                raised.append(error)
+
+    thread = threading.Thread(target=drive)
+    thread.start()
+    assert started.wait(60)
+    stopper.stop(signal.SIGTERM)
+    thread.join(60)
+    assert not thread.is_alive()
+    [error] = raised
+    assert isinstance(error, RunsStopped) and error.signal == signal.SIGTERM
+    assert [r.status for r in error.reports] == ["interrupted"]
+    changes = [i.change for i in read_log(tmp_path / "log") if isinstance(i, Record)]
+    assert isinstance(changes[-2], RunStopRequested) and changes[-2].reason == "SIGTERM"
+    assert isinstance(changes[-1], AttemptTransitioned) and changes[-1].to_state == Cancelled()
+    assert stopper.stopped == signal.SIGTERM
+
+
+def test_a_stopper_stopped_before_the_runs_start_stops_them_as_they_start(tmp_path: Path) -> None:
+    started = threading.Event()
+    stopper = Stopper()
+    stopper.stop(signal.SIGINT)
+    stopper.stop(signal.SIGTERM)  # a second stop does nothing
+    with RunLogWriter(tmp_path / "log") as log, pytest.raises(RunsStopped) as caught:
+        run_jobs(log, [Job(workflow=_slow_workflow(started), run="r")], grace=0.0, stopper=stopper)
+    assert caught.value.signal == signal.SIGINT
+    assert not started.is_set()

@@ -16,6 +16,7 @@ import contextlib
 import html
 import http.client
 import http.cookiejar
+import os
 import re
 import shutil
 import signal
@@ -54,6 +55,9 @@ from attempt_kernel import (
     Workflow,
     workflow,
     read_log,
+    RunFinished,
+    RunResumed,
+    RunStopRequested,
 )
 from attempt_kernel.cli._main import main
 from attempt_kernel._logfile import FileLog
@@ -600,6 +604,43 @@ def test_serve_stops_on_sigterm_with_exit_0(approvals: Path) -> None:
     assert process.returncode == 0, err
     assert out == "serve: stopped\n"
     assert err == ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_web_resume_stops_the_run_as_resume_does(approvals: Path, number: int) -> None:
+    """A resume the web view drives runs in a thread, where no signal reaches: serve
+    died under it, the run neither stopped nor ended. Now the stop is recorded, the run
+    stays unfinished, and serve exits 128 + the signal, naming the run."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "serve", str(approvals), "--port", "0",
+         "--workflows", "waitflows:APPROVER"],
+        cwd=approvals.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )  # fmt: skip
+    assert process.stdout is not None
+    found = re.search(r"http://\S+", process.stdout.readline())
+    try:
+        assert found is not None
+        client = Client(found.group(0))
+        # a-1 waits for 'approve' again in the server's process: the resume goes on
+        assert client.act("a-1", "resume")[1].startswith("Resuming run a-1 in this server's process")
+        deadline = time.monotonic() + TIMEOUT  # until the run is resumed; no bound asserted
+        while not any(isinstance(r.change, RunResumed) for r in records(approvals) if r.run == "a-1"):
+            assert time.monotonic() < deadline, "the run was never resumed"
+            time.sleep(0.05)
+    finally:
+        process.send_signal(number)
+        _, err = process.communicate(timeout=TIMEOUT)
+    name = signal.Signals(number).name
+    assert (process.returncode, err) == (
+        128 + number,
+        f"attempt-kernel serve: stopped by {name}; the resume of run(s) a-1 was stopped, each run"
+        f" unfinished: `attempt-kernel resume {approvals} RUN --workflows MODULE:ATTR` resumes it\n",
+    )
+    changes = [r.change for r in records(approvals) if r.run == "a-1"]
+    assert isinstance(changes[-1], RunStopRequested) and changes[-1].reason == name
+    assert not any(isinstance(c, RunFinished) for c in changes)
 
 
 @pytest.mark.slow

@@ -53,6 +53,7 @@ from ._executor import RunControl as RunControl
 from ._executor import RunRefused as RunRefused
 from ._outcome import RunReport as RunReport
 from ._executor import RunsStopped as RunsStopped
+from ._executor import Stopper as Stopper
 from ._executor import StepError as StepError
 from ._outcome import StepOutcome as StepOutcome
 from ._executor import run_jobs as run_jobs
@@ -238,6 +239,7 @@ __all__ = [
     "RunReport",
     "RunResumed",
     "RunsStopped",
+    "Stopper",
     "RunStanding",
     "RunStarted",
     "RunStatus",

@@ -32,12 +32,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import math
 import os
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -1705,6 +1707,51 @@ class RunsStopped(AttemptKernelError):
         self.reports: Final = reports
 
 
+@final
+class Stopper:
+    """Stops, from any thread, the runs driven on another: as SIGINT or SIGTERM does
+    under ``stop_on_signals``, for code that cannot take signals there (a thread
+    of a web server that resumes a run, say).
+
+    Hand it to `run_jobs`, `resume_log` or `resume_run` (``stopper=``), then call
+    `stop` from anywhere: the executor stops gracefully (`Executor.stop`, with
+    the call's ``grace``), the runs stay unfinished for recovery, and the call
+    that drives them raises `RunsStopped` with ``signal_number``. A stop before
+    the runs start stops them as they start; a second stop does nothing.
+    """
+
+    def __init__(self) -> None:
+        self._lock: Final = threading.Lock()
+        self._signal: int | None = None
+        self._hooks: Final[list[Callable[[int], None]]] = []
+
+    def stop(self, signal_number: int = signal.SIGTERM) -> None:
+        """Stop the runs (``signal_number``: what `RunsStopped` will name)."""
+        with self._lock:
+            if self._signal is not None:
+                return
+            self._signal = signal_number
+            hooks = list(self._hooks)
+        for hook in hooks:
+            hook(signal_number)
+
+    @property
+    def stopped(self) -> int | None:
+        """The signal number `stop` was called with, or None."""
+        return self._signal
+
+    def _attach(self, hook: Callable[[int], None]) -> None:
+        with self._lock:
+            self._hooks.append(hook)
+            stopped = self._signal
+        if stopped is not None:
+            hook(stopped)
+
+    def _detach(self, hook: Callable[[int], None]) -> None:
+        with self._lock:
+            self._hooks.remove(hook)
+
+
 def run_jobs(
     log: RunLog,
     jobs: list[Job],
@@ -1714,20 +1761,22 @@ def run_jobs(
     stop_on_signals: bool = False,
     grace: float = 5.0,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
+    stopper: Stopper | None = None,
 ) -> list[RunReport]:
     """Drive ``jobs`` concurrently on a new event loop; return their reports in order.
 
     With ``stop_on_signals``, SIGINT and SIGTERM stop the runs gracefully
     (`Executor.stop` with ``grace`` seconds) and `RunsStopped` is raised once
     they are closed off; a second SIGINT exits the process at once (exit
-    130), which recovery handles like a crash. ``on_wait``: as `Executor` says. A resumed code workflow whose
+    130), which recovery handles like a crash. ``stopper`` stops them the
+    same way from another thread (`Stopper`). ``on_wait``: as `Executor` says. A resumed code workflow whose
     code no longer matches its log does not stop the others: once they are
     done, the first `WorkflowDiverged` is raised (nothing was written for
     that run; `resume_log` reports every divergence instead).
     """
     done = drive_jobs(
         log, jobs, admission_limit=admission_limit, progress=progress,
-        stop_on_signals=stop_on_signals, grace=grace, on_wait=on_wait,
+        stop_on_signals=stop_on_signals, grace=grace, on_wait=on_wait, stopper=stopper,
     )  # fmt: skip
     reports: list[RunReport] = []
     for item in done:
@@ -1747,6 +1796,7 @@ def drive_jobs(
     grace: float = 5.0,
     on_taken_up: Callable[[Recovery], None] | None = None,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
+    stopper: Stopper | None = None,
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
     reports (``on_taken_up``, ``on_wait``: as `Executor` says)."""
@@ -1785,9 +1835,20 @@ def drive_jobs(
             caught.append(number)
             executor.stop(signal.Signals(number).name, grace=grace)
 
+        def on_stopper(number: int) -> None:  # on the loop's thread
+            if not caught:
+                caught.append(number)
+                executor.stop(signal.Signals(number).name, grace=grace)
+
+        def from_thread(number: int) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the runs are done
+                loop.call_soon_threadsafe(on_stopper, number)
+
         if stop_on_signals:
             for number in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(number, on_signal, number)
+        if stopper is not None:
+            stopper._attach(from_thread)  # pyright: ignore[reportPrivateUsage]
         pump: asyncio.Task[None] | None = None
         try:
             tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
@@ -1806,6 +1867,8 @@ def drive_jobs(
             if stop_on_signals:
                 for number in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(number)
+            if stopper is not None:
+                stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
 
     asyncio.run(main())
     if caught:

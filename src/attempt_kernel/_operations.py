@@ -43,7 +43,8 @@ from ._report import redacted
 from ._runlist import RunFilter, RunRow, select
 from ._workflow import Workflow
 
-if TYPE_CHECKING:  # what resume_run's on_recovered is told
+if TYPE_CHECKING:  # what resume_run's on_recovered is told, and its stopper
+    from ._executor import Stopper
     from ._recovery import Recovery
 
 
@@ -246,6 +247,7 @@ def resume_run(
     grace: float = 5.0,
     on_recovered: Callable[[Recovery], None] | None = None,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
+    stopper: Stopper | None = None,
 ) -> str:
     """Resume an unfinished run that no process drives; return what was done, in one sentence.
 
@@ -266,7 +268,8 @@ def resume_run(
     a file log's run gracefully, giving live attempts ``grace`` seconds:
     the stop is recorded, the run stays unfinished for a later resume, and
     `RunsStopped` is raised (`resume_log`). Without it, a signal
-    interrupts the call as it would any other.
+    interrupts the call as it would any other. ``stopper`` (`Stopper`) stops
+    it the same way from another thread.
     """
     if _is_url(log):
         assert isinstance(log, str)
@@ -305,7 +308,7 @@ def resume_run(
     try:
         resumed = resume_log(
             path, [workflow], skip_runs=others, stop_on_signals=stop_on_signals, grace=grace,
-            on_recovered=on_recovered, on_wait=on_wait,
+            on_recovered=on_recovered, on_wait=on_wait, stopper=stopper,
         )  # fmt: skip
     except LogLocked as error:
         raise OperationRefused(f"{error}; nothing was written") from None

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing_extensions import TypeAlias, final
 
 from ._coderun import WorkflowDiverged
-from ._executor import Job, RunControl, drive_jobs
+from ._executor import Job, RunControl, Stopper, drive_jobs
 from ._outcome import RunReport
 from ._findings import RECONCILER_DEADLINE
 from ._inbox import settle_inbox
@@ -57,6 +57,7 @@ def resume_log(
     skip_runs: Collection[str] = frozenset(),
     on_taken_up: Callable[[Recovery], None] | None = None,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
+    stopper: Stopper | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -72,7 +73,8 @@ def resume_log(
     wait (as `Executor` says). ``on_recovered`` is called once recovery is done and
     before any run is resumed (the CLI prints what recovery did there).
     With ``stop_on_signals``, SIGINT and SIGTERM stop the resumed runs
-    gracefully (`RunsStopped`), as `run_jobs` says. ``skip_runs`` are left
+    gracefully (`RunsStopped`), as `run_jobs` says, and so does ``stopper``
+    (`Stopper`) from another thread. ``skip_runs`` are left
     alone: neither recovered nor resumed (on a PostgreSQL journal, the runs
     a live worker drives, those `attempt-kernel runs URL` lists as
     ``running``; the CLI's ``recover`` passes them here).
@@ -85,7 +87,7 @@ def resume_log(
         try:
             with writer:
                 done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
-                               stop_on_signals, grace, on_recovered, on_taken_up, on_wait)  # fmt: skip
+                               stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper)  # fmt: skip
         finally:
             # What a sender appended to the inbox while this process let the log go.
             settle_inbox(log, progress)
@@ -94,7 +96,7 @@ def resume_log(
             log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
-                       stop_on_signals, grace, on_recovered, on_taken_up, on_wait)  # fmt: skip
+                       stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -114,6 +116,7 @@ def _resume(
     on_recovered: Callable[[Recovery], None] | None,
     on_taken_up: Callable[[Recovery], None] | None,
     on_wait: Callable[[str, WaitStarted], None] | None,
+    stopper: Stopper | None,
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -138,4 +141,5 @@ def _resume(
         grace=grace,
         on_taken_up=on_taken_up,
         on_wait=on_wait,
+        stopper=stopper,
     )

@@ -51,6 +51,7 @@ from ._errors import AttemptKernelError
 from ._history import IntentEvent, RunHistory, run_history
 from ._ledger import Ledger, RunStanding
 from ._operate import Delivered, OperationRefused
+from ._executor import Stopper
 from ._operations import cancel_run, held_runs, listed_runs, reconcile_intent, resume_run, send_signal
 from ._runlist import LISTED_STATUSES, RunFilter, listed_status, select
 from ._records import JSON, LogItem
@@ -75,6 +76,8 @@ MAX_BODY: Final = 1 << 20
 """The largest form accepted, in bytes (a signal's payload rides in it)."""
 RESUME_WAIT: Final = 2.0
 """Seconds a resume request waits for what resuming did, before it answers anyway."""
+RESUME_GRACE: Final = 5.0
+"""Seconds a resumed run's live attempts get when the server is stopped (`WebView.stop_resumes`)."""
 LISTEN_BACKLOG: Final = 128
 """Connections the kernel queues before the server accepts them (http.server's default is 5)."""
 IDLE_TIMEOUT: Final = 30.0
@@ -336,6 +339,10 @@ class WebView:
         self._flash_lock: Final = threading.Lock()
         self._flashes: Final[dict[str, list[Flash]]] = {}
         self._resuming: Final[set[str]] = set()
+        # What stops the resumes this server drives when it is stopped itself
+        # (`stop_resumes`): they run in threads, where no signal reaches.
+        self._stopper: Final = Stopper()
+        self._resume_threads: Final[dict[str, threading.Thread]] = {}
 
     def set_loopback_only(self, value: bool) -> None:
         """Refuse (or not) requests whose Host header is not a loopback name."""
@@ -678,6 +685,18 @@ class WebView:
             case _:
                 assert_never(action)
 
+    def stop_resumes(self, signal_number: int) -> list[str]:
+        """Stop the resumes this server drives, as SIGINT or SIGTERM stops `resume`: each
+        run's stop is recorded, live attempts get `RESUME_GRACE` seconds, and the runs
+        stay unfinished. Returns once they are stopped: the runs that were being resumed.
+        Resumes asked for afterwards stop as they start."""
+        self._stopper.stop(signal_number)
+        with self._flash_lock:
+            threads = dict(self._resume_threads)
+        for thread in threads.values():
+            thread.join()
+        return sorted(threads)
+
     def _resume(self, run: str, session: str) -> str:
         """Resume in a thread of its own (on a file log it drives the run, maybe for
         long); answer with what it did if that comes within `RESUME_WAIT`, else say
@@ -690,7 +709,9 @@ class WebView:
 
         def go() -> None:
             try:
-                said: str | AttemptKernelError = resume_run(self.log, run, self._workflows)
+                said: str | AttemptKernelError = resume_run(
+                    self.log, run, self._workflows, grace=RESUME_GRACE, stopper=self._stopper
+                )
             except AttemptKernelError as error:  # OperationRefused among them
                 said = error
             except BaseException as error:  # noqa: BLE001  # a step's sys.exit, a bug: said, not lost with the thread
@@ -700,12 +721,15 @@ class WebView:
                 )
             with self._flash_lock:
                 self._resuming.discard(run)
+                self._resume_threads.pop(run, None)
                 outcome.said = said
                 late = outcome.answered
             if late:
                 self._flash(session, _flash_of(said))
 
         thread = threading.Thread(target=go, name=f"resume {run}", daemon=True)
+        with self._flash_lock:
+            self._resume_threads[run] = thread
         thread.start()
         thread.join(RESUME_WAIT)
         with self._flash_lock:
@@ -926,8 +950,9 @@ class _Stop(Exception):
     """Internal: SIGTERM arrived; stop serving."""
 
 
-def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], None]) -> None:
-    """Serve until SIGINT or SIGTERM (in the main thread), then close the socket."""
+def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], None]) -> int:
+    """Serve until SIGINT or SIGTERM (in the main thread), then close the socket; return
+    the signal's number (0 when ``server.shutdown()`` ended it)."""
 
     def on_term(number: int, frame: FrameType | None) -> None:
         raise _Stop
@@ -936,8 +961,11 @@ def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], N
     try:
         announce(address_of(server))  # inside: a signal may come as soon as it is said
         server.serve_forever(poll_interval=0.2)
-    except (KeyboardInterrupt, _Stop):
-        pass
+    except KeyboardInterrupt:
+        return signal.SIGINT
+    except _Stop:
+        return signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.server_close()
+    return 0

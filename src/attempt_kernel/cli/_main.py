@@ -1641,11 +1641,23 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"serve: {url} shows {shown(_redacted(log))}; Ctrl-C stops it", flush=True)
 
     try:
-        serve_until_stopped(server, announce)
+        number = serve_until_stopped(server, announce)
+        # Resumes in flight stop as `resume` stops on a signal: recorded, unfinished.
+        stopped = view.stop_resumes(number or signal.SIGTERM)
     finally:
         close = getattr(source, "close", None)  # a PostgreSQL journal's connections
         if callable(close):
             close()
+    if stopped and number:
+        runs = ", ".join(shown(run) for run in stopped)
+        print(
+            f"attempt-kernel serve: stopped by {signal.Signals(number).name}; the resume of run(s)"
+            f" {runs} was stopped, each run unfinished: `attempt-kernel resume {shown(_redacted(log))} RUN"
+            " --workflows MODULE:ATTR` resumes it",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 128 + number
     print("serve: stopped", flush=True)
     return EXIT_OK
 
