@@ -288,6 +288,26 @@ def test_the_run_page_shows_a_run_id_with_control_characters_escaped(tmp_path: P
     assert "Timeline of run r\\x1b[31m\\u202ex:" in page
 
 
+def test_a_run_id_holding_a_lone_surrogate_is_listed_linked_and_signalled(tmp_path: Path) -> None:
+    """JSON can hold a lone surrogate (\\udc80), UTF-8 cannot: the list page crashed building
+    its link (an empty reply for the whole list). The link carries it surrogate-escaped,
+    and the run page and its forms take it back."""
+    run = "r\udc80x"
+    log = add_waiting_runs(tmp_path / "odd.jsonl", run)
+    with serving(str(log)) as url:
+        client = Client(url)
+        status, listing = client.get("/")
+        assert status == 200
+        assert '<a href="/runs/r%ED%B2%80x">r\\udc80x</a>' in listing
+        status, page = client.get("/runs/r%ED%B2%80x")
+        assert status == 200 and '<h1 id="run-id">r\\udc80x</h1>' in page
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        assert found is not None
+        status, _, _ = client.request("/runs/r%ED%B2%80x/signal", {"csrf": found.group(1), "name": "approve"})
+        assert status == 303
+    assert [r.change.name for r in records(log) if r.run == run and isinstance(r.change, SignalSent)] == ["approve"]
+
+
 def test_the_list_is_paged_by_limit_with_an_older_link(approvals: Path) -> None:
     with serving(str(approvals)) as url:
         client = Client(url)

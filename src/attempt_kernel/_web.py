@@ -242,7 +242,7 @@ def _fields(text: str, where: str) -> dict[str, list[str]]:
     of two names) would write what nobody sent.
     """
     try:
-        fields = parse_qs(text, keep_blank_values=True, errors="strict")
+        fields = parse_qs(text, keep_blank_values=True, errors="surrogatepass")
     except UnicodeDecodeError:
         raise _BadForm(f"the {where} holds bytes that are not UTF-8") from None
     for name, values in fields.items():
@@ -263,18 +263,29 @@ DOT_SEGMENTS: Final = frozenset({".", ".."})
 percent-encoded forms (``%2E``) too, before sending them."""
 
 
+def _quoted(text: str) -> str:
+    """``text`` percent-encoded for a path segment; a lone surrogate (a name JSON can hold,
+    UTF-8 cannot) as its surrogate-escaped bytes, which `unquote` gives back."""
+    return quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def _query(fields: Mapping[str, str]) -> str:
+    """A query string of ``fields``, its values encoded as `_quoted` encodes them."""
+    return urlencode(fields, encoding="utf-8", errors="surrogatepass")
+
+
 def _run_href(run: str) -> str:
     """The run's page: ``/runs/RUN`` percent-encoded; ``/runs/?id=RUN`` for ``.`` and ``..``."""
     if run in DOT_SEGMENTS:
-        return "/runs/?" + urlencode({"id": run})
-    return "/runs/" + quote(run, safe="")
+        return "/runs/?" + _query({"id": run})
+    return "/runs/" + _quoted(run)
 
 
 def _action_href(run: str, action: Action) -> str:
     """Where a run's form posts ``action``: ``/runs/RUN/ACTION``; ``/runs//ACTION?id=RUN`` for ``.`` and ``..``."""
     if run in DOT_SEGMENTS:
-        return f"/runs//{action}?" + urlencode({"id": run})
-    return f"/runs/{quote(run, safe='')}/{action}"
+        return f"/runs//{action}?" + _query({"id": run})
+    return f"/runs/{_quoted(run)}/{action}"
 
 
 def _event_text(event: IntentEvent) -> str:
@@ -425,7 +436,7 @@ class WebView:
                 "This server answers to its loopback address only (127.0.0.1 or localhost).",
             )  # fmt: skip
         split = urlsplit(request.target)
-        parts = [unquote(p) for p in split.path.split("/")[1:]]
+        parts = [unquote(p, errors="surrogatepass") for p in split.path.split("/")[1:]]
         if len(parts) in (2, 3) and parts[0] == "runs" and parts[1] == "" and split.query:
             # /runs/?id=RUN and /runs//ACTION?id=RUN: a run id no path can carry (`_run_href`)
             try:
@@ -542,8 +553,8 @@ class WebView:
             kept["limit"] = str(limit)
         older_href = None
         if start + limit < len(chosen) and page:
-            older_href = "/?" + urlencode({**kept, "older": page[-1].run})
-        newer_href = ("/?" + urlencode(kept)) if older else None
+            older_href = "/?" + _query({**kept, "older": page[-1].run})
+        newer_href = ("/?" + _query(kept)) if older else None
         shown_from = start + 1 if page else 0
         summary = f"runs {shown_from}-{start + len(page)} of {len(chosen)}"
         if len(chosen) != len(rows):
@@ -554,7 +565,7 @@ class WebView:
                 {
                     "run": shown(r.run), "href": _run_href(r.run),
                     "workflow": shown(r.workflow or "-"), "status": r.status,
-                    "workflow_href": None if r.workflow is None else "/?" + urlencode({"workflow": r.workflow}),
+                    "workflow_href": None if r.workflow is None else "/?" + _query({"workflow": r.workflow}),
                     "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
                     "waiting": ", ".join(
                         f"for signal {shown(repr(w.signal))}" if w.signal is not None
