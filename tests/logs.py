@@ -78,3 +78,20 @@ def key_in(path: Path, run: str, step: str, name: str) -> str:
     """The idempotency key intent ``name`` of ``step`` carries in ``run`` of the log at
     ``path``: made from the names and the run's random part, as its start records it."""
     return idempotency_key(run, step, name, nonce=nonce_in(path, run))
+
+
+UNENCODABLE: list[object] = [
+    {1, 2},
+    object(),
+    float("nan"),
+    b"bytes",
+    {1: "int", "1": "str"},
+    {True: 1, "true": 2},
+    [{"deep": {None: 1, "null": 2}}],
+]
+"""Values no log may hold: not JSON, or a dict whose keys JSON writes alike (the reader
+refuses a key written twice). Every store must refuse each with nothing written."""
+UNENCODABLE_IDS: list[str] = [
+    "set", "object", "nan", "bytes", "keys 1 and '1'", "keys True and 'true'", "keys None and 'null' nested",
+]
+

@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from pgtools import sql_in
-from logs import fixed_clock, indeterminate_changes, simple_changes
+from logs import UNENCODABLE, UNENCODABLE_IDS, fixed_clock, indeterminate_changes, simple_changes
 from psycopg import sql
 
 from attempt_kernel import (
@@ -136,19 +136,7 @@ def test_read_can_be_called_again(store: Journal) -> None:
     assert list(store.read()) == list(store.read())
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        {1, 2},
-        object(),
-        float("nan"),
-        b"bytes",
-        {1: "int", "1": "str"},
-        {True: 1, "true": 2},
-        [{"deep": {None: 1, "null": 2}}],
-    ],
-    ids=["set", "object", "nan", "bytes", "keys 1 and '1'", "keys True and 'true'", "keys None and 'null' nested"],
-)
+@pytest.mark.parametrize("value", UNENCODABLE, ids=UNENCODABLE_IDS)
 def test_unencodable_value_raises_and_writes_nothing(store: Journal, value: object) -> None:
     """A value JSON cannot carry is refused; the next append still gets the next number."""
     store.append("r", AttemptCreated(step="s", attempt=1))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from logs import fixed_clock, indeterminate_changes, simple_changes, write_log
+from logs import UNENCODABLE, UNENCODABLE_IDS, fixed_clock, indeterminate_changes, simple_changes, write_log
 
 from attempt_kernel import (
     Abandon,
@@ -169,19 +169,7 @@ def test_a_circular_value_is_refused_and_the_next_one_is_still_written() -> None
     assert b',"value":[1],' in encode_record(1, 2, "r", StepResult(step="s", attempt=1, value=looped))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "value",
-    [
-        {1, 2},
-        object(),
-        float("nan"),
-        b"bytes",
-        {1: "int", "1": "str"},
-        {True: 1, "true": 2},
-        [{"deep": {None: 1, "null": 2}}],
-    ],
-    ids=["set", "object", "nan", "bytes", "keys 1 and '1'", "keys True and 'true'", "keys None and 'null' nested"],
-)
+@pytest.mark.parametrize("value", UNENCODABLE, ids=UNENCODABLE_IDS)
 def test_unencodable_value_is_refused_and_nothing_is_written(value: object, tmp_path: Path) -> None:
     """A result JSON cannot carry raises UnencodableRecord; the log stays as it was."""
     path = write_log(tmp_path / "log", simple_changes())
