@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from attempt_kernel import replay
+from attempt_kernel._ledger import Ledger
 from attempt_kernel.postgres import PgJournal
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -159,6 +160,43 @@ def test_recover_leaves_alone_a_run_that_run_url_drives_and_a_second_run_is_refu
     assert "run status: succeeded" in out
     assert len(book.read_text().splitlines()) == 1  # the effect was sent once
     assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
+
+
+def test_run_url_stops_its_run_when_the_session_holding_it_ends(db: str, tmp_path: Path) -> None:
+    """The hold lasts as long as its database session: once that session is gone (here
+    terminated by the server), another process could take the run over, so `run` stops
+    driving it (the stop recorded, the run unfinished) and says why, exit 1."""
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    gate, book = tmp_path / "gate", tmp_path / "book"
+    gate.mkdir()
+    env = {**os.environ, "WAIT_GATE": str(gate), "WAIT_BOOK": str(book)}
+    with subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as driver:  # fmt: skip
+        deadline = time.monotonic() + 60  # waits for the effect to be in flight; no bound asserted
+        while not (gate / "waiting").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.02)
+        with psycopg.connect(db, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(l.pid) FROM pg_locks l"
+                " WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()"
+            ).fetchall()
+        assert rows == [(True,)]
+        out, err = driver.communicate(timeout=120)
+    assert driver.returncode == 1, out + err
+    assert err.startswith("attempt-kernel run: error: the database session holding run(s) b-1 ended ("), err
+    assert err.endswith(
+        "so another process could take them over: they were stopped, unfinished;"
+        " `attempt-kernel recover postgresql://postgres@" + db.partition("@")[2]
+        + " --workflows waitflows:BLOCKED` resumes them\n"
+    ), err
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    view = ledger.runs["b-1"]
+    assert not view.finished and view.stop_requested
 
 
 def test_submit_prints_a_run_id_escaped_as_runs_does(db: str, shop: Path) -> None:

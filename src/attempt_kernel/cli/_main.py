@@ -24,7 +24,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -36,7 +36,7 @@ from .._version import __version__
 from .._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from .._errors import AttemptKernelError
 from .._findings import EffectHappened, EffectNotHappened, EffectUnknown
-from .._executor import Job, RunsStopped, recorded_report, run_jobs
+from .._executor import Job, RunsStopped, Stopper, recorded_report, run_jobs
 from .._history import run_history
 from .._ledger import Ledger
 from .._observe import utc
@@ -863,6 +863,7 @@ def _run(args: argparse.Namespace) -> int:
     _names_a_file(log_path, "--log")
     if args.run_id == "":  # refused before the log is created
         raise _Usage("--run needs a non-empty id")
+    stopper, lost = Stopper(), list[str]()
     with _journal(log_path, create=True) as log, contextlib.ExitStack() as holding:
         run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name)
         if _is_url(log_path):
@@ -874,6 +875,7 @@ def _run(args: argparse.Namespace) -> int:
                     " (attempt-kernel run or recover) now; nothing was written"
                     + ("" if args.run_id is not None else ": pick an id with --run")
                 )
+            holds.watch(_on_lost(lost, stopper))
         ledger = Ledger()
         ledger.feed(log.read())
         known = ledger.run(run)
@@ -913,9 +915,11 @@ def _run(args: argparse.Namespace) -> int:
                 stop_on_signals=True,
                 grace=GRACE,
                 on_wait=None if as_json else _announce_waits(log_path),
+                stopper=stopper,
             )
         except RunsStopped as error:
-            return _stopped("run", error, f"attempt-kernel recover {_redacted(log_path)} --workflows {target}")
+            resume = f"attempt-kernel recover {_redacted(log_path)} --workflows {target}"
+            return _hold_lost("run", lost, error, resume) if lost else _stopped("run", error, resume)
     if as_json:
         _print_json({"log": _redacted(log_path), "ran": True, **_run_json(report)})
     else:
@@ -929,14 +933,54 @@ def _run_holds(url: str) -> RunHolds:
     return RunHolds(url)
 
 
-def _driven_elsewhere(url: str, holds: RunHolds, workers: frozenset[str]) -> frozenset[str]:
-    """The unfinished runs of the journal at ``url`` that no live worker holds and that
-    another process (`run URL`, `recover URL`) drives now; the others are held by ``holds``."""
-    ledger = Ledger()
-    with _reading(url) as source:
-        ledger.feed(source.read())
-    unfinished = sorted(run for run, view in ledger.runs.items() if not view.finished and run not in workers)
-    return frozenset(run for run in unfinished if not holds.take(run))
+def _on_lost(lost: list[str], stopper: Stopper) -> Callable[[str], None]:
+    """What `RunHolds.watch` calls once the holds are gone: stop the runs, noting why."""
+
+    def on_lost(why: str) -> None:
+        lost.append(why)
+        stopper.stop(signal.SIGTERM)
+
+    return on_lost
+
+
+def _hold_lost(command: str, lost: list[str], error: RunsStopped, resume: str) -> int:
+    """The runs stopped because this process lost its holds on them: say so; exit 1."""
+    runs = ", ".join(shown(r.run) for r in error.reports) or "none"
+    print(
+        f"attempt-kernel {command}: error: the database session holding run(s) {runs} ended"
+        f" ({shown(lost[0])}), so another process could take them over: they were stopped,"
+        f" unfinished; `{resume}` resumes them",
+        file=sys.stderr,
+    )
+    return EXIT_NOT_SUCCEEDED
+
+
+@final
+class _HeldElsewhere(Collection[str]):
+    """The runs `recover URL` leaves alone: those live workers hold, and those another
+    process (`run URL`, `recover URL`) holds, asked of each run as recovery comes to it,
+    so a run started after any earlier look is held before it is touched."""
+
+    def __init__(self, holds: RunHolds, workers: frozenset[str]) -> None:
+        self._holds: Final = holds
+        self.workers: Final = workers
+        self.driven: Final[set[str]] = set()
+
+    def __contains__(self, run: object) -> bool:
+        if not isinstance(run, str):
+            return False
+        if run in self.workers or run in self.driven:
+            return True
+        if self._holds.take(run):
+            return False
+        self.driven.add(run)
+        return True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.workers | self.driven))
+
+    def __len__(self) -> int:
+        return len(self.workers | self.driven)
 
 
 def _recover(args: argparse.Namespace) -> int:
@@ -961,20 +1005,33 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     # worker's; recovering it here would end its live attempts as orphans.
     held = held_runs(log_path) if _is_url(log_path) else None
     # A run that `run URL` or another `recover URL` drives holds no lease;
-    # that process holds the run instead (`RunHolds`).
-    driven = frozenset[str]()
+    # that process holds the run instead (`RunHolds`), and so does this one.
+    stopper, lost = Stopper(), list[str]()
+    elsewhere: _HeldElsewhere | None = None
     if _is_url(log_path):
         holds = holding.enter_context(_run_holds(log_path))
-        driven = _driven_elsewhere(log_path, holds, held or frozenset())
-    skipped = (held or frozenset()) | driven
+        holds.watch(_on_lost(lost, stopper))
+        elsewhere = _HeldElsewhere(holds, held or frozenset())
+    skipped: Collection[str] = frozenset() if elsewhere is None else elsewhere
 
     as_json: bool = args.json
     taken_up: list[Recovery] = []
+    said: set[str] = set()
+
+    def say_left_alone() -> None:
+        if as_json or elsewhere is None:
+            return
+        for run in sorted(elsewhere.workers - said):
+            print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
+        for run in sorted(elsewhere.driven - said):
+            print(f"recover: leaving run {shown(run)} alone: another process (run or recover) drives it")
+        said.update(elsewhere.workers, elsewhere.driven)
 
     def print_recovery(recovery: Recovery) -> None:
         taken_in.extend(recovery.taken_in)  # a file log's inbox, taken in by recovery
         if as_json:
             return
+        say_left_alone()  # with those found held as recovery came to them
         for line in recovery.taken_in:
             print(f"recover: {shown(line)}")
         if skipped and recovery.changed_nothing:  # "every run has finished" would be false
@@ -993,11 +1050,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             sys.stdout.write(_report.taken_up_text(done))
             sys.stdout.flush()
 
-    if not as_json:
-        for run in sorted(held or ()):
-            print(f"recover: leaving run {shown(run)} alone: a live worker drives it")
-        for run in sorted(driven):
-            print(f"recover: leaving run {shown(run)} alone: another process (run or recover) drives it")
+    say_left_alone()
     taken_in: list[str] = []
     if _is_url(log_path):
         # What operators sent while a worker that has died drove its run.
@@ -1019,9 +1072,11 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             on_recovered=print_recovery,
             on_taken_up=print_taken_up,
             on_wait=None if as_json else _announce_waits(log_path),
+            stopper=stopper,
         )
     except RunsStopped as error:
-        return _stopped("recover", error, f"attempt-kernel recover {_redacted(log_path)}{extra}")
+        resume = f"attempt-kernel recover {_redacted(log_path)}{extra}"
+        return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
     if as_json:
         recovery = resumed.recovery
         tail = recovery.torn_tail

@@ -2131,7 +2131,9 @@ class RunHolds:
     ends its session when the connection drops). So a second ``run`` of the
     same id, or a ``recover`` while a ``run`` (or another ``recover``) drives
     a run, finds the run held and leaves it alone, as the file log's lock
-    makes a second writer wait.
+    makes a second writer wait. The locks last as long as the session: if
+    its connection drops while the process goes on, `watch` says so, and
+    the process must stop driving the runs.
     """
 
     def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA) -> None:
@@ -2140,6 +2142,26 @@ class RunHolds:
         self._schema: Final = schema
         self._conn: Final = connect(url)
         self.held: Final[set[str]] = set()
+        self._closing: Final = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def watch(self, on_lost: Callable[[str], None], every: float = 1.0) -> None:
+        """Check every ``every`` seconds, on a thread of its own, that this session is
+        still there (its locks end with it: a dropped connection, a terminated backend).
+        Once it is not, call ``on_lost`` once, with why, and stop checking; the caller
+        stops driving the runs (another process may take them over from then on)."""
+
+        def check() -> None:
+            while not self._closing.wait(every):
+                try:
+                    self._conn.execute("SELECT 1")
+                except psycopg.Error as error:
+                    if not self._closing.is_set():
+                        on_lost(" ".join(str(error).split()) or type(error).__name__)
+                    return
+
+        self._watcher = threading.Thread(target=check, name="run holds", daemon=True)
+        self._watcher.start()
 
     def take(self, run: str) -> bool:
         """Hold ``run`` (True), or say that another process holds it now (False)."""
@@ -2154,6 +2176,7 @@ class RunHolds:
     def close(self) -> None:
         """Let every run go: unlocked before the connection closes (the server ends a
         closed session a moment later, and a run would stay held until then)."""
+        self._closing.set()
         try:
             if self.held and not self._conn.closed:
                 self._conn.execute("SELECT pg_advisory_unlock_all()")
@@ -2162,6 +2185,8 @@ class RunHolds:
         finally:
             self.held.clear()
             self._conn.close()
+            if self._watcher is not None:
+                self._watcher.join()
 
     def __enter__(self) -> Self:
         return self
