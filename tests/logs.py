@@ -88,10 +88,12 @@ UNENCODABLE: list[object] = [
     {1: "int", "1": "str"},
     {True: 1, "true": 2},
     [{"deep": {None: 1, "null": 2}}],
+    {float("nan"): 1, "nan": 2},
 ]
 """Values no log may hold: not JSON, or a dict whose keys JSON writes alike (the reader
 refuses a key written twice). Every store must refuse each with nothing written."""
 UNENCODABLE_IDS: list[str] = [
     "set", "object", "nan", "bytes", "keys 1 and '1'", "keys True and 'true'", "keys None and 'null' nested",
+    "a NaN key beside 'nan'",
 ]
 

@@ -171,3 +171,22 @@ def test_the_library_refuses_a_deep_payload_or_result_as_the_command_line_does(t
                        r" nested deeper than 100 levels of arrays and objects$"):
         reconcile_intent(reconcilable, "k-send", confirmed=True, result=deep)
     assert listing(tmp_path) == before
+
+
+def test_the_library_refuses_keys_json_writes_alike_before_anything_is_written(tmp_path: Path) -> None:
+    """A Python caller's payload or result with keys 1 and "1": refused as the operator's
+    error (OperationRefused), not left to fail in the writer."""
+    log = waiting_log(tmp_path / "a.jsonl")
+    twins: JSON = {1: "int", "1": "str"}  # type: ignore[dict-item]
+    before = listing(tmp_path)
+    with pytest.raises(OperationRefused, match=r"^signal 'approve' to run 'a-1': the payload is not a JSON value"
+                       r" \(an object has keys 1 and '1', which JSON writes as the same key '1'"):
+        send_signal(log, "a-1", "approve", twins)
+    assert listing(tmp_path) == before
+    reconcilable = write_log(tmp_path / "r.jsonl", [RunStarted(workflow="mailer"), *indeterminate_changes()])
+    before = listing(tmp_path)
+    with pytest.raises(OperationRefused, match=r"^reconciliation of intent 'k-send': the result is not a JSON value"
+                       r" \(an object has keys 1 and '1'"):
+        reconcile_intent(reconcilable, "k-send", confirmed=True, result=twins)
+    assert listing(tmp_path) == before
+

@@ -147,6 +147,12 @@ def test_keys_that_json_writes_alike_are_refused_naming_both() -> None:
     )
 
 
+def test_a_nan_key_is_refused_as_out_of_range_not_as_a_twin_of_the_text_nan() -> None:
+    """JSON writes no key for NaN: the encoder's own reason is the one given."""
+    with pytest.raises(UnencodableRecord, match="Out of range float values are not JSON compliant"):
+        encode_record(1, 2, "r", StepResult(step="s", attempt=1, value={float("nan"): 1, "nan": 2}))  # type: ignore[dict-item]
+
+
 def test_an_empty_run_id_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     """The reader refuses a line whose run is empty, so the writer never writes one."""
     path = write_log(tmp_path / "log", simple_changes())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import threading
 import zlib
 from collections.abc import Callable, Iterable
@@ -344,6 +345,13 @@ _make_encoder: Final[Callable[..., Callable[[object, int], Iterable[str]]] | Non
 _json_encoders: Final = threading.local()
 
 
+def json_text(value: object) -> str:
+    """``value`` as a record writes it; raises what `encode_record` turns into
+    `UnencodableRecord` (TypeError, ValueError, RecursionError): for a caller that
+    checks a value before it builds a record (an operator's payload)."""
+    return _value(value)
+
+
 def _value(value: object) -> str:
     """``_dumps(value)``, byte for byte, at a fraction of its cost for the values
     records carry (a step's result, an effect's, a run's input and result).
@@ -392,43 +400,41 @@ def _no_colliding_keys(value: object) -> None:
     as the same string (``1`` and ``"1"``, ``True`` and ``"true"``): the line
     would hold a duplicate key, which the reader refuses as corruption.
 
-    Walks with a list, not recursion, and stops below `_MAX_WALK` levels (the
-    encoder refuses deeper values itself); a container met twice is walked
-    once (the encoder refuses a circular one).
+    Walks with a list, not recursion (a value too deep for the encoder is
+    walked, then refused by it); a container met twice is walked once (the
+    encoder refuses a circular one). Linear in the value's size.
     """
-    todo: list[tuple[object, int]] = [(value, 0)]
+    todo: list[object] = [value]
     seen: set[int] = set()
     while todo:
-        item, depth = todo.pop()
-        if depth > _MAX_WALK:
+        item = todo.pop()
+        if id(item) in seen:
             continue
+        seen.add(id(item))
         if isinstance(item, dict):
             mapping = cast("dict[object, object]", item)
-            if id(mapping) in seen:
-                continue
-            seen.add(id(mapping))
             if not all(type(k) is str for k in mapping):
-                texts = [_key_text(k) for k in mapping]
-                if len(set(texts)) < len(texts):
-                    first = next(k for k, t in zip(mapping, texts) if texts.count(t) > 1)
-                    twins = [k for k, t in zip(mapping, texts) if t == _key_text(first)]
-                    raise ValueError(
-                        f"an object has keys {' and '.join(repr(k) for k in twins)}, which JSON"
-                        f" writes as the same key {_key_text(first)!r}; a log line cannot"
-                        " hold a key twice"
-                    )
-            todo.extend((v, depth + 1) for v in mapping.values() if type(v) not in _SCALARS)
+                _distinct_keys(mapping)
+            todo.extend(v for v in mapping.values() if type(v) not in _SCALARS)
         elif isinstance(item, (list, tuple)):
-            items = cast("list[object]", item)
-            if id(items) in seen:
-                continue
-            seen.add(id(items))
-            todo.extend((v, depth + 1) for v in items if type(v) not in _SCALARS)
+            todo.extend(v for v in cast("list[object]", item) if type(v) not in _SCALARS)
 
 
-_MAX_WALK: Final = 10_000
-"""How deep `_no_colliding_keys` looks: far below what the C encoder can write
-before it raises RecursionError, which refuses the value anyway."""
+def _distinct_keys(mapping: dict[object, object]) -> None:
+    """ValueError naming the first two keys of ``mapping`` that JSON writes alike."""
+    first: dict[object, object] = {}
+    for key in mapping:
+        text = _key_text(key)
+        if isinstance(key, float) and not math.isfinite(key):
+            continue  # no JSON key at all: the encoder refuses it, saying so
+        twin = first.setdefault(text, key)
+        if twin is not key:
+            raise ValueError(
+                f"an object has keys {twin!r} and {key!r}, which JSON writes as the same key"
+                f" {text!r}; a log line cannot hold a key twice"
+            )
+
+
 _SCALARS: Final = frozenset({str, int, float, bool, type(None)})
 
 

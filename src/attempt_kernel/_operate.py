@@ -13,7 +13,6 @@ Intent moves go through `intent_transition`, as every intent move does.
 
 from __future__ import annotations
 
-import json
 import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +21,7 @@ from typing import Final, Union
 
 from typing_extensions import TypeAlias, assert_never, final
 
+from ._codec import json_text
 from ._errors import AttemptKernelError
 from ._intent import DISPATCHED, Confirm, IntentCause, Reject, intent_transition, is_outstanding
 from ._ledger import Ledger, RunView
@@ -135,7 +135,7 @@ def signal_change(
     check_signal_name(name, doing)
     value: JSON = {} if payload is None else payload
     try:
-        json.dumps(value, allow_nan=False)
+        json_text(value)  # what the record would hold: refused now, not when it is written
     except (TypeError, ValueError, RecursionError) as error:
         raise OperationRefused(f"{doing}: the payload is not a JSON value ({error})") from None
     problem = json_problem(value)  # JSON, but nested past the limit
@@ -176,6 +176,10 @@ def reconcile_change(
     """
     if result is not None and not confirmed:
         raise OperationRefused("a rejected effect has no result (give a result with a confirm only)")
+    try:
+        json_text(result)
+    except (TypeError, ValueError, RecursionError) as error:
+        raise OperationRefused(f"reconciliation of intent {key!r}: the result is not a JSON value ({error})") from None
     problem = json_problem(result)
     if problem is not None:
         raise OperationRefused(f"reconciliation of intent {key!r}: the result is refused: {problem}")
