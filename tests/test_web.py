@@ -65,6 +65,7 @@ from attempt_kernel._operations import cancel_run, resume_run, send_signal
 from attempt_kernel._report import short
 from attempt_kernel._store import LogSource
 from attempt_kernel._web import MetricsHook, WebView, address_of, open_server
+from attempt_kernel._web import _origin_ok  # pyright: ignore[reportPrivateUsage]  # the check itself, over addresses no test machine has
 from attempt_kernel._web_timeline import duration, timeline
 from attempt_kernel._history import AttemptHistory, Moved, RunHistory, StepHistory, run_history
 from waitflows import APPROVER
@@ -954,6 +955,24 @@ def test_a_post_from_another_origin_is_refused_and_writes_nothing(approvals: Pat
     )
     assert unchanged
     assert accepted == 303
+
+
+@pytest.mark.parametrize(
+    ("origin", "host", "local", "ok"),
+    [
+        ("http://192.0.2.2:8421", "192.0.2.2:8421", "192.0.2.2", True),
+        ("http://192.0.2.2:8421", "192.0.2.2:8421", "::ffff:192.0.2.2", True),  # --host ::, over IPv4
+        ("http://[fd00::2]:8421", "[fd00::2]:8421", "fd00::2", True),
+        ("http://192.0.2.9:8421", "192.0.2.9:8421", "::ffff:192.0.2.2", False),  # not the address it came to
+        ("http://192.0.2.2:8421", "192.0.2.2:9999", "192.0.2.2", False),  # not the page's own Host
+        ("null", "192.0.2.2:8421", "192.0.2.2", False),
+    ],
+    ids=["ipv4", "ipv4 on a dual-stack socket", "ipv6", "another address", "another port", "null"],
+)
+def test_an_origin_is_this_servers_own_when_it_names_the_address_the_connection_came_to(
+    origin: str, host: str, local: str, ok: bool
+) -> None:
+    assert _origin_ok(origin, host, local) is ok
 
 
 # --------------------------------------------------------------------------

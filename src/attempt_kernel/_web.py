@@ -183,7 +183,11 @@ def _origin_ok(origin: str, host_header: str, local: str) -> bool:
     if is_loopback(origin_host):
         return True
     try:
-        if ipaddress.ip_address(origin_host) == ipaddress.ip_address(local.partition("%")[0]):
+        came_to = ipaddress.ip_address(local.partition("%")[0])
+        # A dual-stack socket (--host ::) sees an IPv4 client at ::ffff:a.b.c.d.
+        if isinstance(came_to, ipaddress.IPv6Address) and came_to.ipv4_mapped is not None:
+            came_to = came_to.ipv4_mapped
+        if ipaddress.ip_address(origin_host) == came_to:
             return True
     except ValueError:
         pass
