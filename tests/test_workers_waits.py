@@ -467,3 +467,23 @@ def test_a_change_a_queued_run_would_refuse_is_refused_now(pg_url: str, schema: 
             pg_url, lambda ledger: ("q-3", signal_change(ledger, "q-3", "", None)), run="q-3", schema=schema
         )
     assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+
+
+def test_signals_sent_to_a_queued_run_that_ends_first_are_taken_out_of_the_inbox(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    """A cancel and then a signal for a queued run: the cancel ends the run before any step,
+    and the signal, which nothing will wait for now, is dropped by that worker, saying why,
+    not left in the inbox for a later recover."""
+    set_pool(pg_url, "llm", 4, schema=schema)
+    submit_run(pg_url, "approver", "q-4", schema=schema)
+    deliver_pg(pg_url, lambda ledger: ("q-4", cancel_change(ledger, "q-4", "first")), run="q-4", schema=schema)
+    deliver_pg(pg_url, lambda ledger: ("q-4", signal_change(ledger, "q-4", "approve", 1)), run="q-4", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, UNTIL_IDLE="1"))
+    assert code == 0, out
+    assert "q-4: dropped an inbox entry: run 'q-4' has finished" in out
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+    assert [type(r.change).__name__ for r in finished_once_each(pg_url, schema, ["q-4"])] == [
+        "RunStarted", "RunCancelRequested", "RunFinished",
+    ]
+

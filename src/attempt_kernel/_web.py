@@ -54,7 +54,7 @@ from ._operate import Delivered, OperationRefused
 from ._executor import Stopper
 from ._operations import cancel_run, held_runs, listed_runs, reconcile_intent, resume_run, send_signal
 from ._runlist import LISTED_STATUSES, RunFilter, listed_status, select
-from ._records import JSON, LogItem
+from ._records import JSON, LogItem, RunCancelRequested
 from ._report import short, shown, when
 from ._store import LogSource
 from ._web_pages import STYLE, TEMPLATES
@@ -660,7 +660,8 @@ class WebView:
         if delivered.recorded:
             return "recorded in the journal" if journal else "recorded in the log"
         if delivered.queued:
-            return "it waits in the journal's inbox: the run is queued, and the worker that starts it takes it in"
+            when = "before any step starts" if isinstance(delivered.change, RunCancelRequested) else "once the run runs"
+            return f"it waits in the journal's inbox: the run is queued, and the worker that starts it takes it in {when}"
         if journal:
             return "it waits in the journal's inbox: the worker driving the run takes it in within about a second"
         return "it waits in the log's inbox: the process writing the log takes it in within about a second"

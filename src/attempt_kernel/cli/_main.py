@@ -47,7 +47,7 @@ from .._operate import (
     MAX_JSON_DEPTH, Build, Delivered, Delivery, cancel_change, json_problem, reconcile_change, signal_change,
 )  # fmt: skip
 from .._records import (
-    JSON, CorruptLine, IntentReconciled, LogItem, Record, RunStarted, SignalSent, TornTail, WaitStarted,
+    JSON, CorruptLine, IntentReconciled, LogItem, Record, RunCancelRequested, RunStarted, SignalSent, TornTail, WaitStarted,
 )  # fmt: skip
 from .._outcome import RunReport
 from .._recovery import Recovery
@@ -1185,10 +1185,8 @@ def _where(log: str, delivered: Delivered) -> str:
     if delivered.recorded:
         return f"recorded in {shown(_redacted(log))}"
     if delivered.queued:
-        return (
-            "waits in the journal's inbox: the run is queued, and the worker that starts it takes"
-            " it in (a cancel before any step starts)"
-        )
+        when = "before any step starts" if isinstance(delivered.change, RunCancelRequested) else "once the run runs"
+        return f"waits in the journal's inbox: the run is queued, and the worker that starts it takes it in {when}"
     if _is_url(log):
         return (
             "waits in the journal's inbox: the worker driving the run takes it in within"

@@ -975,6 +975,10 @@ class Worker:
             report = await executor.run(workflow, run, control=control, prior=prior, input=claim.input)
             if cancels:  # recorded now (the run's end is durable): the rows go
                 conn.execute(_statement(_INBOX_TAKEN, self._schema), (cancels,))
+            if not claim.written and claim.mail:
+                # What was sent while it was queued and is still there (it ended
+                # before the next look): taken in now, or dropped saying why.
+                self._take_in(conn)
             schema = self._schema
             if report.status == "interrupted":  # stopped: back to the queue, for another worker
                 conn.execute(_statement(_RELEASE, schema), (run, lease.owner, lease.fence))
