@@ -503,12 +503,25 @@ def test_a_password_in_the_url_is_never_shown() -> None:
         (
             "postgresql://app:TopSecret9@[::1/db",
             'end of string reached when looking for matching "]" in IPv6 host address in URI:'
-            ' "postgresql://app:***@[::1/db"',
+            ' "postgresql://app@[::1/db"',
         ),
         ("postgresql://app:Top%Secret@127.0.0.1:1/db", 'invalid percent-encoded token: "***"'),
         ("postgresql://127.0.0.1:1/db?password=Hush%zz", 'invalid percent-encoded token: "***"'),
+        ("postgresql://127.0.0.1:1/db?pass%77ord=Hush%zz", 'invalid percent-encoded token: "***"'),
+        (
+            "postgresql://app:a@[::1/db",  # a short password is not spelled out by its replacements
+            'end of string reached when looking for matching "]" in IPv6 host address in URI:'
+            ' "postgresql://app@[::1/db"',
+        ),
+        (
+            "postgresql://app:ab@cd@127.0.0.1:1/db",  # else the driver takes "cd@127.0.0.1" for the host
+            "it holds '@' more than once before its host; write an '@' in a user name or password as %40",
+        ),
     ],
-    ids=["quoted whole", "the password is the bad token", "a password parameter"],
+    ids=[
+        "quoted whole", "the password is the bad token", "a password parameter",
+        "a password parameter with its name escaped", "a one-letter password", "an unescaped @ in it",
+    ],
 )
 def test_a_url_the_driver_cannot_parse_is_a_wrong_argument_and_hides_its_password(
     url: str, reason: str

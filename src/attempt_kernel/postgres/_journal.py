@@ -106,6 +106,7 @@ from .._records import (
     WaitEnded,
     WaitStarted,
 )
+from .._report import redacted
 from .._runlist import RunFilter, RunRow, WaitOn, listed_status
 
 PG_SCHEMA_VERSION: Final = 6
@@ -800,27 +801,42 @@ def database_named(url: str) -> str:
 
 
 def _secrets(url: str) -> list[str]:
-    """What in ``url`` may be a password, longest first: the user-info's after its
-    first ``:`` (up to the first ``@``, and up to the last, for a password that
-    holds an unescaped ``@``), and any ``password=`` parameter; each also
-    percent-decoded. Read by hand: a URL the driver cannot parse may still hold one."""
+    """What in ``url`` may be a password: the user-info's text after its first ``:``,
+    up to each ``@``, and the value of any parameter whose name reads ``password``
+    once percent-decoded; each also percent-decoded. Read by hand: a URL the driver
+    cannot parse may still hold one."""
     found: set[str] = set()
     _, scheme, rest = url.partition("://")
     if scheme:
-        for userinfo in (rest.partition("@")[0] if "@" in rest else "", rest.rpartition("@")[0]):
-            found.add(userinfo.partition(":")[2])
-    for match in re.finditer(r"password=([^&\s]*)", url):
-        found.add(match.group(1))
+        for at, char in enumerate(rest):
+            if char == "@":
+                found.add(rest[:at].partition(":")[2])
+    for part in re.split(r"[?&\s]", url.partition("?")[2]):
+        name, equals, value = part.partition("=")
+        if equals and urllib.parse.unquote(name).strip() == "password":
+            found.add(value)
     found |= {urllib.parse.unquote(secret) for secret in found}
-    return sorted((secret for secret in found if secret), key=len, reverse=True)
+    return [secret for secret in found if secret]
 
 
 def scrubbed(text: str, url: str) -> str:
-    """``text`` (a driver's message about ``url``) with every password of ``url`` in it
-    replaced by ``***``: libpq quotes a URL it cannot parse, or the token it stopped at."""
-    for secret in _secrets(url):
-        text = text.replace(secret, "***")
-    return text
+    """``text`` (a driver's message about ``url``) without any password of ``url``.
+
+    libpq quotes what it cannot parse: the URL, or the token it stopped at
+    (which may be the password). A quoted part that holds a password is
+    replaced: the URL by its form without the password, anything else by
+    ``***``. Text outside quotes is the driver's own, left as it is (replacing
+    a short password wherever it occurs would spell it out).
+    """
+    secrets = _secrets(url)
+
+    def quoted(match: re.Match[str]) -> str:
+        mark, inside = match.group(1), match.group(2)
+        if not any(secret in inside for secret in secrets):
+            return match.group(0)
+        return f"{mark}{redacted(url) if inside == url else '***'}{mark}"
+
+    return re.sub(r"([\"'])(.*?)\1", quoted, text)
 
 
 def _connect_error(url: str, error: psycopg.Error) -> PgJournalError:
@@ -828,7 +844,15 @@ def _connect_error(url: str, error: psycopg.Error) -> PgJournalError:
 
     A URL the driver cannot parse is a `PgJournalError` (a wrong argument,
     which no retry mends); one it can parse but not reach, `PgConnectFailed`.
+    So is a URL with an ``@`` in its user name or password not escaped: the
+    driver takes the rest for the host, which would print part of a password.
     """
+    authority = url.partition("://")[2].partition("?")[0].rpartition("@")[0]
+    if "@" in authority:
+        return PgJournalError(
+            "not a PostgreSQL URL the driver can read: it holds '@' more than once before its"
+            " host; write an '@' in a user name or password as %40"
+        )
     reason = scrubbed("; ".join(part.strip() for part in str(error).splitlines() if part.strip()), url)
     try:
         conninfo_to_dict(url)
