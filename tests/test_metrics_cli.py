@@ -93,6 +93,7 @@ def test_serve_mounts_the_journal_gauges_at_metrics(tmp_path: Path) -> None:
     assert "attempt_kernel_attempts_total" not in text
 
 
+@pytest.mark.slow
 def test_replay_metrics_writes_a_control_character_in_the_log_name_escaped(tmp_path: Path) -> None:
     """An ESC in the log's file name reached the ``journal`` label raw; it is written as the
     text ``\\x1b``, as every report shows it (backslash and quote escaped as the format says)."""
