@@ -154,39 +154,36 @@ def test_reconcile_refuses_such_a_result(tmp_path: Path, capsys: pytest.CaptureF
     assert main(["reconcile", str(log), "--key", "k-send", "--confirmed", "--result", "[[1]]"]) == 0
 
 
-def test_the_library_refuses_a_deep_payload_or_result_as_the_command_line_does(tmp_path: Path) -> None:
-    """send_signal and reconcile_intent are the doors the web view goes through too."""
-    log = waiting_log(tmp_path / "a.jsonl")
+def _deep() -> JSON:
     deep: JSON = []
     for _ in range(100):
         deep = [deep]  # 101 levels
-    before = listing(tmp_path)
-    with pytest.raises(OperationRefused, match=r"^signal 'approve' to run 'a-1': the payload is refused: it is"
-                       r" nested deeper than 100 levels of arrays and objects$"):
-        send_signal(log, "a-1", "approve", deep)
-    assert listing(tmp_path) == before
-    reconcilable = write_log(tmp_path / "r.jsonl", [RunStarted(workflow="mailer"), *indeterminate_changes()])
-    before = listing(tmp_path)
-    with pytest.raises(OperationRefused, match=r"^reconciliation of intent 'k-send': the result is refused: it is"
-                       r" nested deeper than 100 levels of arrays and objects$"):
-        reconcile_intent(reconcilable, "k-send", confirmed=True, result=deep)
-    assert listing(tmp_path) == before
+    return deep
 
 
-def test_the_library_refuses_keys_json_writes_alike_before_anything_is_written(tmp_path: Path) -> None:
-    """A Python caller's payload or result with keys 1 and "1": refused as the operator's
-    error (OperationRefused), not left to fail in the writer."""
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (_deep(), "is refused: it is nested deeper than 100 levels of arrays and objects"),
+        (
+            {1: "int", "1": "str"},
+            r"is not a JSON value \(an object has keys 1 and '1', which JSON writes as the same key '1'",
+        ),
+    ],
+    ids=["nested past the limit", "keys JSON writes alike"],
+)
+def test_the_library_refuses_a_payload_or_result_as_the_command_line_does(
+    tmp_path: Path, value: JSON, why: str
+) -> None:
+    """send_signal and reconcile_intent are the doors the web view and Python callers go
+    through: refused there (OperationRefused), nothing written, not left to the writer."""
     log = waiting_log(tmp_path / "a.jsonl")
-    twins: JSON = {1: "int", "1": "str"}  # type: ignore[dict-item]
     before = listing(tmp_path)
-    with pytest.raises(OperationRefused, match=r"^signal 'approve' to run 'a-1': the payload is not a JSON value"
-                       r" \(an object has keys 1 and '1', which JSON writes as the same key '1'"):
-        send_signal(log, "a-1", "approve", twins)
+    with pytest.raises(OperationRefused, match=rf"^signal 'approve' to run 'a-1': the payload {why}"):
+        send_signal(log, "a-1", "approve", value)
     assert listing(tmp_path) == before
     reconcilable = write_log(tmp_path / "r.jsonl", [RunStarted(workflow="mailer"), *indeterminate_changes()])
     before = listing(tmp_path)
-    with pytest.raises(OperationRefused, match=r"^reconciliation of intent 'k-send': the result is not a JSON value"
-                       r" \(an object has keys 1 and '1'"):
-        reconcile_intent(reconcilable, "k-send", confirmed=True, result=twins)
+    with pytest.raises(OperationRefused, match=rf"^reconciliation of intent 'k-send': the result {why}"):
+        reconcile_intent(reconcilable, "k-send", confirmed=True, result=value)
     assert listing(tmp_path) == before
-

@@ -6,12 +6,14 @@ drives the CLI in subprocesses with the tutorial's workflow file.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Generator
 from pathlib import Path
 
 import psycopg
@@ -118,6 +120,27 @@ def test_a_url_the_driver_cannot_parse_exits_2_without_its_password(shop: Path) 
         assert "unreachable" not in output.stderr, output.stderr
 
 
+def blocked_env(tmp_path: Path) -> dict[str, str]:
+    """For waitflows:BLOCKED in tmp_path: its effect waits at tmp_path/gate and books each send."""
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    (tmp_path / "gate").mkdir()
+    return {**os.environ, "WAIT_GATE": str(tmp_path / "gate"), "WAIT_BOOK": str(tmp_path / "book")}
+
+
+@contextlib.contextmanager
+def run_blocked(db: str, tmp_path: Path, env: dict[str, str]) -> Generator[subprocess.Popen[str], None, None]:
+    """`run waitflows:BLOCKED --log DB --run b-1`, handed over once its effect is in flight."""
+    with subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as driver:  # fmt: skip
+        deadline = time.monotonic() + 60  # no bound asserted: a safety net
+        while not (tmp_path / "gate" / "waiting").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.02)
+        yield driver
+
+
 def test_recover_leaves_alone_a_run_that_run_url_drives_and_a_second_run_is_refused(
     db: str, tmp_path: Path
 ) -> None:
@@ -125,19 +148,9 @@ def test_recover_leaves_alone_a_run_that_run_url_drives_and_a_second_run_is_refu
     flight (Running -> Indeterminate), and the run then died on a duplicate key. It holds
     its run now: recover leaves it alone, a second `run` of the id is refused, and the
     first run finishes, its effect sent once."""
-    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
-    gate, book = tmp_path / "gate", tmp_path / "book"
-    gate.mkdir()
-    env = {**os.environ, "WAIT_GATE": str(gate), "WAIT_BOOK": str(book)}
     command = [sys.executable, "-m", "attempt_kernel"]
-    with subprocess.Popen(
-        [*command, "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as driver:  # fmt: skip
-        deadline = time.monotonic() + 60  # waits for the effect to be in flight; no bound asserted
-        while not (gate / "waiting").exists():
-            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-            time.sleep(0.02)
+    gate, book, env = tmp_path / "gate", tmp_path / "book", blocked_env(tmp_path)
+    with run_blocked(db, tmp_path, env) as driver:
         recovered = subprocess.run(
             [*command, "recover", db, "--workflows", "waitflows:BLOCKED"],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -166,18 +179,7 @@ def test_run_url_stops_its_run_when_the_session_holding_it_ends(db: str, tmp_pat
     """The hold lasts as long as its database session: once that session is gone (here
     terminated by the server), another process could take the run over, so `run` stops
     driving it (the stop recorded, the run unfinished) and says why, exit 1."""
-    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
-    gate, book = tmp_path / "gate", tmp_path / "book"
-    gate.mkdir()
-    env = {**os.environ, "WAIT_GATE": str(gate), "WAIT_BOOK": str(book)}
-    with subprocess.Popen(
-        [sys.executable, "-m", "attempt_kernel", "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as driver:  # fmt: skip
-        deadline = time.monotonic() + 60  # waits for the effect to be in flight; no bound asserted
-        while not (gate / "waiting").exists():
-            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-            time.sleep(0.02)
+    with run_blocked(db, tmp_path, blocked_env(tmp_path)) as driver:
         with psycopg.connect(db, autocommit=True) as conn:
             rows = conn.execute(
                 "SELECT pg_terminate_backend(l.pid) FROM pg_locks l"
