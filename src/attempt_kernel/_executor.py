@@ -1829,16 +1829,15 @@ def drive_jobs(
         )  # fmt: skip
         loop = asyncio.get_running_loop()
 
-        def on_signal(number: int) -> None:
-            if caught:  # the second one: no more grace
-                os._exit(128 + number)
-            caught.append(number)
-            executor.stop(signal.Signals(number).name, grace=grace)
-
         def on_stopper(number: int) -> None:  # on the loop's thread
             if not caught:
                 caught.append(number)
                 executor.stop(signal.Signals(number).name, grace=grace)
+
+        def on_signal(number: int) -> None:
+            if caught:  # the second one: no more grace
+                os._exit(128 + number)
+            on_stopper(number)
 
         def from_thread(number: int) -> None:
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the runs are done

@@ -112,6 +112,18 @@ def json_problem(value: JSON, limit: int = MAX_JSON_DEPTH) -> str | None:
     return None
 
 
+def value_problem(value: JSON) -> str | None:
+    """Why ``value`` cannot be an operator's value in a record (a signal's payload, a
+    reconciled result), said after "the payload" or "the result", or None when it can:
+    a value the log cannot carry (`json_text`), or one `json_problem` refuses."""
+    try:
+        json_text(value)  # what the record would hold: refused now, not when it is written
+    except (TypeError, ValueError, RecursionError) as error:
+        return f"is not a JSON value ({error})"
+    problem = json_problem(value)  # JSON, but nested past the limit or out of range
+    return None if problem is None else f"is refused: {problem}"
+
+
 def _open_run(ledger: Ledger, run: str, doing: str) -> RunView:
     view = ledger.runs.get(run)
     if view is None or view.workflow is None:
@@ -134,13 +146,9 @@ def signal_change(
     doing = f"signal {name!r} to run {run!r}"
     check_signal_name(name, doing)
     value: JSON = {} if payload is None else payload
-    try:
-        json_text(value)  # what the record would hold: refused now, not when it is written
-    except (TypeError, ValueError, RecursionError) as error:
-        raise OperationRefused(f"{doing}: the payload is not a JSON value ({error})") from None
-    problem = json_problem(value)  # JSON, but nested past the limit
-    if problem is not None:
-        raise OperationRefused(f"{doing}: the payload is refused: {problem}")
+    why = value_problem(value)
+    if why is not None:
+        raise OperationRefused(f"{doing}: the payload {why}")
     view = _open_run(ledger, run, doing)
     if not view.code:
         raise OperationRefused(
@@ -176,13 +184,9 @@ def reconcile_change(
     """
     if result is not None and not confirmed:
         raise OperationRefused("a rejected effect has no result (give a result with a confirm only)")
-    try:
-        json_text(result)
-    except (TypeError, ValueError, RecursionError) as error:
-        raise OperationRefused(f"reconciliation of intent {key!r}: the result is not a JSON value ({error})") from None
-    problem = json_problem(result)
-    if problem is not None:
-        raise OperationRefused(f"reconciliation of intent {key!r}: the result is refused: {problem}")
+    why = value_problem(result)
+    if why is not None:
+        raise OperationRefused(f"reconciliation of intent {key!r}: the result {why}")
     found = None
     for view in ledger.runs.values():
         for step in view.steps.values():
@@ -218,8 +222,8 @@ def malformed(change: Delivery) -> str | None:
     """Why ``change`` could never be recorded, whatever the log holds, or None.
 
     What `signal_change` and `reconcile_change` refuse in the value itself: a
-    signal's name (`check_signal_name`) or payload (`json_problem`), a
-    reconciled result (`json_problem`). Asked again of a change that comes
+    signal's name (`check_signal_name`) or payload (`value_problem`), a
+    reconciled result (`value_problem`). Asked again of a change that comes
     through an inbox (`refusal`), which someone other than those functions
     may have written.
     """
@@ -229,17 +233,13 @@ def malformed(change: Delivery) -> str | None:
                 check_signal_name(change.name, f"signal {change.id!r}")
             except OperationRefused as error:
                 return str(error)
-            problem = json_problem(change.payload)
-            if problem is not None:
-                return f"signal {change.name!r} ({change.id}): the payload is refused: {problem}"
-            return None
+            why = value_problem(change.payload)
+            return None if why is None else f"signal {change.name!r} ({change.id}): the payload {why}"
         case RunCancelRequested():
             return None
         case IntentReconciled():
-            problem = json_problem(change.result)
-            if problem is not None:
-                return f"reconciliation of intent {change.key!r}: the result is refused: {problem}"
-            return None
+            why = value_problem(change.result)
+            return None if why is None else f"reconciliation of intent {change.key!r}: the result {why}"
         case _:
             assert_never(change)
 
