@@ -30,7 +30,9 @@ import urllib.parse
 import urllib.request
 import zlib
 from collections.abc import Callable, Generator, Iterable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +66,7 @@ from attempt_kernel._logfile import FileLog
 from attempt_kernel._operations import cancel_run, resume_run, send_signal
 from attempt_kernel._report import short
 from attempt_kernel._store import LogSource
-from attempt_kernel._web import MetricsHook, WebView, address_of, open_server
+from attempt_kernel._web import MetricsHook, WebView, address_of, open_server, serve_until_stopped
 from attempt_kernel._web import _origin_ok  # pyright: ignore[reportPrivateUsage]  # the check itself, over addresses no test machine has
 from attempt_kernel._web_timeline import duration, timeline
 from attempt_kernel._history import AttemptHistory, Moved, RunHistory, StepHistory, run_history
@@ -662,6 +664,33 @@ def test_a_signal_during_a_web_resume_stops_the_run_as_resume_does(approvals: Pa
     changes = [r.change for r in records(approvals) if r.run == "a-1"]
     assert isinstance(changes[-1], RunStopRequested) and changes[-1].reason == name
     assert not any(isinstance(c, RunFinished) for c in changes)
+
+
+class _SignalledMidAccept(ThreadingHTTPServer):
+    """A server that is sent SIGTERM while its main thread hands a request to a
+    thread: where a loaded machine's scheduler left serve one CI run."""
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # its handler runs before the next line
+        super().process_request(request, client_address)
+
+
+def test_sigterm_while_a_request_is_being_handed_to_a_thread_still_stops_serve() -> None:
+    """socketserver swallows an `Exception` raised while it hands a request over
+    (it prints "Exception occurred during processing of request" and serves on),
+    so a SIGTERM landing there was lost and serve ran on for good."""
+    server = _SignalledMidAccept(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    # Were the signal lost, this ends the serving so that the test fails, not hangs.
+    fallback = threading.Timer(TIMEOUT, server.shutdown)
+    fallback.start()
+    port = server.server_address[1]
+    client = threading.Thread(target=lambda: socket.create_connection(("127.0.0.1", port)).close())
+    try:
+        number = serve_until_stopped(server, lambda said: client.start())
+    finally:
+        fallback.cancel()
+        client.join()
+    assert number == signal.SIGTERM
 
 
 @pytest.mark.slow

@@ -962,8 +962,11 @@ def address_of(server: ThreadingHTTPServer) -> str:
     return f"http://[{name}]:{port}/" if ":" in name else f"http://{name}:{port}/"
 
 
-class _Stop(Exception):
-    """Internal: SIGTERM arrived; stop serving."""
+class _Stop(BaseException):
+    """Internal: SIGTERM arrived; stop serving. A `BaseException`, as
+    `KeyboardInterrupt` is: socketserver catches any `Exception` raised while
+    it hands a request to a thread, prints it and serves on, which lost the
+    signal when it landed there."""
 
 
 def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], None]) -> int:
