@@ -1752,6 +1752,26 @@ class Stopper:
             self._hooks.remove(hook)
 
 
+@contextlib.contextmanager
+def handling_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[int], None]) -> Generator[None, None, None]:
+    """``handler(number)`` on ``loop`` for SIGINT and SIGTERM while inside; afterwards the
+    handlers that were there before are back (a caller's own, or an ignored SIGINT):
+    asyncio's ``remove_signal_handler`` alone leaves the default ones, which would
+    kill the caller's process on its next SIGTERM."""
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    before = {number: signal.getsignal(number) for number in numbers}
+    for number in numbers:
+        loop.add_signal_handler(number, handler, number)
+    try:
+        yield
+    finally:
+        for number in numbers:
+            loop.remove_signal_handler(number)
+            previous = before[number]
+            if previous is not None:  # None: set outside Python, which cannot be put back
+                signal.signal(number, previous)
+
+
 def run_jobs(
     log: RunLog,
     jobs: list[Job],
@@ -1843,31 +1863,27 @@ def drive_jobs(
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the runs are done
                 loop.call_soon_threadsafe(on_stopper, number)
 
-        if stop_on_signals:
-            for number in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(number, on_signal, number)
-        if stopper is not None:
-            stopper._attach(from_thread)  # pyright: ignore[reportPrivateUsage]
-        pump: asyncio.Task[None] | None = None
-        try:
-            tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
-            if isinstance(log, RunLogWriter):
-                # Made after the runs' tasks, so its first take-in finds them driven.
-                pump = asyncio.ensure_future(_pump(executor, log, progress))
-            reports.extend([await task for task in tasks])
-        finally:
-            if pump is not None:
-                pump.cancel()
-                await asyncio.gather(pump, return_exceptions=True)
-                # Once more, waiting for the inbox's lock, just before the
-                # writer is let go (its owner then calls `settle_inbox`).
-                assert isinstance(log, RunLogWriter)
-                _take_inbox(executor, log, progress, block=True)
-            if stop_on_signals:
-                for number in (signal.SIGINT, signal.SIGTERM):
-                    loop.remove_signal_handler(number)
+        handling = handling_signals(loop, on_signal) if stop_on_signals else contextlib.nullcontext()
+        with handling:
             if stopper is not None:
-                stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
+                stopper._attach(from_thread)  # pyright: ignore[reportPrivateUsage]
+            pump: asyncio.Task[None] | None = None
+            try:
+                tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
+                if isinstance(log, RunLogWriter):
+                    # Made after the runs' tasks, so its first take-in finds them driven.
+                    pump = asyncio.ensure_future(_pump(executor, log, progress))
+                reports.extend([await task for task in tasks])
+            finally:
+                if pump is not None:
+                    pump.cancel()
+                    await asyncio.gather(pump, return_exceptions=True)
+                    # Once more, waiting for the inbox's lock, just before the
+                    # writer is let go (its owner then calls `settle_inbox`).
+                    assert isinstance(log, RunLogWriter)
+                    _take_inbox(executor, log, progress, block=True)
+                if stopper is not None:
+                    stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
 
     asyncio.run(main())
     if caught:
