@@ -179,6 +179,65 @@ def calls(cwd: Path) -> list[str]:
 SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 
 
+# ------------------------------------------------- a step blocked in a thread
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_a_step_blocked_in_run_blocking_does_not_keep_a_stopped_run_alive(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """A call in ``run_blocking`` that never returns: the signal still ends the process
+    once the grace has passed (the attempt Cancelled, the run unfinished), and recover
+    finishes the run. The thread held the process open (and the log locked) before."""
+    child = start(tmp_path, "blocks", grace=0.1)
+    wait_until(tmp_path, child, lambda _: "blocking" in calls(tmp_path))
+    child.send_signal(sig)
+    try:
+        _, err = child.communicate(timeout=SAFETY)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail(f"the process outlived its stop: its blocked thread kept it open ({sig.name})")
+    assert child.returncode == code, err
+    assert states(tmp_path) == {("block", 1): "Cancelled"}
+    assert status(tmp_path) == "interrupted"
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:blocks")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert states(tmp_path) == {("block", 1): "Cancelled", ("block", 2): "Succeeded", ("wake", 1): "Succeeded"}
+
+
+def test_a_stopped_run_jobs_returns_while_a_blocking_call_goes_on(tmp_path: Path) -> None:
+    """run_jobs, stopped, returns without waiting for a step's call in ``run_blocking``
+    (the call finishes on its own, as after a deadline)."""
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def block() -> None:
+        entered.set()
+        release.wait(SAFETY)
+        returned.set()
+
+    async def blocking(ctx: StepContext) -> JSON:
+        await ctx.run_blocking(block)
+        return None
+
+    stopper = Stopper()
+
+    async def stop_once_blocked(control: RunControl) -> None:
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        stopper.stop(signal.SIGTERM)
+
+    workflow = load_workflow("blocker", [Step(name="b", run=blocking)])
+    try:
+        with RunLogWriter(tmp_path / LOG) as writer, pytest.raises(RunsStopped):
+            run_jobs(writer, [Job(workflow=workflow, run=RUN, supervise=stop_once_blocked)], grace=0.0, stopper=stopper)
+        went_on = not returned.is_set()
+    finally:
+        release.set()
+    assert went_on
+    assert states(tmp_path) == {("b", 1): "Cancelled"}
+
+
 # ------------------------------------------------------- a step that sleeps
 
 

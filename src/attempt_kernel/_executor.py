@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import functools
 import math
 import os
 import secrets
@@ -263,7 +264,38 @@ class _Context:
         self._set_state(self.run, self.step, self.attempt, name)
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
-        return await asyncio.to_thread(function)
+        return await in_thread(function)
+
+
+async def in_thread(function: Callable[[], T]) -> T:
+    """``function()`` in a daemon thread of its own, awaited: `asyncio.to_thread` with no pool.
+
+    A pool's threads hold the process: ``asyncio.run`` waits for them as it
+    closes, and the interpreter again as it exits. A stop (docs/contracts.md,
+    "A graceful stop is not a cancel") ends a step's attempt after its grace
+    whether or not its blocking call returned, so that call must not keep
+    the stopped process alive, holding its log, for as long as it blocks.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():  # the step's task was cancelled meanwhile: nobody waits
+            outcome()
+
+    def work() -> None:
+        try:
+            result = context.run(function)
+        except BaseException as error:  # noqa: BLE001  # handed to the awaiting step, as to_thread does
+            answer = functools.partial(settle, functools.partial(done.set_exception, error))
+        else:
+            answer = functools.partial(settle, functools.partial(done.set_result, result))
+        with contextlib.suppress(RuntimeError):  # the loop closed: the run has ended without it
+            loop.call_soon_threadsafe(answer)
+
+    threading.Thread(target=work, name="run_blocking", daemon=True).start()
+    return await done
 
 
 @final
