@@ -369,6 +369,22 @@ def test_blocking_work_in_a_thread_keeps_deadlines_working(tmp_path: Path) -> No
     assert replay(path).valid
 
 
+def test_what_a_blocking_call_raises_reaches_its_step(tmp_path: Path) -> None:
+    """run_blocking hands the thread's exception to the awaiting step: the attempt fails with it."""
+
+    def broken() -> None:
+        raise ValueError("no route to the printer")
+
+    async def blocking(ctx: StepContext) -> JSON:
+        await ctx.run_blocking(broken)
+        return None
+
+    report, check = execute(tmp_path / "log", [Step(name="a", run=blocking)])
+    a = outcome(report, "a")
+    assert a.state == Failed() and a.error is not None and "no route to the printer" in a.error
+    assert check.valid
+
+
 def test_cancelling_the_awaiting_task_closes_the_log_off(tmp_path: Path) -> None:
     """task.cancel() on the run: attempts end Cancelled, run_finished written, then it raises."""
     path = tmp_path / "log"

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -176,6 +177,65 @@ def calls(cwd: Path) -> list[str]:
 
 
 SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
+
+
+# ------------------------------------------------- a step blocked in a thread
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS)
+def test_a_step_blocked_in_run_blocking_does_not_keep_a_stopped_run_alive(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """A call in ``run_blocking`` that never returns: the signal still ends the process
+    once the grace has passed (the attempt Cancelled, the run unfinished), and recover
+    finishes the run. The thread held the process open (and the log locked) before."""
+    child = start(tmp_path, "blocks", grace=0.1)
+    wait_until(tmp_path, child, lambda _: "blocking" in calls(tmp_path))
+    child.send_signal(sig)
+    try:
+        _, err = child.communicate(timeout=SAFETY)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.communicate()
+        pytest.fail(f"the process outlived its stop: its blocked thread kept it open ({sig.name})")
+    assert child.returncode == code, err
+    assert states(tmp_path) == {("block", 1): "Cancelled"}
+    assert status(tmp_path) == "interrupted"
+    done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:blocks")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert states(tmp_path) == {("block", 1): "Cancelled", ("block", 2): "Succeeded", ("wake", 1): "Succeeded"}
+
+
+def test_a_stopped_run_jobs_returns_while_a_blocking_call_goes_on(tmp_path: Path) -> None:
+    """run_jobs, stopped, returns without waiting for a step's call in ``run_blocking``
+    (the call finishes on its own, as after a deadline)."""
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def block() -> None:
+        entered.set()
+        release.wait(SAFETY)
+        returned.set()
+
+    async def blocking(ctx: StepContext) -> JSON:
+        await ctx.run_blocking(block)
+        return None
+
+    stopper = Stopper()
+
+    async def stop_once_blocked(control: RunControl) -> None:
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        stopper.stop(signal.SIGTERM)
+
+    workflow = load_workflow("blocker", [Step(name="b", run=blocking)])
+    try:
+        with RunLogWriter(tmp_path / LOG) as writer, pytest.raises(RunsStopped):
+            run_jobs(writer, [Job(workflow=workflow, run=RUN, supervise=stop_once_blocked)], grace=0.0, stopper=stopper)
+        went_on = not returned.is_set()
+    finally:
+        release.set()
+    assert went_on
+    assert states(tmp_path) == {("b", 1): "Cancelled"}
 
 
 # ------------------------------------------------------- a step that sleeps
@@ -381,6 +441,13 @@ async def _sleep_long(ctx: StepContext) -> JSON:
 SLEEPER = load_workflow("sleeper", [Step(name="sleep", run=_sleep_long)])
 
 
+async def _wake(ctx: StepContext) -> JSON:
+    return "awake"
+
+
+WAKES = load_workflow("wakes", [Step(name="wake", run=_wake)])
+
+
 def test_after_a_stop_recovery_resumes_the_run(tmp_path: Path) -> None:
     """A SIGINT stop (in process, through run_jobs) leaves a run recovery hands back to resume."""
 
@@ -474,3 +541,49 @@ def test_a_stopper_stopped_before_the_runs_start_stops_them_as_they_start(tmp_pa
         run_jobs(log, [Job(workflow=_slow_workflow(started), run="r")], grace=0.0, stopper=stopper)
     assert caught.value.signal == signal.SIGINT
     assert not started.is_set()
+
+
+# --------------------------------------------------------------------------
+# The caller's own handlers come back
+# --------------------------------------------------------------------------
+
+
+def _callers_handler(number: int, frame: FrameType | None) -> None:
+    raise AssertionError(f"the caller's handler ran for signal {number}")
+
+
+def test_run_jobs_stopped_by_sigterm_gives_the_callers_handlers_back(tmp_path: Path) -> None:
+    """SIGINT and SIGTERM are the caller's again once a run_jobs that a SIGTERM stopped has
+    returned, not the defaults (which would kill the caller at its next SIGTERM)."""
+
+    async def terminate(control: RunControl) -> None:
+        while not running("sleep")(records(tmp_path)):
+            await asyncio.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    before = {n: signal.signal(n, _callers_handler) for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with RunLogWriter(tmp_path / LOG) as writer, pytest.raises(RunsStopped) as stopped:
+            run_jobs(
+                writer, [Job(workflow=SLEEPER, run=RUN, supervise=terminate)], stop_on_signals=True, grace=0.0
+            )
+        after = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    assert stopped.value.signal == signal.SIGTERM
+    assert after == {signal.SIGINT: _callers_handler, signal.SIGTERM: _callers_handler}
+
+
+def test_run_jobs_leaves_an_ignored_sigint_ignored(tmp_path: Path) -> None:
+    """A process started with SIGINT ignored (a shell's background job) still ignores it
+    after run_jobs, rather than being interrupted by it."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with RunLogWriter(tmp_path / LOG) as writer:
+            [report] = run_jobs(writer, [Job(workflow=WAKES, run=RUN)], stop_on_signals=True)
+        after = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert report.status == "succeeded"
+    assert after == signal.SIG_IGN

@@ -19,6 +19,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from pgtools import expire_heartbeats, sql_in
@@ -671,3 +672,23 @@ class Leases(RuleBasedStateMachine):
 
 TestLeases = Leases.TestCase
 TestLeases.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+def _callers_handler(number: int, frame: FrameType | None) -> None:
+    raise AssertionError(f"the caller's handler ran for signal {number}")
+
+
+def test_a_worker_that_stops_on_signals_gives_the_callers_handlers_back(pg_url: str, schema: str) -> None:
+    """SIGINT and SIGTERM are the caller's again once run_worker(stop_on_signals=True) returns,
+    not the defaults (which would kill the caller at its next SIGTERM)."""
+    before = {n: signal.signal(n, _callers_handler) for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        closed = run_worker(
+            pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True, stop_on_signals=True
+        )
+        after = {n: signal.getsignal(n) for n in (signal.SIGINT, signal.SIGTERM)}
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+    assert closed == 0
+    assert after == {signal.SIGINT: _callers_handler, signal.SIGTERM: _callers_handler}

@@ -76,5 +76,8 @@ class StepContext(Protocol):
         ...
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
-        """Run a blocking call in a thread so the event loop (and deadlines) go on."""
+        """Run a blocking call in a thread of its own so the event loop (and deadlines) go on.
+
+        The thread is a daemon: a call still blocked does not keep a stopped
+        process alive past its grace."""
         ...

@@ -34,6 +34,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import functools
 import math
 import os
 import secrets
@@ -263,7 +264,38 @@ class _Context:
         self._set_state(self.run, self.step, self.attempt, name)
 
     async def run_blocking(self, function: Callable[[], T]) -> T:
-        return await asyncio.to_thread(function)
+        return await in_thread(function)
+
+
+async def in_thread(function: Callable[[], T]) -> T:
+    """``function()`` in a daemon thread of its own, awaited: `asyncio.to_thread` with no pool.
+
+    A pool's threads hold the process: ``asyncio.run`` waits for them as it
+    closes, and the interpreter again as it exits. A stop (docs/contracts.md,
+    "A graceful stop is not a cancel") ends a step's attempt after its grace
+    whether or not its blocking call returned, so that call must not keep
+    the stopped process alive, holding its log, for as long as it blocks.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        if not done.done():  # the step's task was cancelled meanwhile: nobody waits
+            outcome()
+
+    def work() -> None:
+        try:
+            result = context.run(function)
+        except BaseException as error:  # noqa: BLE001  # handed to the awaiting step, as to_thread does
+            answer = functools.partial(settle, functools.partial(done.set_exception, error))
+        else:
+            answer = functools.partial(settle, functools.partial(done.set_result, result))
+        with contextlib.suppress(RuntimeError):  # the loop closed: the run has ended without it
+            loop.call_soon_threadsafe(answer)
+
+    threading.Thread(target=work, name="run_blocking", daemon=True).start()
+    return await done
 
 
 @final
@@ -1752,6 +1784,26 @@ class Stopper:
             self._hooks.remove(hook)
 
 
+@contextlib.contextmanager
+def handling_signals(loop: asyncio.AbstractEventLoop, handler: Callable[[int], None]) -> Generator[None, None, None]:
+    """``handler(number)`` on ``loop`` for SIGINT and SIGTERM while inside; afterwards the
+    handlers that were there before are back (a caller's own, or an ignored SIGINT):
+    asyncio's ``remove_signal_handler`` alone leaves the default ones, which would
+    kill the caller's process on its next SIGTERM."""
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    before = {number: signal.getsignal(number) for number in numbers}
+    for number in numbers:
+        loop.add_signal_handler(number, handler, number)
+    try:
+        yield
+    finally:
+        for number in numbers:
+            loop.remove_signal_handler(number)
+            previous = before[number]
+            if previous is not None:  # None: set outside Python, which cannot be put back
+                signal.signal(number, previous)
+
+
 def run_jobs(
     log: RunLog,
     jobs: list[Job],
@@ -1843,31 +1895,27 @@ def drive_jobs(
             with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: the runs are done
                 loop.call_soon_threadsafe(on_stopper, number)
 
-        if stop_on_signals:
-            for number in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(number, on_signal, number)
-        if stopper is not None:
-            stopper._attach(from_thread)  # pyright: ignore[reportPrivateUsage]
-        pump: asyncio.Task[None] | None = None
-        try:
-            tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
-            if isinstance(log, RunLogWriter):
-                # Made after the runs' tasks, so its first take-in finds them driven.
-                pump = asyncio.ensure_future(_pump(executor, log, progress))
-            reports.extend([await task for task in tasks])
-        finally:
-            if pump is not None:
-                pump.cancel()
-                await asyncio.gather(pump, return_exceptions=True)
-                # Once more, waiting for the inbox's lock, just before the
-                # writer is let go (its owner then calls `settle_inbox`).
-                assert isinstance(log, RunLogWriter)
-                _take_inbox(executor, log, progress, block=True)
-            if stop_on_signals:
-                for number in (signal.SIGINT, signal.SIGTERM):
-                    loop.remove_signal_handler(number)
+        handling = handling_signals(loop, on_signal) if stop_on_signals else contextlib.nullcontext()
+        with handling:
             if stopper is not None:
-                stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
+                stopper._attach(from_thread)  # pyright: ignore[reportPrivateUsage]
+            pump: asyncio.Task[None] | None = None
+            try:
+                tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
+                if isinstance(log, RunLogWriter):
+                    # Made after the runs' tasks, so its first take-in finds them driven.
+                    pump = asyncio.ensure_future(_pump(executor, log, progress))
+                reports.extend([await task for task in tasks])
+            finally:
+                if pump is not None:
+                    pump.cancel()
+                    await asyncio.gather(pump, return_exceptions=True)
+                    # Once more, waiting for the inbox's lock, just before the
+                    # writer is let go (its owner then calls `settle_inbox`).
+                    assert isinstance(log, RunLogWriter)
+                    _take_inbox(executor, log, progress, block=True)
+                if stopper is not None:
+                    stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
 
     asyncio.run(main())
     if caught:

@@ -8,6 +8,7 @@ that it outlives the process as a real one would.
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 from attempt_kernel import (
@@ -53,6 +54,19 @@ async def wake(ctx: StepContext) -> JSON:
     return "awake"
 
 
+def _block_for_good() -> None:
+    with CALLS.open("a") as f:
+        f.write("blocking\n")
+    threading.Event().wait()  # set by nobody: only the process's end ends this call
+
+
+async def blocked(ctx: StepContext) -> JSON:
+    """Its first attempt blocks in ``run_blocking`` and never returns."""
+    if ctx.attempt == 1:
+        await ctx.run_blocking(_block_for_good)
+    return "unblocked"
+
+
 async def charge(ctx: StepContext) -> JSON:
     async def charge_card(key: str) -> JSON:
         first = not calls()
@@ -75,6 +89,9 @@ long_naps = load_workflow(
 )
 briefs = load_workflow(
     "briefs", [Step(name="brief", run=brief), Step(name="wake", run=wake, after=("brief",))]
+)
+blocks = load_workflow(
+    "blocks", [Step(name="block", run=blocked), Step(name="wake", run=wake, after=("block",))]
 )
 charges = load_workflow("charges", [Step(name="charge", run=charge)])
 asked_charges = load_workflow(

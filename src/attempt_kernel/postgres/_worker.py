@@ -69,6 +69,7 @@ Theory of operation:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import functools
 import json
@@ -92,7 +93,7 @@ from typing_extensions import LiteralString, final
 from .._codec import encode_record
 from .._errors import AttemptKernelError
 from .._coderun import WorkflowDiverged
-from .._executor import Executor, RunControl, RunRefused
+from .._executor import Executor, RunControl, RunRefused, handling_signals
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from .._observe import RunObserver, tell
 from ._journal import (
@@ -1169,11 +1170,12 @@ class Worker:
 
     async def _serve(self, stop_on_signals: bool) -> int:
         loop = asyncio.get_running_loop()
-        signals = (signal.SIGINT, signal.SIGTERM) if stop_on_signals else ()
-        for number in signals:
-            loop.add_signal_handler(number, self.stop, signal.Signals(number).name)
+
+        def on_signal(number: int) -> None:
+            self.stop(signal.Signals(number).name)
+
         self._closed = 0
-        try:
+        with handling_signals(loop, on_signal) if stop_on_signals else contextlib.nullcontext():
             since: float | None = None  # when the database was found unreachable
             while True:
                 session = await self._reconnect(since)
@@ -1182,9 +1184,6 @@ class Worker:
                 since = await self._session(session)
                 if since is None or self._stop_reason is not None:
                     return self._closed
-        finally:
-            for number in signals:
-                loop.remove_signal_handler(number)
 
     async def _reconnect(self, since: float | None) -> _Session | None:
         """Open a session, retrying while the database is unreachable (`Backoff`).
