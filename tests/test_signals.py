@@ -410,6 +410,56 @@ def test_a_second_sigint_during_the_grace_exits_at_once(tmp_path: Path) -> None:
     assert states(tmp_path) == {("nap", 1): "Running"}
 
 
+_STOPPED_THEN_SIGNALLED = """
+import asyncio, os, signal, sys
+from attempt_kernel import (
+    Job, RunControl, RunLogWriter, RunStopRequested, RunsStopped, StepContext, Step, Stopper,
+    load_workflow, read_log, run_jobs,
+)
+
+state = {}
+
+async def held(ctx: StepContext) -> str:
+    state["running"] = True
+    while "release" not in state:
+        await asyncio.sleep(0.01)
+    return "done"
+
+stopper = Stopper()
+
+async def supervise(control: RunControl) -> None:
+    while "running" not in state:
+        await asyncio.sleep(0.01)
+    stopper.stop(signal.SIGTERM)  # as a lost hold stops the CLI's runs
+    while not any(isinstance(item.change, RunStopRequested) for item in read_log("run.jsonl")):
+        await asyncio.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)  # the operator's first signal
+    for _ in range(10):  # the loop's turns in which asyncio hands the signal to its handler
+        await asyncio.sleep(0)
+    state["release"] = True
+
+with RunLogWriter("run.jsonl") as writer:
+    try:
+        run_jobs(
+            writer, [Job(workflow=load_workflow("held", [Step(name="h", run=held)]), run="r1", supervise=supervise)],
+            stop_on_signals=True, grace=3600.0, stopper=stopper,
+        )
+    except RunsStopped as stopped:
+        print("stopped by", signal.Signals(stopped.signal).name)
+"""
+
+
+def test_the_first_signal_after_a_stoppers_stop_still_gets_the_grace(tmp_path: Path) -> None:
+    """A stop from a `Stopper` (the CLI's, when it loses a run's hold) is not a signal: the
+    operator's first SIGINT after it waits out the grace as a first SIGINT does, where it
+    exited at once, as only a second signal should."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STOPPED_THEN_SIGNALLED], cwd=tmp_path, capture_output=True, text=True, timeout=SAFETY
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "stopped by SIGTERM\n", "")
+    assert states(tmp_path) == {("h", 1): "Succeeded"}
+
+
 def test_recover_finishes_a_run_left_by_a_second_sigint(tmp_path: Path) -> None:
     """After the abrupt exit, `recover` ends the orphan Cancelled and finishes the run."""
     child = start(tmp_path, "naps")

@@ -1852,7 +1852,8 @@ def drive_jobs(
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
     reports (``on_taken_up``, ``on_wait``: as `Executor` says)."""
-    caught: list[int] = []
+    caught: list[int] = []  # the stop's signal, from a signal or the stopper
+    signalled: list[int] = []  # the signals themselves: a second one exits at once
 
     async def drive(executor: Executor, job: Job) -> RunReport | WorkflowDiverged:
         control = RunControl()
@@ -1887,8 +1888,11 @@ def drive_jobs(
                 executor.stop(signal.Signals(number).name, grace=grace)
 
         def on_signal(number: int) -> None:
-            if caught:  # the second one: no more grace
+            # The second signal: no more grace. Only signals count: the first
+            # one after a stopper's stop (a lost hold, say) still gets the grace.
+            if signalled:
                 os._exit(128 + number)
+            signalled.append(number)
             on_stopper(number)
 
         def from_thread(number: int) -> None:
