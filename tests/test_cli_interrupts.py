@@ -1,9 +1,12 @@
-"""SIGINT that reaches the command line outside a run's own handling: one line, exit 130.
+"""SIGINT and SIGTERM that reach the command line outside a run's own handling: one
+line, exit 130 or 143, no traceback.
 
-A run's own SIGINT (a graceful stop) is test_signals.py's. Here the signal comes
-while `run` is still importing its workflow module (startupflows.py announces
-that moment in a file and waits for a signal): nothing has begun, nothing is
-written, and no traceback is printed.
+A run's own signals (a graceful stop) are test_signals.py's. Here the signal
+comes while `run` or `worker` is still importing its workflow module
+(startupflows.py announces that moment in a file and waits for a signal):
+nothing has begun and nothing is written; or while `worker` recovers a log and
+a step's reconciler is being asked (recoveryflows.py announces that): recovery
+is cut off and starts over, whole, at the next `recover`.
 """
 
 from __future__ import annotations
@@ -17,30 +20,110 @@ from pathlib import Path
 
 import pytest
 
+from attempt_kernel import AttemptCreated, AttemptTransitioned, Record, read_log, replay
+from logs import key_in
+
 pytestmark = pytest.mark.slow
 
 TESTS = Path(__file__).parent
 
 
-def test_sigint_while_run_loads_its_workflow_exits_130_with_one_line(tmp_path: Path) -> None:
-    ready = tmp_path / "ready"
-    env = {**os.environ, "STARTUP_READY": str(ready)}
+SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(TESTS), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _signal_when(
+    ready: Path, sig: signal.Signals, args: list[str], cwd: Path, env: dict[str, str]
+) -> tuple[int, str, str]:
+    """``attempt-kernel ARGS`` in a child; ``sig`` once ``ready`` exists; its exit and output."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "attempt_kernel", "run", "startupflows:STARTUP", "--log", "s.jsonl"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "attempt_kernel", *args],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60  # an event awaited, not a bound: generous
         while not ready.exists():
             assert child.poll() is None, child.communicate()
-            assert time.monotonic() < deadline, "the workflow module was never imported"
+            assert time.monotonic() < deadline, "the moment the test waits for never came"
             time.sleep(0.02)
-        child.send_signal(signal.SIGINT)
+        child.send_signal(sig)
         out, err = child.communicate(timeout=60)
     finally:
         if child.poll() is None:
             child.kill()
             child.communicate()
-    assert (child.returncode, out, err) == (130, "", "attempt-kernel run: interrupted by SIGINT\n")
+    return child.returncode, out, err
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS, ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_run_loads_its_workflow_exits_with_one_line(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    ready = tmp_path / "ready"
+    args = ["run", "startupflows:STARTUP", "--log", "s.jsonl"]
+    done = _signal_when(ready, sig, args, tmp_path, _env(STARTUP_READY=str(ready)))
+    assert done == (code, "", f"attempt-kernel run: interrupted by {sig.name}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]  # no log was made
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS, ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_worker_loads_its_workflow_exits_with_one_line(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    ready = tmp_path / "ready"
+    args = ["worker", "w.jsonl", "--workflows", "startupflows:STARTUP"]
+    done = _signal_when(ready, sig, args, tmp_path, _env(STARTUP_READY=str(ready)))
+    assert done == (code, "", f"attempt-kernel worker: interrupted by {sig.name}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
+
+
+def _states(log: Path) -> dict[tuple[str, int], str]:
+    """Each attempt's last state by (step, number), folded here from the records."""
+    out: dict[tuple[str, int], str] = {}
+    for item in read_log(log):
+        if isinstance(item, Record) and isinstance(item.change, AttemptCreated):
+            out[item.change.step, item.change.attempt] = "Pending"
+        elif isinstance(item, Record) and isinstance(item.change, AttemptTransitioned):
+            out[item.change.step, item.change.attempt] = type(item.change.to_state).__name__
+    return out
+
+
+@pytest.mark.parametrize(("sig", "code"), SIGNALS, ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_worker_recovers_a_log_exits_with_one_line_and_recovery_starts_over(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """The charge's process crashed with it sent; a worker, asking the step's reconciler
+    about it, is signalled: it says so and exits 130/143 (SIGTERM killed it without a
+    word before), nothing in the log is lost, and `recover` then asks again, settles
+    the charge (sent once) and the run succeeds."""
+    flows = "recoveryflows:charges"
+    crashed = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "run", flows, "--log", "c.jsonl", "--run", "r1"],
+        cwd=tmp_path, env=_env(CRASH_IN_EFFECT="1"), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert crashed.returncode == 70, crashed.stdout + crashed.stderr
+    log = tmp_path / "c.jsonl"
+    before = log.read_bytes()
+    assert _states(log) == {("charge", 1): "Running"}
+    ready = tmp_path / "ready"
+    args = ["worker", "c.jsonl", "--workflows", flows]
+    returncode, out, err = _signal_when(ready, sig, args, tmp_path, _env(RECOVERY_READY=str(ready)))
+    assert (returncode, err) == (code, f"attempt-kernel worker: interrupted by {sig.name}\n")
+    assert out == "worker: serving the runs of c.jsonl (charges)\n"
+    assert log.read_bytes().startswith(before)  # nothing written before was lost or rewritten
+    assert replay(log).valid
+    done = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "recover", "c.jsonl", "--workflows", flows],
+        cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the orphan ends Cancelled (its charge answered, none outstanding); the next attempt
+    # takes the confirmed charge instead of sending it again
+    assert _states(log) == {("charge", 1): "Cancelled", ("charge", 2): "Succeeded"}
+    assert (tmp_path / "calls.txt").read_text().split() == [key_in(log, "r1", "charge", "charge-card")]
+    assert replay(log).valid

@@ -23,9 +23,11 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Final
 
 from typing_extensions import assert_never, final
@@ -1715,6 +1717,40 @@ def _serve(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised where it lands as SIGINT's `KeyboardInterrupt` is, outside a run's
+    own handling of both (`_terminating`). A `BaseException`, as `KeyboardInterrupt` is,
+    so that no ``except Exception`` on the way takes it for an error and goes on."""
+
+
+def _raise_terminated(number: int, frame: FrameType | None) -> None:
+    raise _Terminated
+
+
+def _interrupting(stop: KeyboardInterrupt | _Terminated) -> signal.Signals:
+    return signal.SIGTERM if isinstance(stop, _Terminated) else signal.SIGINT
+
+
+@contextlib.contextmanager
+def _terminating() -> Generator[None, None, None]:
+    """SIGTERM ends a command as Ctrl-C does, with one line and exit 143, wherever no run
+    is taking it gracefully: the default action would kill the process without a
+    word (a `worker` recovering a log, say, with 143 promised). Left alone where
+    SIGTERM is not the default (ignored, or a caller's own handler) or off the main
+    thread, where Python takes no signal; the handler that was there is back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
     for stream in (sys.stdout, sys.stderr):
@@ -1722,12 +1758,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
     try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        # SIGINT before a command began (while its arguments were read): one
-        # line, no traceback. A command's own are caught in `_main`.
-        print("attempt-kernel: interrupted by SIGINT", file=sys.stderr)
-        return 128 + signal.SIGINT
+        with _terminating():
+            return _main(argv)
+    except (KeyboardInterrupt, _Terminated) as stop:
+        # SIGINT or SIGTERM before a command began (while its arguments were
+        # read): one line, no traceback. A command's own are caught in `_main`.
+        number = _interrupting(stop)
+        print(f"attempt-kernel: interrupted by {number.name}", file=sys.stderr)
+        return 128 + number
     except BrokenPipeError:
         # The reader went away (`demo | head -1`): stop quietly. Python would
         # complain again when it flushes stdout at exit, so point it at devnull.
@@ -1796,12 +1834,15 @@ def _main(argv: Sequence[str] | None) -> int:
             if isinstance(journal, str) and _is_url(journal) and command != "demo":
                 _needs_psycopg(journal)  # one message for every command given a URL without the extra
         return handler(args)
-    except KeyboardInterrupt:
-        # SIGINT outside a run's own handling (which stops runs gracefully):
-        # at start-up, say while a workflow module imports or a log is read.
-        # Nothing was half-written: the writer closes (flushing) on the way out.
-        print(f"attempt-kernel {command}: interrupted by SIGINT", file=sys.stderr)
-        return 128 + signal.SIGINT
+    except (KeyboardInterrupt, _Terminated) as stop:
+        # SIGINT or SIGTERM outside a run's own handling (which stops runs
+        # gracefully): at start-up, say while a workflow module imports or a log
+        # is read, or while `worker` recovers a log or goes from one round of
+        # runs to the next. Nothing was half-written: the writer closes
+        # (flushing) on the way out, and recovery starts over from what is there.
+        number = _interrupting(stop)
+        print(f"attempt-kernel {command}: interrupted by {number.name}", file=sys.stderr)
+        return 128 + number
     except AttemptKernelError as error:
         # One shape for every error found after parsing, as argparse's own last line:
         # `attempt-kernel CMD: error: MESSAGE` on stderr.
