@@ -61,25 +61,18 @@ def _signal_when(
 
 
 @pytest.mark.parametrize(("sig", "code"), SIGNALS, ids=["SIGINT", "SIGTERM"])
-def test_a_signal_while_run_loads_its_workflow_exits_with_one_line(
-    tmp_path: Path, sig: signal.Signals, code: int
+@pytest.mark.parametrize(
+    "args",
+    [["run", "startupflows:STARTUP", "--log", "s.jsonl"], ["worker", "w.jsonl", "--workflows", "startupflows:STARTUP"]],
+    ids=["run", "worker"],
+)
+def test_a_signal_while_a_command_loads_its_workflow_exits_with_one_line(
+    tmp_path: Path, sig: signal.Signals, code: int, args: list[str]
 ) -> None:
     ready = tmp_path / "ready"
-    args = ["run", "startupflows:STARTUP", "--log", "s.jsonl"]
     done = _signal_when(ready, sig, args, tmp_path, _env(STARTUP_READY=str(ready)))
-    assert done == (code, "", f"attempt-kernel run: interrupted by {sig.name}\n")
+    assert done == (code, "", f"attempt-kernel {args[0]}: interrupted by {sig.name}\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]  # no log was made
-
-
-@pytest.mark.parametrize(("sig", "code"), SIGNALS, ids=["SIGINT", "SIGTERM"])
-def test_a_signal_while_worker_loads_its_workflow_exits_with_one_line(
-    tmp_path: Path, sig: signal.Signals, code: int
-) -> None:
-    ready = tmp_path / "ready"
-    args = ["worker", "w.jsonl", "--workflows", "startupflows:STARTUP"]
-    done = _signal_when(ready, sig, args, tmp_path, _env(STARTUP_READY=str(ready)))
-    assert done == (code, "", f"attempt-kernel worker: interrupted by {sig.name}\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]
 
 
 def _states(log: Path) -> dict[tuple[str, int], str]:
