@@ -7,7 +7,9 @@ kills the process (``os._exit``): the log is left with the intent
 ``Dispatched`` and no outcome, so the next recovery asks the step's
 reconciler. With ``RECOVERY_READY`` set, the reconciler writes that file and
 then waits for good (only a signal ends it): the test signals the process
-while it is recovering. Without either, the effect and the reconciler
+while it is recovering. It waits on the event loop, or, with
+``RECOVERY_BLOCKS=thread``, in a sleep loop that holds the thread, so that
+the signal lands inside the reconciler's own frame. Without either, the effect and the reconciler
 answer at once.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 from attempt_kernel import JSON, EffectFinding, EffectHappened, EffectNotHappened, Step, StepContext, load_workflow
@@ -42,6 +45,9 @@ async def ask_downstream(key: str) -> EffectFinding:
     ready = os.environ.get("RECOVERY_READY")
     if ready:
         Path(ready).write_text("asked\n")
+        if os.environ.get("RECOVERY_BLOCKS") == "thread":
+            while True:  # blocks the event loop in Python code: a signal lands in this frame
+                time.sleep(0.05)
         await asyncio.Event().wait()  # set by nobody: only a signal ends this
     return EffectHappened(result="ch-asked") if key in calls() else EffectNotHappened()
 

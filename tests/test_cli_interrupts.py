@@ -86,9 +86,13 @@ def _states(log: Path) -> dict[tuple[str, int], str]:
     return out
 
 
-@pytest.mark.parametrize(("sig", "code"), SIGNALS, ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    ("blocks", "sig", "code"),
+    [("loop", signal.SIGINT, 130), ("loop", signal.SIGTERM, 143), ("thread", signal.SIGTERM, 143)],
+    ids=["awaiting-SIGINT", "awaiting-SIGTERM", "blocking-SIGTERM"],
+)
 def test_a_signal_while_worker_recovers_a_log_exits_with_one_line_and_recovery_starts_over(
-    tmp_path: Path, sig: signal.Signals, code: int
+    tmp_path: Path, blocks: str, sig: signal.Signals, code: int
 ) -> None:
     """The charge's process crashed with it sent; a worker, asking the step's reconciler
     about it, is signalled: it says so and exits 130/143 (SIGTERM killed it without a
@@ -105,10 +109,10 @@ def test_a_signal_while_worker_recovers_a_log_exits_with_one_line_and_recovery_s
     assert _states(log) == {("charge", 1): "Running"}
     ready = tmp_path / "ready"
     args = ["worker", "c.jsonl", "--workflows", flows]
-    returncode, out, err = _signal_when(ready, sig, args, tmp_path, _env(RECOVERY_READY=str(ready)))
+    returncode, out, err = _signal_when(ready, sig, args, tmp_path, _env(RECOVERY_READY=str(ready), RECOVERY_BLOCKS=blocks))
     assert (returncode, err) == (code, f"attempt-kernel worker: interrupted by {sig.name}\n")
     assert out == "worker: serving the runs of c.jsonl (charges)\n"
-    assert log.read_bytes().startswith(before)  # nothing written before was lost or rewritten
+    assert log.read_bytes() == before  # recovery was cut off before it wrote: nothing lost, nothing added
     assert replay(log).valid
     done = subprocess.run(
         [sys.executable, "-m", "attempt_kernel", "recover", "c.jsonl", "--workflows", flows],
