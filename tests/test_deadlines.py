@@ -9,9 +9,12 @@ deadline made is taken back when the step swallows it. The meaning of a
 deadline itself (TimedOut, the causes, retries, effects in flight) is pinned
 by the executor's, the code workflows' and the replay tests.
 
-Where a step must outlive a deadline that was met, it sleeps longer than that
-deadline: the loop runs its timers in the order of their times, so a stale
-deadline would fire before that sleep ends, however loaded the machine.
+Where a step must outlive a deadline that was met, the deadline is an hour
+and the step moves the event loop's clock past it (`MovableClockLoop`), then
+gives the loop a few turns: a stale deadline fires in the first of them. A
+deadline that must be met is then met however loaded the machine, where a
+short one, met in real time, could pass while a stalled loop had yet to
+admit the step.
 """
 
 from __future__ import annotations
@@ -43,13 +46,39 @@ from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 SHORT = 0.05
 """A deadline that is meant to pass."""
 
-MET = 0.5
-"""A deadline that is meant to be met (by a step admitted a few records later)."""
+MET = 3600.0
+"""A deadline that is meant to be met (by a step admitted a few records later): an
+hour, passed only by moving the loop's clock (`outlive_the_deadline`)."""
+
+OUTLIVED = 10 * MET
+"""The step deadline of a step that outlives `MET`: still to come once the clock has moved."""
+
+
+class MovableClockLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock a step moves on: a deadline passes when the test says so."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.ahead
+
+
+async def outlive_the_deadline() -> None:
+    """Move the running loop's clock past `MET`, then give the loop turns in which a
+    deadline still armed would cancel the caller (it fires in the first)."""
+    loop = asyncio.get_running_loop()
+    assert isinstance(loop, MovableClockLoop)
+    loop.ahead += 2 * MET
+    for _ in range(3):
+        await asyncio.sleep(0)
 
 
 def run_steps(
     path: Path, steps: list[Step], *, admission_limit: int = 8, observers: Sequence[RunObserver] = ()
 ) -> RunReport:
+    """Run the steps as workflow ``w`` on a `MovableClockLoop`, as `asyncio.run` would."""
     workflow = load_workflow("w", steps)
 
     async def main() -> RunReport:
@@ -57,7 +86,17 @@ def run_steps(
             executor = Executor(log, admission_limit=admission_limit, observers=observers)
             return await executor.run(workflow, "r")
 
-    return asyncio.run(main())
+    loop = MovableClockLoop()
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(main())
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def outcome(report: RunReport, name: str) -> StepOutcome:
@@ -74,7 +113,7 @@ def test_a_queue_deadline_met_never_cancels_the_step_that_follows(tmp_path: Path
         return "held"
 
     async def outlives_its_queue_deadline(ctx: StepContext) -> JSON:
-        await asyncio.sleep(2 * MET)
+        await outlive_the_deadline()
         return "ran"
 
     class Queued:
@@ -87,7 +126,7 @@ def test_a_queue_deadline_met_never_cancels_the_step_that_follows(tmp_path: Path
         tmp_path / "log",
         [
             Step(name="first", run=holds_the_slot),
-            Step(name="second", run=outlives_its_queue_deadline, queue_deadline=MET),
+            Step(name="second", run=outlives_its_queue_deadline, queue_deadline=MET, step_deadline=OUTLIVED),
         ],
         admission_limit=1,
         observers=[Queued()],
@@ -110,7 +149,7 @@ def test_a_deadline_met_by_one_attempt_never_cancels_the_next_attempt(tmp_path: 
     async def fails_then_outlives(ctx: StepContext) -> JSON:
         if ctx.attempt == 1:
             raise ValueError("first attempt fails")
-        await asyncio.sleep(2 * MET)
+        await outlive_the_deadline()
         return "second attempt ran"
 
     class Queued:
@@ -123,7 +162,7 @@ def test_a_deadline_met_by_one_attempt_never_cancels_the_next_attempt(tmp_path: 
         [
             Step(name="first", run=holds_the_slot),
             Step(
-                name="retried", run=fails_then_outlives, queue_deadline=MET,
+                name="retried", run=fails_then_outlives, queue_deadline=MET, step_deadline=OUTLIVED,
                 retry=RetryPolicy(initial_interval=0, max_attempts=2),
             ),  # fmt: skip
         ],

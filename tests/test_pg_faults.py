@@ -7,6 +7,8 @@ subprocess, driving twelve runs of ``workerflows.pay`` (the fake downstream
 service is a file of the keys it was called with). Mid-run, the test kills
 the worker's database sessions with ``pg_terminate_backend`` (each one in
 turn, then all of them) or restarts the server (``pg_ctl restart -m fast``).
+The last runs' charges wait at a gate the test opens only after the fault,
+so the fault always finds the worker busy, however slow or fast it ran.
 
 What must hold: the worker reconnects and finishes (exit 0), or exits
 cleanly with the CLI's exit code for I/O errors (2) and one line
@@ -49,6 +51,8 @@ pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
 TESTS = Path(__file__).parent
 RUNS = [f"r{i:02}" for i in range(12)]
+GATED = RUNS[-2:]
+"""Runs whose first charge waits at the test's gate: the worker cannot be done before the fault."""
 APP = "attempt-kernel-fault-worker"
 """The worker's ``application_name`` (libpq reads PGAPPNAME), so the test finds its sessions."""
 
@@ -164,7 +168,10 @@ def terminate(url: str, pids: list[int]) -> None:
 # then the queue's (claims and closing runs); the heartbeat's thread has a
 # connection of its own, found by its statement.
 def pick(session: str, sessions: list[tuple[int, str]]) -> list[int]:
+    """The pids of ``session``; none until the heartbeat's session has beaten (it is told apart by its statement)."""
     beat = [pid for pid, text in sessions if "heartbeat_at = now()" in text]
+    if not beat:
+        return []  # not yet told apart: the heartbeat's session would pass for the journal's or the queue's
     others = [pid for pid, _ in sessions if pid not in beat]
     match session:
         case "journal":
@@ -195,17 +202,26 @@ def test_a_worker_survives_a_database_fault_or_exits_cleanly_and_nothing_acknowl
     server: tuple[ThrowawayServer, str], url: str, tmp_path: Path, downstream: Path, fault: str
 ) -> None:
     """Mid-run fault: exit 0 or 2 without a traceback; a fresh worker finishes; no loss; replays clean."""
+    gate = tmp_path / "gate"
     for run in RUNS:
-        submit_run(url, "pay", run, {"sleep": 0.3})
+        submit_run(url, "pay", run, {"gate": str(gate)} if run in GATED else {"sleep": 0.3})
     first = worker(url, tmp_path)
     try:
         wait_for(lambda: len(closed_runs(url)) >= 4, "four runs closed")
+        targets: list[int] = []
+
+        def found() -> bool:
+            targets[:] = pick(fault, worker_sessions(url))
+            return bool(targets)
+
+        wait_for(found, f"the worker's {fault} session")  # the heartbeat's thread connects on its own
         before = journal_records(url)
         if fault == "restart":
             restart(server[0])
         else:
-            terminate(url, pick(fault, worker_sessions(url)))
+            terminate(url, targets)
     finally:
+        gate.touch()  # the gated charges go on only once the fault is in
         code, out = finish(first)
     assert "Traceback" not in out, out
     assert code in (0, EXIT_IO_ERROR), out

@@ -171,6 +171,11 @@ def stop(
     return child, err
 
 
+def stop_requested(rs: list[Record]) -> bool:
+    """The child has taken the first signal: its stop is in the log."""
+    return any(isinstance(r.change, RunStopRequested) for r in rs)
+
+
 def calls(cwd: Path) -> list[str]:
     path = cwd / "calls.txt"
     return path.read_text().split() if path.exists() else []
@@ -321,9 +326,15 @@ def test_a_signal_during_resume_stops_the_run_and_a_later_resume_finishes_it(
 def test_a_step_that_ends_within_the_grace_keeps_its_result_and_nothing_new_starts(
     tmp_path: Path,
 ) -> None:
-    """A 1 s step finishes during the grace (exit as soon as it does: the grace here is an
-    hour, longer than the safety net); its dependent starts only on recover."""
-    child, err = stop(tmp_path, "briefs", signal.SIGINT, running("brief"), grace=HOUR_OF_GRACE)
+    """A step the test lets end only once the stop is recorded finishes during the grace (exit
+    as soon as it does: the grace here is an hour, longer than the safety net); its dependent
+    starts only on recover."""
+    child = start(tmp_path, "briefs", grace=HOUR_OF_GRACE)
+    wait_until(tmp_path, child, running("brief"))
+    child.send_signal(signal.SIGINT)
+    wait_until(tmp_path, child, stop_requested)
+    (tmp_path / "release").touch()  # propflows.signalflows.RELEASE: the step ends now, in the grace
+    _, err = child.communicate(timeout=SAFETY)
     assert child.returncode == 130, err
     assert states(tmp_path) == {("brief", 1): "Succeeded"}
     done = cli(tmp_path, "recover", LOG, "--workflows", f"{FLOWS}:briefs")
@@ -400,10 +411,10 @@ def test_a_stop_during_an_effect_leaves_no_more_to_reconcile_than_a_crash(tmp_pa
 def test_a_second_sigint_during_the_grace_exits_at_once(tmp_path: Path) -> None:
     """The second SIGINT exits 130 at once, leaving the attempt Running as a crash would (had
     the child waited, the grace would have ended the attempt Cancelled)."""
-    child = start(tmp_path, "naps")
+    child = start(tmp_path, "naps", grace=HOUR_OF_GRACE)  # the grace must not end before the second SIGINT
     wait_until(tmp_path, child, running("nap"))
     child.send_signal(signal.SIGINT)
-    wait_until(tmp_path, child, lambda rs: any(isinstance(r.change, RunStopRequested) for r in rs))
+    wait_until(tmp_path, child, stop_requested)
     child.send_signal(signal.SIGINT)
     child.communicate(timeout=SAFETY)
     assert child.returncode == 130
@@ -462,10 +473,10 @@ def test_the_first_signal_after_a_stoppers_stop_still_gets_the_grace(tmp_path: P
 
 def test_recover_finishes_a_run_left_by_a_second_sigint(tmp_path: Path) -> None:
     """After the abrupt exit, `recover` ends the orphan Cancelled and finishes the run."""
-    child = start(tmp_path, "naps")
+    child = start(tmp_path, "naps", grace=HOUR_OF_GRACE)  # the grace must not end before the second SIGINT
     wait_until(tmp_path, child, running("nap"))
     child.send_signal(signal.SIGINT)
-    wait_until(tmp_path, child, lambda rs: any(isinstance(r.change, RunStopRequested) for r in rs))
+    wait_until(tmp_path, child, stop_requested)
     child.send_signal(signal.SIGINT)
     child.communicate(timeout=SAFETY)
     assert child.returncode == 130

@@ -471,8 +471,9 @@ def stopped(pid: int) -> bool:
 def test_a_worker_frozen_past_its_lease_writes_nothing_after_the_takeover(
     pg_url: str, schema: str, tmp_path: Path, downstream: Path
 ) -> None:
-    """SIGSTOP inside charge's sleep, takeover, SIGCONT: its writes fail with LeaseLost and the journal is unchanged."""
-    submit_run(pg_url, "pay", "r1", {"sleep": 1.5}, schema=schema)
+    """SIGSTOP while charge waits at its gate, takeover, SIGCONT: its writes fail with LeaseLost and the journal is unchanged."""
+    gate = tmp_path / "gate"  # charge's first attempt waits here, live, until the test opens it
+    submit_run(pg_url, "pay", "r1", {"gate": str(gate)}, schema=schema)
     frozen = worker(pg_url, schema, tmp_path)
 
     def charging() -> bool:
@@ -488,6 +489,7 @@ def test_a_worker_frozen_past_its_lease_writes_nothing_after_the_takeover(
         assert "taken over from worker" in out
         after_takeover = journal_records(pg_url, schema)
     finally:
+        gate.touch()  # woken, it goes on to the effect, as a step that slept through the freeze would
         frozen.send_signal(signal.SIGUSR1)  # its own clock an hour on: it wakes up past its lease
         frozen.send_signal(signal.SIGCONT)
     code, out = finish(frozen)

@@ -85,6 +85,12 @@ def wait_for(what: str, predicate: Callable[[], bool], *workers: subprocess.Pope
         time.sleep(0.05)
 
 
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (state T), as a worker with ``FREEZE_ON`` stops itself."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split(") ", 1)[1].startswith("T")
+
+
 def count(url: str, schema: str, where: str) -> int:
     query = sql.SQL("SELECT count(*) FROM {s}.runs WHERE " + where).format(s=sql.Identifier(schema))  # pyright: ignore[reportArgumentType]  # test-written predicates
     with psycopg.connect(url, autocommit=True) as conn:
@@ -268,14 +274,20 @@ def test_a_sleep_is_released_with_its_wake_time_and_claimed_again_only_when_due(
     pg_url: str, schema: str, tmp_path: Path
 ) -> None:
     submit_run(pg_url, "napper", "n-1", {"sleep": 2.5}, schema=schema)
-    process = worker(pg_url, schema, tmp_path)
-    wait_for("the run released", lambda: released_waiting(pg_url, schema) == 1, process)
-    [wake_us] = [r.change.wake_us for r in records(pg_url, schema) if isinstance(r.change, WaitStarted)]
-    assert wake_us is not None
-    [(row_wake,)] = sql_in(
-        pg_url, schema, "SELECT (extract(epoch FROM wake_at) * 1000000)::bigint FROM {s}.runs"
-    )
-    assert type(row_wake) is int and abs(row_wake - wake_us) <= 1  # the row holds the record's wake time
+    # Frozen right after the release: however slow this test is to look, the
+    # worker cannot have taken the run up again (its wake time may pass).
+    process = worker(pg_url, schema, tmp_path, FREEZE_ON="n-1: waiting, released")
+    try:
+        wait_for("the worker frozen after the release", lambda: stopped(process.pid), process)
+        assert released_waiting(pg_url, schema) == 1
+        [wake_us] = [r.change.wake_us for r in records(pg_url, schema) if isinstance(r.change, WaitStarted)]
+        assert wake_us is not None
+        [(row_wake,)] = sql_in(
+            pg_url, schema, "SELECT (extract(epoch FROM wake_at) * 1000000)::bigint FROM {s}.runs"
+        )
+        assert type(row_wake) is int and abs(row_wake - wake_us) <= 1  # the row holds the record's wake time
+    finally:
+        process.send_signal(signal.SIGCONT)
     # Until its wake time, the row stays released (sampled on the database's clock).
     while True:
         [(due, owner, done)] = sql_in(pg_url, schema, "SELECT wake_at IS NULL OR wake_at <= now(), owner, done FROM {s}.runs")

@@ -22,6 +22,8 @@ from attempt_kernel import (
 )
 
 CALLS = Path("calls.txt")
+RELEASE = Path("release")
+"""Created by the test once it has stopped the run: a gated step ends only then."""
 LONG = 60.0
 """Longer than any test waits: an attempt that sleeps this long is live when the signal comes."""
 
@@ -45,8 +47,10 @@ async def long_nap(ctx: StepContext) -> JSON:
 
 
 async def brief(ctx: StepContext) -> JSON:
+    """Its first attempt runs until the test creates `RELEASE` (however late the signal lands)."""
     if ctx.attempt == 1:
-        await asyncio.sleep(1.0)
+        while not RELEASE.exists():
+            await asyncio.sleep(0.02)
     return "brief"
 
 

@@ -10,8 +10,10 @@ charge step's reconciler asks that same file, unless ``RECONCILE=off``
 the downstream service saw the call (as a power cut would).
 
 The run's input steers the charge step: ``{"sleep": S}`` makes its first
-attempt sleep S seconds before the effect (a worker stopped there is past
-its lease when it wakes).
+attempt sleep S seconds before the effect; ``{"gate": PATH}`` makes it wait
+before the effect until the file PATH exists, so that a test can freeze the
+worker or break its database while the attempt is surely live (a worker
+stopped there is past its lease when it wakes).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ async def charge(ctx: StepContext) -> JSON:
         pause = order.get("sleep")
         if isinstance(pause, (int, float)):
             await asyncio.sleep(pause)
+        gate = order.get("gate")
+        if isinstance(gate, str):
+            while not Path(gate).exists():
+                await asyncio.sleep(0.02)
 
     async def charge_card(key: str) -> JSON:
         with _downstream().open("a") as book:

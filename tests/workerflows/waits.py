@@ -14,14 +14,18 @@ waits; returns ``{"go": <payload>, "gate": "open"}``.
 ``python -c 'from workerflows.waits import main; main()' URL SCHEMA``
 serves them with heartbeat 0.2 s and dead after 300 s, printing each
 progress line; it stops on SIGTERM (``stopped N``), or when idle with
-``UNTIL_IDLE=1``.
+``UNTIL_IDLE=1``. With ``FREEZE_ON=TEXT`` it stops itself (SIGSTOP) right
+after the first progress line holding TEXT, until the test sends SIGCONT:
+the test looks at that moment however late it gets there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from attempt_kernel import JSON, RunContext, StepContext, workflow
@@ -70,6 +74,19 @@ async def gated(run: RunContext) -> JSON:
 WORKFLOWS = (approver, napper, gated)
 
 
+def _say(freeze_on: str) -> Callable[[str], None]:
+    """Print each progress line; SIGSTOP this process after the first that holds ``freeze_on`` (if not empty)."""
+    frozen = [False]
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        if freeze_on and freeze_on in line and not frozen[0]:
+            frozen[0] = True
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    return say
+
+
 def main() -> None:
     url, schema = sys.argv[1], sys.argv[2]
     closed = run_worker(
@@ -80,7 +97,7 @@ def main() -> None:
         heartbeat=HEARTBEAT,
         dead_after=DEAD_AFTER,
         stop_when_idle=os.environ.get("UNTIL_IDLE") == "1",
-        progress=lambda line: print(line, flush=True),
+        progress=_say(os.environ.get("FREEZE_ON", "")),
         stop_on_signals=True,
     )
     print(f"stopped {closed}", flush=True)
