@@ -463,3 +463,19 @@ def test_worker_until_idle_finishes_a_run_it_left_once_its_signal_comes(tmp_path
     assert second.stdout.endswith("worker: idle; no unfinished run of these workflows is left\n")
     assert len(book(tmp_path / "book")) == 1
     assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+def test_until_idle_goes_on_with_a_waiting_run_once_a_signal_or_a_cancel_is_recorded(tmp_path: Path) -> None:
+    """What `worker LOG --until-idle` looks at before it exits: a run that waits with
+    nothing come is left; one whose signal, or whose cancel, is in the log is gone on with."""
+    from attempt_kernel import cancel_run, send_signal
+    from attempt_kernel.cli._main import _left  # pyright: ignore[reportPrivateUsage]
+
+    waiting_log(tmp_path / "waits.jsonl")
+    assert _left(str(tmp_path / "waits.jsonl"), {"approver"}, set()) == [(RUN, False)]
+    waiting_log(tmp_path / "signalled.jsonl")
+    send_signal(tmp_path / "signalled.jsonl", RUN, "approve")
+    assert _left(str(tmp_path / "signalled.jsonl"), {"approver"}, set()) == [(RUN, True)]
+    waiting_log(tmp_path / "cancelled.jsonl")
+    cancel_run(tmp_path / "cancelled.jsonl", RUN)
+    assert _left(str(tmp_path / "cancelled.jsonl"), {"approver"}, set()) == [(RUN, True)]

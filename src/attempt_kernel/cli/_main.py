@@ -1423,12 +1423,12 @@ sooner, before the worker lets go of it (as a PostgreSQL worker releases one).""
 def _left(log: str, names: set[str], skip: set[str]) -> list[tuple[str, bool]]:
     """Runs of these workflows left unfinished (or reconciled), each with whether a
     worker could go on with it now: not when it only waits for a signal none of
-    which has come, or for a wake time still to come."""
+    which has come, or for a wake time still to come (and no cancel came)."""
     ledger = Ledger()
     ledger.feed(FileLog(log).read())
     now = int(time.time() * 1_000_000)
     return [
-        (view.run, not view.is_waiting() or any(
+        (view.run, not view.is_waiting() or view.cancel_requested or any(
             (wait.signal is not None and view.untaken(wait.signal) is not None)
             or (wait.wake_us is not None and wait.wake_us <= now)
             for wait in view.open_waits()
