@@ -479,3 +479,33 @@ def test_until_idle_goes_on_with_a_waiting_run_once_a_signal_or_a_cancel_is_reco
     waiting_log(tmp_path / "cancelled.jsonl")
     cancel_run(tmp_path / "cancelled.jsonl", RUN)
     assert _left(str(tmp_path / "cancelled.jsonl"), {"approver"}, set()) == [(RUN, True)]
+
+
+V2 = '''
+from attempt_kernel import JSON, RunContext, StepContext, workflow
+
+
+async def ask(ctx: StepContext, question: str) -> JSON:
+    return question
+
+
+@workflow("approver")
+async def APPROVER(run: RunContext) -> JSON:
+    await run.step("ask", ask, "may I charge 50 EUR?")  # the log holds 40 EUR at position 1
+    return await run.wait_for_signal("approve")
+'''
+
+
+@pytest.mark.slow
+def test_worker_until_idle_names_a_run_whose_code_diverged_as_left_unfinished(tmp_path: Path) -> None:
+    """The run is not resumed (nothing written for it) and stays unfinished: the worker's
+    last line says so, rather than that no unfinished run is left."""
+    waiting_log(tmp_path / LOG)
+    (tmp_path / "v2.py").write_text(V2)
+    before = (tmp_path / LOG).read_bytes()
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "v2:APPROVER", "--until-idle")
+    assert "attempt-kernel worker: error: run 'a-1' diverged at position 1" in worker.stderr
+    assert worker.stdout.endswith(
+        "worker: idle; left unfinished: a-1 (its code diverged from its log)\n"
+    ), worker.stdout
+    assert (tmp_path / LOG).read_bytes() == before

@@ -1499,8 +1499,11 @@ def _worker_file(args: argparse.Namespace) -> int:
         if args.until_idle:
             if any(now for _, now in left) and seen != before:
                 continue  # something came in while it ran (a reconciliation taken in, a signal)
-            if left:
-                print(f"worker: idle; left unfinished: {', '.join(shown(r) for r, _ in left)}")
+            unfinished = [shown(r) for r, _ in left] + [
+                f"{shown(r)} (its code diverged from its log)" for r in sorted(diverged)
+            ]
+            if unfinished:
+                print(f"worker: idle; left unfinished: {', '.join(unfinished)}")
             else:
                 print("worker: idle; no unfinished run of these workflows is left")
             return EXIT_OK
