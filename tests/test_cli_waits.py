@@ -36,7 +36,7 @@ from attempt_kernel import (
     read_log,
 )
 from attempt_kernel.cli._main import main
-from waitflows import APPROVER
+from waitflows import APPROVER, NAPPER
 
 TESTS = Path(__file__).parent
 LOG = "a.jsonl"
@@ -416,3 +416,96 @@ def test_worker_until_idle_finishes_a_run_signalled_from_outside(tmp_path: Path)
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert 'run result: {"answer":"yes","charged":{"charged":40}}' in worker.stdout
     assert len(book(tmp_path / "book")) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["waitflows:APPROVER", "waitflows:NAPPER"], ids=["signal", "sleep"])
+def test_worker_until_idle_leaves_a_run_that_waits_for_what_has_not_come(tmp_path: Path, target: str) -> None:
+    """A signal nobody sent, a sleep of an hour: nothing is left that the worker could go
+    on with now, so it says which run it leaves unfinished and exits 0 instead of waiting
+    forever; the run, still waiting, wrote nothing more."""
+    flow = APPROVER if target == "waitflows:APPROVER" else NAPPER
+
+    async def go() -> None:
+        with RunLogWriter(tmp_path / LOG) as writer:
+            report = await Executor(writer, let_go_after=0).run(flow, RUN)
+            assert report.status == "waiting"
+
+    asyncio.run(go())
+    before = [type(r.change).__name__ for r in records(tmp_path / LOG)]
+    worker = start(tmp_path, "worker", LOG, "--workflows", target, "--until-idle", WAIT_BOOK="book")
+    try:
+        out, err = worker.communicate(timeout=60)  # a safety net: it bounds a hang, not a time
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        out, err = worker.communicate()
+        pytest.fail(f"worker --until-idle still waits after 60 s; it printed {out!r}")
+    assert worker.returncode == 0, out + err
+    assert out.endswith("worker: idle; left unfinished: a-1\n"), out
+    runs = json.loads(cli(tmp_path, "runs", LOG, "--json").stdout)["runs"]
+    assert [(r["run"], r["status"]) for r in runs] == [(RUN, "waiting")]
+    # the worker recorded that it took the run up, and nothing after: its wait goes on
+    assert [type(r.change).__name__ for r in records(tmp_path / LOG)] == [*before, "RunResumed"]
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_worker_until_idle_finishes_a_run_it_left_once_its_signal_comes(tmp_path: Path) -> None:
+    waiting_log(tmp_path / LOG)
+    first = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert book(tmp_path / "book") == []
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stderr
+    second = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in second.stdout
+    assert second.stdout.endswith("worker: idle; no unfinished run of these workflows is left\n")
+    assert len(book(tmp_path / "book")) == 1
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+def test_until_idle_goes_on_with_a_waiting_run_once_a_signal_or_a_cancel_is_recorded(tmp_path: Path) -> None:
+    """What `worker LOG --until-idle` looks at before it exits: a run that waits with
+    nothing come is left; one whose signal, or whose cancel, is in the log is gone on with."""
+    from attempt_kernel import cancel_run, send_signal
+    from attempt_kernel.cli._main import _left  # pyright: ignore[reportPrivateUsage]
+
+    waiting_log(tmp_path / "waits.jsonl")
+    assert _left(str(tmp_path / "waits.jsonl"), {"approver"}, set()) == [(RUN, False)]
+    waiting_log(tmp_path / "signalled.jsonl")
+    send_signal(tmp_path / "signalled.jsonl", RUN, "approve")
+    assert _left(str(tmp_path / "signalled.jsonl"), {"approver"}, set()) == [(RUN, True)]
+    waiting_log(tmp_path / "cancelled.jsonl")
+    cancel_run(tmp_path / "cancelled.jsonl", RUN)
+    assert _left(str(tmp_path / "cancelled.jsonl"), {"approver"}, set()) == [(RUN, True)]
+
+
+V2 = '''
+from attempt_kernel import JSON, RunContext, StepContext, workflow
+
+
+async def ask(ctx: StepContext, question: str) -> JSON:
+    return question
+
+
+@workflow("approver")
+async def APPROVER(run: RunContext) -> JSON:
+    await run.step("ask", ask, "may I charge 50 EUR?")  # the log holds 40 EUR at position 1
+    return await run.wait_for_signal("approve")
+'''
+
+
+@pytest.mark.slow
+def test_worker_until_idle_names_a_run_whose_code_diverged_as_left_unfinished(tmp_path: Path) -> None:
+    """The run is not resumed (nothing written for it) and stays unfinished: the worker's
+    last line says so, rather than that no unfinished run is left."""
+    waiting_log(tmp_path / LOG)
+    (tmp_path / "v2.py").write_text(V2)
+    before = (tmp_path / LOG).read_bytes()
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "v2:APPROVER", "--until-idle")
+    assert "attempt-kernel worker: error: run 'a-1' diverged at position 1" in worker.stderr
+    assert worker.stdout.endswith(
+        "worker: idle; left unfinished: a-1 (its code diverged from its log)\n"
+    ), worker.stdout
+    assert (tmp_path / LOG).read_bytes() == before

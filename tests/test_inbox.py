@@ -19,6 +19,7 @@ import pytest
 from attempt_kernel import (
     Delivered,
     Executor,
+    MAX_RECORD_BYTES,
     IntentPlanned,
     FileLog,
     LogNeedsRecovery,
@@ -30,10 +31,12 @@ from attempt_kernel import (
     SignalSent,
     cancel_run,
     read_log,
+    recover_log,
     replay,
     resume_log,
     send_signal,
 )
+from attempt_kernel._codec import encode_record
 from attempt_kernel._inbox import InboxCorrupt, locked_inbox
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._operate import reconcile_change, signal_change
@@ -307,3 +310,79 @@ def test_a_reconciliation_of_an_intent_whose_attempt_is_live_is_not_taken_in(
 def key_of(path: Path) -> str:
     [key] = [c.key for c in changes(path) if isinstance(c, IntentPlanned)]
     return key
+
+
+# --------------------------------------------------------------------------
+# An entry that fits the inbox's line but not the log's
+# --------------------------------------------------------------------------
+
+NOW_US = 1796116936000000  # a time_us of 16 digits, as every clock reading until 2286
+
+
+def noted_log(path: Path) -> Path:
+    """A waiting log of 10 records (three signals 'note' recorded): the next is seq 11."""
+    waiting_log(path)
+    for n in range(3):
+        send_signal(path, RUN, "note", n)
+    assert len(path.read_bytes().splitlines()) == 10
+    return path
+
+
+def filling_signal(payload_bytes: int) -> SignalSent:
+    """A signal 'approve' whose payload, a string, encodes to ``payload_bytes`` bytes."""
+    return SignalSent(name="approve", payload="x" * (payload_bytes - 2), id="0123456789abcdef")
+
+
+def inbox_line_bytes(seq: int) -> int:
+    """What an inbox line numbered ``seq`` holding `filling_signal` is, minus its payload:
+    written out from docs/run-log.md's fields, checksum included."""
+    head = f'{{"v":1,"seq":{seq},"time_us":{NOW_US},"run":"{RUN}","type":"signal_sent",'
+    tail = '"name":"approve","payload":,"id":"0123456789abcdef","crc":"00000000"}\n'
+    return len(head) + len(tail)
+
+
+def test_an_inbox_entry_too_large_once_numbered_in_the_log_is_dropped_and_the_rest_taken_in(
+    tmp_path: Path,
+) -> None:
+    """A line numbered 1 in the inbox is numbered 11 in the log, one byte longer: the
+    entry at exactly the limit cannot be recorded. It is dropped saying why, and the
+    entry after it is taken in: the inbox is not wedged for every later change."""
+    log = noted_log(tmp_path / "a.jsonl")
+    big = filling_signal(MAX_RECORD_BYTES - inbox_line_bytes(1))
+    small = SignalSent(name="approve", payload="small", id="fedcba9876543210")
+    inbox = tmp_path / "a.jsonl.inbox"
+    inbox.write_bytes(encode_record(1, NOW_US, RUN, big) + encode_record(2, NOW_US, RUN, small))
+    assert len(inbox.read_bytes().splitlines(keepends=True)[0]) == MAX_RECORD_BYTES
+    del big
+    writer, recovery = recover_log(log, {"approver": APPROVER})
+    writer.close()
+    assert len(recovery.taken_in) == 2
+    assert recovery.taken_in[0].startswith(
+        "a-1: dropped signal 'approve' (0123456789abcdef) from a.jsonl.inbox: record seq 11 of"
+        " run 'a-1' (type 'signal_sent') is 67108865 bytes encoded, over the run log's limit"
+    )
+    assert recovery.taken_in[1] == "a-1: took in signal 'approve' (fedcba9876543210) from a.jsonl.inbox"
+    assert [s.payload for s in signals(log)] == [0, 1, 2, "small"]
+    assert inbox.read_bytes() == b""
+    assert replay(FileLog(log)).valid
+
+
+def test_a_signal_too_large_for_the_log_once_numbered_there_is_refused_at_the_inbox(
+    tmp_path: Path,
+) -> None:
+    """Its line would fit the inbox numbered 1, but not the log at seq 11: the sender is told
+    now, with nothing written, rather than told it waits in the inbox for a taker that
+    must drop it."""
+    log = noted_log(tmp_path / "a.jsonl")
+    before = log.read_bytes()
+    payload = "x" * (MAX_RECORD_BYTES - inbox_line_bytes(1) - 2)
+    with RunLogWriter(log):
+        with pytest.raises(OperationRefused, match=r"too large for the run log.*nothing was written to"):
+            send_signal(log, RUN, "approve", payload)
+    del payload
+    assert log.read_bytes() == before
+    assert (tmp_path / "a.jsonl.inbox").read_bytes() == b""
+    with RunLogWriter(log):
+        small = send_signal(log, RUN, "approve", "x" * 1000)
+    assert not small.recorded
+    assert [e["seq"] for e in inbox_lines(log)] == [1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import sys
 import tempfile
 import zlib
 from collections.abc import Awaitable, Callable
@@ -223,8 +224,12 @@ def test_a_wake_time_already_past_resumes_at_once(tmp_path: Path) -> None:
     assert later.slept == []
 
 
-@pytest.mark.parametrize("seconds", [-1, -0.001, math.inf, -math.inf, math.nan, "3", True, None])
+@pytest.mark.parametrize(
+    "seconds", [-1, -0.001, math.inf, -math.inf, math.nan, "3", True, None, 1e303, sys.float_info.max]
+)
 def test_a_bad_sleep_raises_at_the_call(tmp_path: Path, seconds: object) -> None:
+    """Also a finite length too long to count in microseconds (``sys.float_info.max``
+    as "for ever"): a WorkflowError naming the call, not an OverflowError."""
     @workflow("bad-sleep")
     async def bad(run: RunContext) -> JSON:
         try:
@@ -370,7 +375,7 @@ def test_a_bad_signal_name_raises_at_the_call(tmp_path: Path, name: str) -> None
     assert isinstance(report.result, str) and "signal name" in report.result
 
 
-@pytest.mark.parametrize("timeout", [-5, math.inf, math.nan])
+@pytest.mark.parametrize("timeout", [-5, math.inf, math.nan, 1e303, sys.float_info.max])
 def test_a_bad_timeout_raises_at_the_call(tmp_path: Path, timeout: float) -> None:
     @workflow("bad-timeout")
     async def bad(run: RunContext) -> JSON:

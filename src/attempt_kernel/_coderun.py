@@ -36,6 +36,7 @@ import contextvars
 import functools
 import hashlib
 import json
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final, cast
 
@@ -155,6 +156,11 @@ def _duration(value: object, what: str) -> float:
     seconds = float(cast(float, value))
     if not (0 <= seconds < _INF):  # NaN fails too
         raise WorkflowError(f"{what} must be finite and at least 0 seconds, got {value!r}")
+    if seconds * 1_000_000 == _INF:  # its wake time is counted in microseconds
+        raise WorkflowError(
+            f"{what} must be less than {_MAX_WAIT:.4g} seconds (a wake time is a number of"
+            f" microseconds), got {value!r}; to wait for ever, wait for a signal with no timeout"
+        )
     return seconds
 
 
@@ -229,6 +235,8 @@ def _scalars_json(args: Sequence[object]) -> str | None:
 
 
 _INF: Final = float("inf")
+_MAX_WAIT: Final = sys.float_info.max / 1_000_000
+"""The longest sleep or timeout, in seconds: longer ones overflow in microseconds."""
 
 
 def non_string_key(value: object, depth: int = 0) -> tuple[object] | None:

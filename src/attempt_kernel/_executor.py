@@ -1849,9 +1849,10 @@ def drive_jobs(
     on_taken_up: Callable[[Recovery], None] | None = None,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
     stopper: Stopper | None = None,
+    let_go_after: float | None = None,
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
-    reports (``on_taken_up``, ``on_wait``: as `Executor` says)."""
+    reports (``on_taken_up``, ``on_wait``, ``let_go_after``: as `Executor` says)."""
     caught: list[int] = []  # the stop's signal, from a signal or the stopper
     signalled: list[int] = []  # the signals themselves: a second one exits at once
 
@@ -1878,7 +1879,7 @@ def drive_jobs(
         # would cost a noticeable repr.
         executor = Executor(
             log, admission_limit=admission_limit, progress=progress, on_taken_up=on_taken_up,
-            on_wait=on_wait,
+            on_wait=on_wait, let_go_after=let_go_after,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
 

@@ -36,7 +36,7 @@ from typing import Final
 
 from typing_extensions import assert_never, final
 
-from ._codec import RunLogError, encode_record
+from ._codec import MAX_RECORD_BYTES, RecordTooLarge, RunLogError, UnencodableRecord, encode_record
 from ._ledger import Ledger
 from ._logfile import LogLocked, LogOpenError, RunLogWriter, fsync_dir, open_regular, now_us, read_log
 from ._operate import Delivery, OperationRefused, malformed, refusal
@@ -48,6 +48,11 @@ INBOX_SUFFIX: Final = ".inbox"
 
 Deliver = Callable[[str, Delivery], "str | None"]
 """Records one delivered change for a run, or returns why it no longer applies."""
+
+WIDEST_SEQ: Final = 2**63 - 1
+"""A sequence number at least as long as any log's: an entry's line is measured
+with it, since the log numbers the record afresh (``seq`` 1 in the inbox may
+be ``seq`` 1000000 in the log, six bytes longer)."""
 
 
 @final
@@ -148,6 +153,19 @@ class LockedInbox:
         bad = malformed(change)
         if bad is not None:
             raise OperationRefused(f"{bad}; nothing was written to {self.path}")
+        try:
+            # docs/contracts.md, "Append-only and checksummed": a record the
+            # writer accepts, the reader accepts; an entry its taker could
+            # not append would be dropped after the sender was told "durable".
+            encode_record(WIDEST_SEQ, time_us, run, change)
+        except RecordTooLarge as error:
+            raise OperationRefused(
+                f"{_describe(change)} for run {run!r} is too large for the run log: numbered there,"
+                f" its record may be up to {error.size} bytes, over the limit of {MAX_RECORD_BYTES}"
+                f" bytes per record (MAX_RECORD_BYTES); nothing was written to {self.path}. Keep a"
+                " value this large outside the log (a file, an object store) and put a reference"
+                " to it in the log instead"
+            ) from None
         found, torn = self.entries()
         if torn is not None:  # a sender that died mid-write: never acknowledged
             os.ftruncate(self._fd, torn.offset)
@@ -171,7 +189,13 @@ class LockedInbox:
             return 0
         recorded = 0
         for run, change in found:
-            why = deliver(run, change)
+            try:
+                why = deliver(run, change)
+            except UnencodableRecord as error:
+                # Numbered in the log, its line may be longer than in the inbox
+                # (written by other means than `append`, which refuses it):
+                # nothing was appended, and the entries after it go on.
+                why = str(error)
             if why is None:
                 recorded += 1
                 if progress is not None:

@@ -58,6 +58,7 @@ def resume_log(
     on_taken_up: Callable[[Recovery], None] | None = None,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
     stopper: Stopper | None = None,
+    let_go_after: float | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -77,7 +78,11 @@ def resume_log(
     (`Stopper`) from another thread. ``skip_runs`` are left
     alone: neither recovered nor resumed (on a PostgreSQL journal, the runs
     a live worker drives, those `attempt-kernel runs URL` lists as
-    ``running``; the CLI's ``recover`` passes them here).
+    ``running``; the CLI's ``recover`` passes them here). ``let_go_after``, if
+    given, lets go of a code workflow's run once it only waits, with no wake
+    time within that many seconds, as `Executor` says: its report says
+    ``waiting``, and it waits in the log for the next process that resumes it
+    (without it, the run waits in this process).
     """
     by_name = {workflow.name: workflow for workflow in workflows}
     if isinstance(log, (str, os.PathLike)):
@@ -87,7 +92,8 @@ def resume_log(
         try:
             with writer:
                 done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
-                               stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper)  # fmt: skip
+                               stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
+                               let_go_after)  # fmt: skip
         finally:
             # What a sender appended to the inbox while this process let the log go.
             settle_inbox(log, progress)
@@ -96,7 +102,8 @@ def resume_log(
             log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
         )
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
-                       stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper)  # fmt: skip
+                       stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
+                       let_go_after)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -117,6 +124,7 @@ def _resume(
     on_taken_up: Callable[[Recovery], None] | None,
     on_wait: Callable[[str, WaitStarted], None] | None,
     stopper: Stopper | None,
+    let_go_after: float | None,
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -142,4 +150,5 @@ def _resume(
         on_taken_up=on_taken_up,
         on_wait=on_wait,
         stopper=stopper,
+        let_go_after=let_go_after,
     )

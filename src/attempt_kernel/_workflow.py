@@ -305,7 +305,8 @@ class RunContext(Protocol):
         after a crash or a stop, the resumed run sleeps only what is left,
         and not at all once the wake time has passed. While it sleeps the
         run holds no attempt and no slot. A negative, infinite or NaN
-        ``seconds`` raises `WorkflowError` at the call.
+        ``seconds``, or one too long to count in microseconds (1.8e302 or
+        more), raises `WorkflowError` at the call.
         """
         ...
 
@@ -320,7 +321,7 @@ class RunContext(Protocol):
         its start and its end (which signal it took) are records, so a
         resumed run gets the same answer. While it waits the run holds no
         attempt and no slot. A bad ``name`` (empty, control characters) or
-        ``timeout`` (negative, infinite, NaN) raises `WorkflowError` at the call.
+        ``timeout`` (negative, infinite, NaN, 1.8e302 or more) raises `WorkflowError` at the call.
         """
         ...
 

@@ -326,7 +326,8 @@ def _parser() -> argparse.ArgumentParser:
         "workflows in the log, recovering it first, taking in what operators send (signal, "
         "cancel, reconcile) and going on with runs reconciled or signalled from outside; "
         "--until-idle exits once no unfinished run of these workflows is left that it could "
-        "go on with; --heartbeat and --dead-after do not apply. With a PostgreSQL URL: one "
+        "go on with now (a run waiting for a signal not sent yet or a wake time still to come "
+        "is left waiting); --heartbeat and --dead-after do not apply. With a PostgreSQL URL: one "
         "worker process: a fresh id, a heartbeat judged by the database's "
         "clock, a fenced lease on each run it drives. It claims queued runs and takes over "
         "the runs of workers whose heartbeat is older than --dead-after (reconcilers first, "
@@ -347,7 +348,7 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--dead-after", type=_positive_float, default=5.0, metavar="S",
                         help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
-                        help="exit once no run of these workflows is left unfinished")  # fmt: skip
+                        help="exit once no run of these workflows is left that it could go on with now")  # fmt: skip
     worker.add_argument("--reconnect-for", type=_seconds, default=300.0, metavar="SECONDS",
                         help="with a URL: how long to go on reconnecting to an unreachable database"
                         " (also at the start) before exiting 3 (default 300; 0: never)")  # fmt: skip
@@ -1414,12 +1415,24 @@ def _marks(log: str) -> tuple[int, int, int]:
     return (stat.st_size, stat.st_mtime_ns, inbox_size(log))
 
 
-def _left(log: str, names: set[str], skip: set[str]) -> list[str]:
-    """Runs of these workflows that a worker could go on with (unfinished, or reconciled)."""
+UNTIL_IDLE_LET_GO: Final = 1.0
+"""Seconds a run of `worker LOG --until-idle` may only wait, with no wake time
+sooner, before the worker lets go of it (as a PostgreSQL worker releases one)."""
+
+
+def _left(log: str, names: set[str], skip: set[str]) -> list[tuple[str, bool]]:
+    """Runs of these workflows left unfinished (or reconciled), each with whether a
+    worker could go on with it now: not when it only waits for a signal none of
+    which has come, or for a wake time still to come (and no cancel came)."""
     ledger = Ledger()
     ledger.feed(FileLog(log).read())
+    now = int(time.time() * 1_000_000)
     return [
-        view.run
+        (view.run, not view.is_waiting() or view.cancel_requested or any(
+            (wait.signal is not None and view.untaken(wait.signal) is not None)
+            or (wait.wake_us is not None and wait.wake_us <= now)
+            for wait in view.open_waits()
+        ))
         for view in ledger.runs.values()
         if view.workflow in names and view.run not in skip
         and view.standing() in ("interrupted", "waiting")
@@ -1469,6 +1482,9 @@ def _worker_file(args: argparse.Namespace) -> int:
                 on_taken_up=print_taken_up,
                 on_wait=_announce_waits(log),
                 skip_runs=frozenset(diverged),
+                # With --until-idle a run that only waits is let go, or the worker
+                # would wait with it for a signal that may never come.
+                let_go_after=UNTIL_IDLE_LET_GO if args.until_idle else None,
             )
         except RunsStopped as error:
             return _stopped("worker", error, again)
@@ -1481,10 +1497,13 @@ def _worker_file(args: argparse.Namespace) -> int:
         seen = _marks(log)
         left = _left(log, names, diverged)
         if args.until_idle:
-            if left and seen != before:
-                continue  # something came in while it ran (a reconciliation taken in)
-            if left:
-                print(f"worker: idle; left unfinished: {', '.join(shown(r) for r in left)}")
+            if any(now for _, now in left) and seen != before:
+                continue  # something came in while it ran (a reconciliation taken in, a signal)
+            unfinished = [shown(r) for r, _ in left] + [
+                f"{shown(r)} (its code diverged from its log)" for r in sorted(diverged)
+            ]
+            if unfinished:
+                print(f"worker: idle; left unfinished: {', '.join(unfinished)}")
             else:
                 print("worker: idle; no unfinished run of these workflows is left")
             return EXIT_OK
