@@ -774,3 +774,13 @@ def test_an_empty_log_and_a_torn_first_record_stay_a_valid_log_with_no_record(tm
     else:
         assert items == []
     assert replay(log).valid
+
+
+def test_records_after_a_nul_run_inside_the_log_are_still_read(tmp_path: Path) -> None:
+    """Looking past a run of NUL bytes for the end of the file does not skip what follows it."""
+    path = write_log(tmp_path / "log", simple_changes())
+    lines = path.read_bytes().splitlines(keepends=True)
+    path.write_bytes(lines[0] + b"\x00" * 10 + b"\n" + b"".join(lines[1:]))
+    items = list(read_log(path))
+    assert items[1] == CorruptLine(line=2, reason="a run of NUL bytes inside the log")
+    assert [i.line for i in items if isinstance(i, Record)] == [1, 3, 4, 5]

@@ -171,10 +171,15 @@ def _open_for_reading(path: Path) -> BinaryIO:
 
 
 def _rest_is_nul(stream: BinaryIO) -> bool:
-    while chunk := stream.read(1 << 16):
-        if chunk.strip(b"\x00\n"):
-            return False
-    return True
+    """Is the rest of ``stream`` NUL bytes (and newlines)? The stream is left where it was."""
+    where = stream.tell()
+    try:
+        while chunk := stream.read(1 << 16):
+            if chunk.strip(b"\x00\n"):
+                return False
+        return True
+    finally:
+        stream.seek(where)
 
 
 RECORD_START: Final = b'{"v":'
