@@ -509,3 +509,13 @@ def test_worker_until_idle_names_a_run_whose_code_diverged_as_left_unfinished(tm
         "worker: idle; left unfinished: a-1 (its code diverged from its log)\n"
     ), worker.stdout
     assert (tmp_path / LOG).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_worker_until_idle_exits_2_when_it_leaves_a_run_whose_code_diverged(tmp_path: Path) -> None:
+    """As `recover` exits 2 for the same log: a diverged run is an error, not idleness."""
+    waiting_log(tmp_path / LOG)
+    (tmp_path / "v2.py").write_text(V2)
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "v2:APPROVER", "--until-idle")
+    recovered = cli(tmp_path, "recover", LOG, "--workflows", "v2:APPROVER")
+    assert (worker.returncode, recovered.returncode) == (2, 2), worker.stdout + worker.stderr

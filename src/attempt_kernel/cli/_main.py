@@ -336,8 +336,10 @@ def _parser() -> argparse.ArgumentParser:
         "terminated, not up yet at the start) it drops its runs, reconnects with jittered "
         "backoff (0.1 s doubling to 5 s) and goes on under a fresh id, its runs taken over "
         "fenced. Exit 0 when stopped or idle (--until-idle), 1 when it was "
-        "declared dead (another worker took its runs over), 2 for usage or I/O errors, 3 when "
-        "the database stayed unreachable for --reconnect-for seconds.",
+        "declared dead (another worker took its runs over), 2 for usage or I/O errors (and, "
+        "with a log file and --until-idle, when it left a run whose code diverged from its "
+        "log, as recover does), 3 when the database stayed unreachable for --reconnect-for "
+        "seconds.",
     )
     worker.add_argument("url", metavar="LOG|URL", help=_LOG_HELP)
     _workflows_flag(worker, "the workflows this worker can run", required=True)
@@ -1506,7 +1508,8 @@ def _worker_file(args: argparse.Namespace) -> int:
                 print(f"worker: idle; left unfinished: {', '.join(unfinished)}")
             else:
                 print("worker: idle; no unfinished run of these workflows is left")
-            return EXIT_OK
+            # as `recover` exits: a run whose code diverged is an error the operator must see
+            return EXIT_USAGE if diverged else EXIT_OK
         handlers = {n: signal.signal(n, on_signal) for n in (signal.SIGINT, signal.SIGTERM)}
         try:
             print(f"worker: idle; watching {shown(log)} and its inbox for changes", flush=True)
