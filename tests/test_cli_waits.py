@@ -519,3 +519,25 @@ def test_worker_until_idle_exits_2_when_it_leaves_a_run_whose_code_diverged(tmp_
     worker = cli(tmp_path, "worker", LOG, "--workflows", "v2:APPROVER", "--until-idle")
     recovered = cli(tmp_path, "recover", LOG, "--workflows", "v2:APPROVER")
     assert (worker.returncode, recovered.returncode) == (2, 2), worker.stdout + worker.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["recover", LOG, "--workflows", "v2:APPROVER"],
+        ["resume", LOG, RUN, "--workflows", "v2:APPROVER"],
+        ["worker", LOG, "--workflows", "v2:APPROVER", "--until-idle"],
+    ],
+    ids=["recover", "resume", "worker"],
+)  # fmt: skip
+def test_a_run_whose_code_diverged_is_never_said_to_wait(tmp_path: Path, argv: list[str]) -> None:
+    """The run was left waiting for 'approve', but its code no longer matches its log:
+    no command says it waits, or how to end the wait; each says it diverged."""
+    waiting_log(tmp_path / LOG)
+    (tmp_path / "v2.py").write_text(V2)
+    done = cli(tmp_path, *argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "diverged at position 1" in done.stderr
+    assert "waits for" not in done.stdout, done.stdout
+    assert "end the wait" not in done.stdout, done.stdout

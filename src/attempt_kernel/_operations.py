@@ -258,8 +258,9 @@ def resume_run(
     ``workflows``: a run that waits (for a signal, or a timer) waits in this
     process, as under `run_jobs`, and a signal sent meanwhile reaches it
     through the log's inbox. ``on_recovered`` and ``on_wait`` are told, as
-    `resume_log` tells them, what recovery handed back (a run that already
-    waited) and each wait the run begins. Refused (`OperationRefused`, nothing written) for an
+    `resume_log` tells them, what recovery handed back and each wait the run
+    is in (one it was left in, once its code was checked against the log,
+    then each it begins). Refused (`OperationRefused`, nothing written) for an
     unknown or finished run, a run that needs reconciliation first, a run a
     process drives already, and, on a file log, a run whose workflow is not
     in ``workflows`` (the message names the command that resumes it).

@@ -689,8 +689,9 @@ def _settled(log: str) -> Generator[None, None, None]:
 
 
 def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
-    """What `run` and `recover` print when a run begins to wait: on what, and the
-    command that ends the wait."""
+    """What `run` and `recover` print when a run begins to wait (or, resumed, is found
+    waiting once its code was checked against the log): on what, and the command
+    that ends the wait."""
     where = shlex.quote(_redacted(log))
 
     def say(run: str, wait: WaitStarted) -> None:
@@ -705,26 +706,6 @@ def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
         print(line, flush=True)
 
     return say
-
-
-def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
-    """For each run recovery hands back that waits (a file log's), what it waits for
-    and the command that ends the wait, as `_announce_waits` says for a new wait."""
-    if _is_url(log) or not recovery.runs:
-        return
-    ledger = Ledger()
-    ledger.feed(FileLog(log).read())
-    say = _announce_waits(log)
-    for resumed in recovery.runs:
-        view = ledger.runs.get(resumed.run)
-        if view is not None and view.is_waiting():
-            now_us = int(time.time() * 1_000_000)
-            for wait in view.open_waits():
-                if wait.signal is not None and view.untaken(wait.signal) is not None:
-                    continue  # its signal is here already: it goes on at once
-                if wait.wake_us is not None and wait.wake_us <= now_us:
-                    continue  # its time has come: it goes on at once
-                say(view.run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
 
 
 def _replay_and_print(log: str) -> int:
@@ -1047,7 +1028,6 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         else:
             sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
         sys.stdout.flush()
-        _announce_resumed_waits(log_path, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         taken_up.append(done)
@@ -1281,10 +1261,10 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     try:
         # A signal stops the run gracefully, as `recover` and `worker` do: a
         # KeyboardInterrupt would cancel it, and a cancel is final.
-        # A run that waits waits here, as under `run`: say for what, and how to end it.
+        # A run that waits waits here, as under `run`: say for what, and how to end it
+        # (on_wait says it for a wait it was left in too, once its code is checked).
         done = resume_run(
             log, run, workflows, stop_on_signals=True, grace=GRACE,
-            on_recovered=None if args.json else (lambda recovery: _announce_resumed_waits(log, recovery)),
             on_wait=None if args.json else _announce_waits(log),
         )  # fmt: skip
     except RunsStopped as error:
@@ -1461,7 +1441,6 @@ def _worker_file(args: argparse.Namespace) -> int:
         if not recovery.changed_nothing:
             sys.stdout.write(_report.recovery_text(recovery, log))
             sys.stdout.flush()
-        _announce_resumed_waits(log, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         sys.stdout.write(_report.taken_up_text(done))
