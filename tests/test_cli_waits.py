@@ -140,6 +140,24 @@ def test_a_fifo_exits_2_without_blocking(tmp_path: Path, capsys: pytest.CaptureF
     assert "is a FIFO (named pipe), not a run log" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["signal", "cancel", "resume"])
+def test_a_fifo_at_the_inbox_path_exits_2_saying_it_is_no_inbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Not "not a run log": the path is the inbox's, and what is there is a FIFO (never
+    opened blocking: the command returns though nobody writes to it)."""
+    log = waiting_log(tmp_path / LOG)
+    os.mkfifo(tmp_path / f"{LOG}.inbox")
+    before = log.read_bytes()
+    extra = {"signal": ["approve"], "cancel": [], "resume": ["--workflows", "waitflows:APPROVER"]}[command]
+    assert main([command, str(log), RUN, *extra]) == 2
+    assert capsys.readouterr().err == (
+        f"attempt-kernel {command}: error: {log}.inbox: is a FIFO (named pipe), not an inbox"
+        f" (the inbox of {log} is a regular file at this path; move this one aside)\n"
+    )
+    assert log.read_bytes() == before
+
+
 def test_a_file_that_is_not_a_run_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"shopping list\n")
