@@ -559,3 +559,38 @@ def test_a_run_whose_code_diverged_is_never_said_to_wait(tmp_path: Path, argv: l
     assert "diverged at position 1" in done.stderr
     assert "waits for" not in done.stdout, done.stdout
     assert "end the wait" not in done.stdout, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "run",
+    ["a\udcffb", "c\nd", "e'f \\g", "\u00e9\x1b[31m"],
+    ids=["undecodable-byte", "newline", "quote-space-backslash", "escape-sequence"],
+)  # fmt: skip
+def test_the_command_that_ends_a_wait_reaches_the_run_when_pasted_into_bash(tmp_path: Path, run: str) -> None:
+    """The run id holds a byte the command line could not decode, or a control
+    character: the suggested `signal` command, pasted into bash as printed, signals it."""
+    log = waiting_log(tmp_path / LOG, run)
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    [line] = [line for line in worker.stdout.splitlines() if "end the wait with: " in line]
+    command = line.split("end the wait with: ", 1)[1].removesuffix(" (add --payload JSON to send a value)")
+    env = {**_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    pasted = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert pasted.returncode == 0, command + "\n" + pasted.stderr
+    assert [(r.run, r.change.name) for r in records(log) if isinstance(r.change, SignalSent)] == [(run, "approve")]
+
+
+@pytest.mark.parametrize("run", ["n\x00m", "s\ud800t"], ids=["nul", "lone-surrogate"])
+def test_a_run_id_no_command_line_can_carry_is_said_so_with_the_python_call(
+    run: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attempt_kernel.cli._main import _announce_waits  # pyright: ignore[reportPrivateUsage]
+
+    _announce_waits("a.jsonl")(run, WaitStarted(position=2, signal="approve", wake_us=None))
+    shown = run.replace("\x00", "\\x00").replace("\ud800", "\\ud800")
+    assert capsys.readouterr().out == (
+        f"run {shown} waits for signal 'approve'; end the wait with"
+        f" attempt_kernel.send_signal('a.jsonl', '{shown}', 'approve') in Python; no command line"
+        " can carry its run id or signal name (a NUL, or text the file system encoding cannot write)\n"
+    )

@@ -688,21 +688,68 @@ def _settled(log: str) -> Generator[None, None, None]:
             settle_inbox(log)
 
 
+_UNTYPABLE: Final = (
+    "no command line can carry its run id or signal name (a NUL, or text the file system encoding cannot write)"
+)
+
+
+def _typed(word: str) -> str | None:
+    """``word`` as a shell word that, pasted into bash, hands the command ``word`` back;
+    None when no command line can carry it (a NUL, text the file system encoding cannot
+    write). Printable text is quoted as every POSIX shell reads it (`shlex.quote`); text
+    with a control character or an undecodable byte (``\\udcff``, as the command line
+    decodes one) in bash's ``$'...'``, those characters written as their bytes (``\\xff``)."""
+    try:
+        if "\0" in word or os.fsdecode(os.fsencode(word)) != word:
+            return None
+    except UnicodeError:  # a lone surrogate that stands for no byte
+        return None
+    if word.isprintable():
+        return shlex.quote(word)
+    text = "".join(
+        "\\" + c if c in "\\'" else c if c.isprintable() else "".join(f"\\x{b:02x}" for b in os.fsencode(c))
+        for c in word
+    )
+    return f"$'{text}'"
+
+
+def _command(*words: str) -> str | None:
+    """``attempt-kernel WORDS...`` as a line to paste into bash; None when a word cannot
+    be typed (`_typed`)."""
+    typed = [_typed(word) for word in words]
+    return None if None in typed else " ".join(["attempt-kernel", *(t for t in typed if t is not None)])
+
+
+def _suggested(*words: str) -> str:
+    """`_command` of words that came from the command line, which can always be typed back."""
+    command = _command(*words)
+    assert command is not None, words  # argv never holds a NUL or an unencodable character
+    return command
+
+
 def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
     """What `run` and `recover` print when a run begins to wait (or, resumed, is found
     waiting once its code was checked against the log): on what, and the command
     that ends the wait."""
-    where = shlex.quote(_redacted(log))
+    where = _redacted(log)
 
     def say(run: str, wait: WaitStarted) -> None:
         on = _report.WaitOn(signal=wait.signal, wake_us=wait.wake_us)
         line = _report.wait_text(run, on)
-        ending = f"attempt-kernel cancel {where} {shlex.quote(run)}"
         if wait.signal is None:
+            ending = _command("cancel", where, run)
+            if ending is None:
+                ending = f"attempt_kernel.cancel_run({where!r}, {run!r}) in Python; {_UNTYPABLE}"
             line += f"; it goes on by itself then (to end the run instead: {shown(ending)})"
         else:
-            command = f"attempt-kernel signal {where} {shlex.quote(run)} {shlex.quote(wait.signal)}"
-            line += f"; end the wait with: {shown(command)} (add --payload JSON to send a value)"
+            command = _command("signal", where, run, wait.signal)
+            if command is None:
+                line += (
+                    f"; end the wait with attempt_kernel.send_signal({where!r}, {run!r},"
+                    f" {wait.signal!r}) in Python; {_UNTYPABLE}"
+                )
+            else:
+                line += f"; end the wait with: {shown(command)} (add --payload JSON to send a value)"
         print(line, flush=True)
 
     return say
@@ -825,7 +872,7 @@ def _demo(args: argparse.Namespace) -> int:
                 grace=GRACE,
             )
         except RunsStopped as error:
-            return _stopped("demo", error, f"attempt-kernel recover {_redacted(log_path)}")
+            return _stopped("demo", error, _suggested("recover", _redacted(log_path)))
     if as_json:
         checked, code = _replay_json(log_path)
         _print_json({"log": log_path, **_run_json(outcome), "replay": checked})
@@ -869,7 +916,7 @@ def _run(args: argparse.Namespace) -> int:
             if not known.finished:
                 raise _Usage(
                     f"run {run!r} is already in {_redacted(log_path)} and has not finished; resume it"
-                    f" with `attempt-kernel recover {_redacted(log_path)} --workflows {target}`"
+                    f" with `{_suggested('recover', _redacted(log_path), '--workflows', target)}`"
                 )
             if known.workflow != workflow.name:
                 raise _Usage(
@@ -904,7 +951,7 @@ def _run(args: argparse.Namespace) -> int:
                 stopper=stopper,
             )
         except RunsStopped as error:
-            resume = f"attempt-kernel recover {_redacted(log_path)} --workflows {target}"
+            resume = _suggested("recover", _redacted(log_path), "--workflows", target)
             return _hold_lost("run", lost, error, resume) if lost else _stopped("run", error, resume)
     if as_json:
         _print_json({"log": _redacted(log_path), "ran": True, **_run_json(report)})
@@ -986,7 +1033,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         workflows.append(workflow)
     supervisors: dict[str, Supervisor] = {TRIP_PLANNER: demo.supervise}
 
-    extra = "".join(f" --workflows {t}" for t in targets)
+    extra = [word for t in targets for word in ("--workflows", t)]
     # docs/contracts.md, "Fenced appends": a run a live worker drives is that
     # worker's; recovering it here would end its live attempts as orphans.
     held = held_runs(log_path) if _is_url(log_path) else None
@@ -1060,7 +1107,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             stopper=stopper,
         )
     except RunsStopped as error:
-        resume = f"attempt-kernel recover {_redacted(log_path)}{extra}"
+        resume = _suggested("recover", _redacted(log_path), *extra)
         return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
     if as_json:
         recovery = resumed.recovery
@@ -1146,7 +1193,7 @@ def _show(args: argparse.Namespace) -> int:
         history = run_history(_checked(FileLog(log_path).read(), checked), run)
     if history is None:
         name = _redacted(log_path)
-        raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
+        raise _Usage(f"no run {run!r} in {name} (`{_suggested('runs', name)}` lists them)")
     held = held_runs(log_path)
     live = history.standing == "interrupted" and (held is None or history.run in held)
     violations = checked.violation_count
@@ -1160,7 +1207,7 @@ def _show(args: argparse.Namespace) -> int:
             # The line `runs` ends with.
             print(
                 f"warning: the log breaks the kernel's rules {violations} time(s);"
-                f" see `attempt-kernel replay {shown(_redacted(log_path))}`"
+                f" see `{shown(_suggested('replay', _redacted(log_path)))}`"
             )
     return EXIT_OK
 
@@ -1191,9 +1238,9 @@ def _resume_hint(log: str, workflow: str | None) -> str:
             f" {shown(_redacted(log))} --workflows MODULE:ATTR`"
         )
     if workflow == TRIP_PLANNER:
-        return f"`attempt-kernel recover {shown(_redacted(log))}`"
+        return f"`{shown(_suggested('recover', _redacted(log)))}`"
     return (
-        f"`attempt-kernel recover {shown(_redacted(log))} --workflows MODULE:ATTR`"
+        f"`{shown(_suggested('recover', _redacted(log), '--workflows', 'MODULE:ATTR'))}`"
         f" (MODULE:ATTR: your workflow {shown(workflow or '-')})"
     )
 
@@ -1268,7 +1315,7 @@ def _resume_cmd(args: argparse.Namespace) -> int:
             on_wait=None if args.json else _announce_waits(log),
         )  # fmt: skip
     except RunsStopped as error:
-        again = " ".join(["attempt-kernel resume", _redacted(log), shlex.quote(run), *(f"--workflows {shlex.quote(t)}" for t in targets)])
+        again = _suggested("resume", _redacted(log), run, *(word for t in targets for word in ("--workflows", t)))
         return _stopped("resume", error, again)
     if args.json:
         _print_json({"log": _redacted(log), "run": run, "resumed": done})
@@ -1334,7 +1381,7 @@ def _export(args: argparse.Namespace) -> int:
                         raise _Usage(
                             f"{_redacted(log)}: line {item.line}: sequence number {item.seq} where"
                             f" {expect} was expected ({kind}); nothing more exported (renumbered, the"
-                            f" export would hide it; `attempt-kernel replay {_redacted(log)}` lists what is wrong)"
+                            f" export would hide it; `{_suggested('replay', _redacted(log))}` lists what is wrong)"
                         )
                     expect = item.seq + 1
                     if only is not None and item.run != only:
@@ -1429,7 +1476,7 @@ def _worker_file(args: argparse.Namespace) -> int:
     names = {w.name for w in workflows}
     if len(names) < len(workflows):
         raise _Usage("two of the --workflows have the same name")
-    again = f"attempt-kernel worker {shlex.quote(log)}" + "".join(f" --workflows {shlex.quote(t)}" for t in targets)
+    again = _suggested("worker", log, *(word for t in targets for word in ("--workflows", t)))
     caught: list[int] = []
 
     def on_signal(number: int, frame: object) -> None:
