@@ -158,6 +158,55 @@ def test_a_fifo_at_the_inbox_path_exits_2_saying_it_is_no_inbox(
     assert log.read_bytes() == before
 
 
+def test_a_signal_to_a_log_with_a_torn_tail_waits_in_the_inbox_for_recovery(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tail was never acknowledged and only the inbox is written: the signal is
+    durable there, the log untouched, and the command says who takes it in."""
+    log = waiting_log(tmp_path / LOG)
+    with log.open("ab") as out:
+        out.write(b'{"v":1,"seq":9,"ru')  # a crash mid-write
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve", "--payload", '"yes"']) == 0
+    assert capsys.readouterr().out == (
+        f"signal: signal 'approve' for run a-1 with payload \"yes\": waits in {log}.inbox: {log} ends"
+        " in a torn tail (a crash mid-write) and no process writes it; `attempt-kernel recover"
+        f" {log} --workflows MODULE:ATTR` (MODULE:ATTR: your workflow approver) cuts the tail and"
+        " takes it in\n"
+    )
+    assert log.read_bytes() == before
+    [entry] = [item for item in read_log(tmp_path / f"{LOG}.inbox") if isinstance(item, Record)]
+    assert isinstance(entry.change, SignalSent)
+    assert (entry.run, entry.change.name, entry.change.payload) == (RUN, "approve", "yes")
+
+
+def test_a_signal_to_a_log_with_corruption_before_a_torn_tail_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = waiting_log(tmp_path / LOG)
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(lines[0] + b"garbage\n" + b"".join(lines[1:]) + b'{"v":1,"se')
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve"]) == 2
+    assert "line 2 is corrupt" in capsys.readouterr().err
+    assert log.read_bytes() == before
+    assert not (tmp_path / f"{LOG}.inbox").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_cuts_the_torn_tail_then_takes_in_the_signal_that_waited_for_it(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / LOG)
+    with log.open("ab") as out:
+        out.write(b'{"v":1,"seq":9,"ru')
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stderr
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in worker.stdout
+    assert len(book(tmp_path / "book")) == 1
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
 def test_a_file_that_is_not_a_run_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"shopping list\n")

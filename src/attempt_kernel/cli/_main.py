@@ -1212,8 +1212,14 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _where(log: str, delivered: Delivered) -> str:
-    """Where a delivered change is now, for the operator."""
+def _where(log: str, delivered: Delivered, workflow: str | None) -> str:
+    """Where a delivered change is now, for the operator (``workflow``: its run's)."""
+    if delivered.needs_recovery:
+        return (
+            f"waits in {shown(str(inbox_path(log)))}: {shown(log)} ends in a torn tail (a crash"
+            f" mid-write) and no process writes it; {_resume_hint(log, workflow)} cuts the tail"
+            " and takes it in"
+        )
     if delivered.recorded:
         return f"recorded in {shown(_redacted(log))}"
     if delivered.queued:
@@ -1279,7 +1285,7 @@ def _signal(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         f"signal: signal {shown(repr(name))} for run {shown(run)}"
-        f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered)}"
+        f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered, ledger.runs[run].workflow)}"
     )
     if delivered.recorded and not _is_url(log):
         workflow = ledger.runs[run].workflow
@@ -1294,7 +1300,7 @@ def _cancel(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"log": _redacted(log), "run": run, "reason": args.reason, "recorded": delivered.recorded})
         return EXIT_OK
-    print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered)}")
+    print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered, ledger.runs[run].workflow)}")
     if delivered.recorded and not _is_url(log):
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
     return EXIT_OK
@@ -1351,7 +1357,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         })  # fmt: skip
         return EXIT_OK
     if not delivered.recorded:
-        print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered)}")
+        print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered, view.workflow)}")
         return EXIT_OK
     print(f"reconcile: {where} is now {verdict}")
     if left:
