@@ -140,6 +140,73 @@ def test_a_fifo_exits_2_without_blocking(tmp_path: Path, capsys: pytest.CaptureF
     assert "is a FIFO (named pipe), not a run log" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["signal", "cancel", "resume"])
+def test_a_fifo_at_the_inbox_path_exits_2_saying_it_is_no_inbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    """Not "not a run log": the path is the inbox's, and what is there is a FIFO (never
+    opened blocking: the command returns though nobody writes to it)."""
+    log = waiting_log(tmp_path / LOG)
+    os.mkfifo(tmp_path / f"{LOG}.inbox")
+    before = log.read_bytes()
+    extra = {"signal": ["approve"], "cancel": [], "resume": ["--workflows", "waitflows:APPROVER"]}[command]
+    assert main([command, str(log), RUN, *extra]) == 2
+    assert capsys.readouterr().err == (
+        f"attempt-kernel {command}: error: {log}.inbox: is a FIFO (named pipe), not an inbox"
+        f" (the inbox of {log} is a regular file at this path; move this one aside)\n"
+    )
+    assert log.read_bytes() == before
+
+
+def test_a_signal_to_a_log_with_a_torn_tail_waits_in_the_inbox_for_recovery(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The tail was never acknowledged and only the inbox is written: the signal is
+    durable there, the log untouched, and the command says who takes it in."""
+    log = waiting_log(tmp_path / LOG)
+    with log.open("ab") as out:
+        out.write(b'{"v":1,"seq":9,"ru')  # a crash mid-write
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve", "--payload", '"yes"']) == 0
+    assert capsys.readouterr().out == (
+        f"signal: signal 'approve' for run a-1 with payload \"yes\": waits in {log}.inbox: {log} ends"
+        " in a torn tail (a crash mid-write) and no process writes it; `attempt-kernel recover"
+        f" {log} --workflows MODULE:ATTR` (MODULE:ATTR: your workflow approver) cuts the tail and"
+        " takes it in\n"
+    )
+    assert log.read_bytes() == before
+    [entry] = [item for item in read_log(tmp_path / f"{LOG}.inbox") if isinstance(item, Record)]
+    assert isinstance(entry.change, SignalSent)
+    assert (entry.run, entry.change.name, entry.change.payload) == (RUN, "approve", "yes")
+
+
+def test_a_signal_to_a_log_with_corruption_before_a_torn_tail_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = waiting_log(tmp_path / LOG)
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(lines[0] + b"garbage\n" + b"".join(lines[1:]) + b'{"v":1,"se')
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve"]) == 2
+    assert "line 2 is corrupt" in capsys.readouterr().err
+    assert log.read_bytes() == before
+    assert not (tmp_path / f"{LOG}.inbox").exists()
+
+
+@pytest.mark.slow
+def test_a_worker_cuts_the_torn_tail_then_takes_in_the_signal_that_waited_for_it(tmp_path: Path) -> None:
+    log = waiting_log(tmp_path / LOG)
+    with log.open("ab") as out:
+        out.write(b'{"v":1,"seq":9,"ru')
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stderr
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in worker.stdout
+    assert len(book(tmp_path / "book")) == 1
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
 def test_a_file_that_is_not_a_run_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"shopping list\n")
@@ -509,3 +576,70 @@ def test_worker_until_idle_names_a_run_whose_code_diverged_as_left_unfinished(tm
         "worker: idle; left unfinished: a-1 (its code diverged from its log)\n"
     ), worker.stdout
     assert (tmp_path / LOG).read_bytes() == before
+
+
+@pytest.mark.slow
+def test_worker_until_idle_exits_2_when_it_leaves_a_run_whose_code_diverged(tmp_path: Path) -> None:
+    """As `recover` exits 2 for the same log: a diverged run is an error, not idleness."""
+    waiting_log(tmp_path / LOG)
+    (tmp_path / "v2.py").write_text(V2)
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "v2:APPROVER", "--until-idle")
+    recovered = cli(tmp_path, "recover", LOG, "--workflows", "v2:APPROVER")
+    assert (worker.returncode, recovered.returncode) == (2, 2), worker.stdout + worker.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["recover", LOG, "--workflows", "v2:APPROVER"],
+        ["resume", LOG, RUN, "--workflows", "v2:APPROVER"],
+        ["worker", LOG, "--workflows", "v2:APPROVER", "--until-idle"],
+    ],
+    ids=["recover", "resume", "worker"],
+)  # fmt: skip
+def test_a_run_whose_code_diverged_is_never_said_to_wait(tmp_path: Path, argv: list[str]) -> None:
+    """The run was left waiting for 'approve', but its code no longer matches its log:
+    no command says it waits, or how to end the wait; each says it diverged."""
+    waiting_log(tmp_path / LOG)
+    (tmp_path / "v2.py").write_text(V2)
+    done = cli(tmp_path, *argv)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "diverged at position 1" in done.stderr
+    assert "waits for" not in done.stdout, done.stdout
+    assert "end the wait" not in done.stdout, done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "run",
+    ["a\udcffb", "c\nd", "e'f \\g", "\u00e9\x1b[31m"],
+    ids=["undecodable-byte", "newline", "quote-space-backslash", "escape-sequence"],
+)  # fmt: skip
+def test_the_command_that_ends_a_wait_reaches_the_run_when_pasted_into_bash(tmp_path: Path, run: str) -> None:
+    """The run id holds a byte the command line could not decode, or a control
+    character: the suggested `signal` command, pasted into bash as printed, signals it."""
+    log = waiting_log(tmp_path / LOG, run)
+    worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    [line] = [line for line in worker.stdout.splitlines() if "end the wait with: " in line]
+    command = line.split("end the wait with: ", 1)[1].removesuffix(" (add --payload JSON to send a value)")
+    env = {**_env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    pasted = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert pasted.returncode == 0, command + "\n" + pasted.stderr
+    assert [(r.run, r.change.name) for r in records(log) if isinstance(r.change, SignalSent)] == [(run, "approve")]
+
+
+@pytest.mark.parametrize("run", ["n\x00m", "s\ud800t"], ids=["nul", "lone-surrogate"])
+def test_a_run_id_no_command_line_can_carry_is_said_so_with_the_python_call(
+    run: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from attempt_kernel.cli._main import _announce_waits  # pyright: ignore[reportPrivateUsage]
+
+    _announce_waits("a.jsonl")(run, WaitStarted(position=2, signal="approve", wake_us=None))
+    shown = run.replace("\x00", "\\x00").replace("\ud800", "\\ud800")
+    assert capsys.readouterr().out == (
+        f"run {shown} waits for signal 'approve'; end the wait with"
+        f" attempt_kernel.send_signal('a.jsonl', '{shown}', 'approve') in Python; no command line"
+        " can carry its run id or signal name (a NUL, or text the file system encoding cannot write)\n"
+    )

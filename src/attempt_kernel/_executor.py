@@ -621,7 +621,11 @@ class Executor:
 
     ``on_wait``, if given, is called with the run and its `WaitStarted`
     record each time a code workflow's run begins to wait (the command
-    line prints what the run waits for and the command that ends the wait).
+    line prints what the run waits for and the command that ends the wait),
+    and for a resumed run with each wait it was left in (but one that ends
+    at once: its signal came, its wake time passed), once its function has
+    been checked against the log: a run whose code diverged is never said
+    to wait.
 
     ``on_taken_up``, if given, is told what resuming a code workflow's run
     did before the run went on (its function checked against the log):
@@ -1452,6 +1456,18 @@ class Executor:
         return RunReport(run=run, workflow=workflow.name, status=status, steps=steps)
 
 
+    def _say_resumed_waits(self, run: str, on_wait: Callable[[str, WaitStarted], None]) -> None:
+        """``on_wait`` for each wait a resumed run is in, but one that ends at once
+        (its signal came already, its wake time passed)."""
+        view = self._ledger.runs[run]
+        now_us = int(self._clock() * 1_000_000)
+        for wait in view.open_waits():
+            if wait.signal is not None and view.untaken(wait.signal) is not None:
+                continue
+            if wait.wake_us is not None and wait.wake_us <= now_us:
+                continue
+            on_wait(run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
+
     def _known(self, workflow: Workflow, run: str, finished: bool) -> RunReport:
         """A fresh start of a run id the log already has: its recorded report if
         it finished, else `RunRefused` (run ids are unique in a log)."""
@@ -1575,6 +1591,9 @@ class Executor:
                         asked=tuple(asked),
                     )  # fmt: skip
                 )
+            if self._on_wait is not None:
+                # Only now, its code checked against the log: a run that diverged never waits.
+                self._say_resumed_waits(run, self._on_wait)
         # One future wakes the run: its function ends, a cancel, a stop, or
         # the log failing under a step.
         wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -214,24 +214,26 @@ def locked_inbox(
     """The inbox of ``log``, locked; None when there is none (and ``create`` is false)
     or, without ``block``, when another process holds its lock now.
 
-    A FIFO, device or directory in its place is refused (`LogOpenError`).
+    A FIFO, device or directory in its place is refused (`LogOpenError`, naming
+    what it is and whose inbox the path is), never opened blocking.
     """
     path = inbox_path(log)
+    refused = f"not an inbox (the inbox of {log} is a regular file at this path; move this one aside)"
     created = False
     flags = os.O_RDWR | os.O_APPEND
     if create:
         try:
-            fd = open_regular(path, flags | os.O_CREAT | os.O_EXCL, "for appending")
+            fd = open_regular(path, flags | os.O_CREAT | os.O_EXCL, "for appending", not_what=refused)
             created = True
         except LogOpenError:
             if not path.exists() and not path.is_symlink():
                 raise
-            fd = open_regular(path, flags, "for appending")
+            fd = open_regular(path, flags, "for appending", not_what=refused)
     else:
         if not os.path.lexists(path):
             yield None
             return
-        fd = open_regular(path, flags, "for taking in")
+        fd = open_regular(path, flags, "for taking in", not_what=refused)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))

@@ -134,30 +134,31 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _not_a_log(path: Path, mode: int) -> LogOpenError:
-    return LogOpenError(f"{path}: is {_kind(mode)}, not a run log (a run log is a regular file)")
+RUN_LOG: Final = "not a run log (a run log is a regular file)"
+"""What `open_regular` says a run log's path holding anything but a regular file is not."""
 
 
-def open_regular(path: Path, flags: int, doing: str) -> int:
+def open_regular(path: Path, flags: int, doing: str, *, not_what: str = RUN_LOG) -> int:
     """Open ``path`` without blocking and make sure it is a regular file.
 
     O_NONBLOCK keeps ``open`` from waiting for a FIFO's other end; the flag
-    is cleared again once the file is known to be regular.
+    is cleared again once the file is known to be regular. Anything else is
+    `LogOpenError`: ``<path>: is <what it is>, <not_what>``.
     """
     try:
         fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except FileNotFoundError:
         raise LogOpenError(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise LogOpenError(f"{path}: is a directory, not a run log") from None
+        raise LogOpenError(f"{path}: is a directory, {not_what}") from None
     except OSError as error:
         if error.errno == errno.ENXIO:  # a FIFO with no reader, opened for writing
-            raise LogOpenError(f"{path}: is a FIFO (named pipe), not a run log") from None
+            raise LogOpenError(f"{path}: is a FIFO (named pipe), {not_what}") from None
         raise LogOpenError(f"{path}: cannot open {doing}: {error.strerror}") from None
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise _not_a_log(path, mode)
+            raise LogOpenError(f"{path}: is {_kind(mode)}, {not_what}")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)

@@ -60,12 +60,18 @@ class Delivered:
     (submitted, not started by any worker yet): the change waits in the
     inbox until a worker starts the run. A cancel is then recorded before
     any step starts; a signal reaches the run as if sent once it runs.
+
+    ``needs_recovery`` is True when no process was writing the log file but
+    it ends in a torn tail (a crash mid-write): ``change`` waits in the inbox
+    until the log is recovered (``attempt-kernel recover``, ``resume``,
+    ``worker``, `resume_log`), which cuts the tail and then takes it in.
     """
 
     run: str
     change: Delivery
     recorded: bool
     queued: bool = False
+    needs_recovery: bool = False
 
 
 Build: TypeAlias = Callable[[Ledger], tuple[str, Delivery]]

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from ._inbox import LedgerDelivery, locked_inbox
 from ._ledger import Ledger
-from ._logfile import FileLog, LogLocked, RunLogWriter, now_us, open_regular
+from ._logfile import FileLog, LogLocked, LogNeedsRecovery, RunLogWriter, now_us, open_regular
 from ._operate import (
     Build,
     Delivery,
@@ -38,7 +38,7 @@ from ._operate import (
     reconcile_change,
     signal_change,
 )
-from ._records import JSON, IntentReconciled, WaitStarted
+from ._records import JSON, CorruptLine, IntentReconciled, WaitStarted
 from ._report import redacted
 from ._runlist import RunFilter, RunRow, select
 from ._workflow import Workflow
@@ -71,9 +71,13 @@ def deliver_to_file(
     the change from the log as it is and records it (``recorded=True``).
     When another process holds the lock, the log is read without it, the
     change built from that, and appended to the log's inbox
-    (``recorded=False``), which the holder takes in. ``build`` refusing
-    (`OperationRefused`) writes nothing. A missing file, one that is not a
-    regular file, or one that is not a run log raises the error reading or
+    (``recorded=False``), which the holder takes in. So it is when no process
+    holds the log but it ends in a torn tail (``needs_recovery=True``): the
+    change, built from the records before the tail, waits in the inbox for
+    whoever recovers the log (recovery cuts the tail, then takes the inbox
+    in, checking each entry again). ``build`` refusing (`OperationRefused`)
+    writes nothing. A missing file, one that is not a regular file, or one
+    that is not a run log or holds corruption raises the error reading or
     writing it would (`LogOpenError`, `LogNeedsRecovery`).
     """
     log = Path(path)
@@ -86,7 +90,12 @@ def deliver_to_file(
         with locked_inbox(log, create=built is not None) as inbox:
             try:
                 writer = RunLogWriter(log, create=False)
-            except LogLocked:
+            except (LogLocked, LogNeedsRecovery) as error:
+                # docs/contracts.md, "A torn tail is not corruption": the tail was never
+                # acknowledged, and only the inbox is written here; corruption is refused.
+                torn = isinstance(error, LogNeedsRecovery)
+                if torn and any(isinstance(item, CorruptLine) for item in FileLog(log).read()):
+                    raise
                 if built is None:
                     ledger = Ledger()
                     ledger.feed(FileLog(log).read())
@@ -96,7 +105,7 @@ def deliver_to_file(
                     continue
                 run, change = built
                 inbox.append(run, change, clock())
-                return Delivered(run=run, change=change, recorded=False)
+                return Delivered(run=run, change=change, recorded=False, needs_recovery=torn)
             with writer:
                 deliver = LedgerDelivery(writer)
                 _no_violations(deliver.ledger, log)
@@ -258,8 +267,9 @@ def resume_run(
     ``workflows``: a run that waits (for a signal, or a timer) waits in this
     process, as under `run_jobs`, and a signal sent meanwhile reaches it
     through the log's inbox. ``on_recovered`` and ``on_wait`` are told, as
-    `resume_log` tells them, what recovery handed back (a run that already
-    waited) and each wait the run begins. Refused (`OperationRefused`, nothing written) for an
+    `resume_log` tells them, what recovery handed back and each wait the run
+    is in (one it was left in, once its code was checked against the log,
+    then each it begins). Refused (`OperationRefused`, nothing written) for an
     unknown or finished run, a run that needs reconciliation first, a run a
     process drives already, and, on a file log, a run whose workflow is not
     in ``workflows`` (the message names the command that resumes it).

@@ -336,8 +336,10 @@ def _parser() -> argparse.ArgumentParser:
         "terminated, not up yet at the start) it drops its runs, reconnects with jittered "
         "backoff (0.1 s doubling to 5 s) and goes on under a fresh id, its runs taken over "
         "fenced. Exit 0 when stopped or idle (--until-idle), 1 when it was "
-        "declared dead (another worker took its runs over), 2 for usage or I/O errors, 3 when "
-        "the database stayed unreachable for --reconnect-for seconds.",
+        "declared dead (another worker took its runs over), 2 for usage or I/O errors (and, "
+        "with a log file and --until-idle, when it left a run whose code diverged from its "
+        "log, as recover does), 3 when the database stayed unreachable for --reconnect-for "
+        "seconds.",
     )
     worker.add_argument("url", metavar="LOG|URL", help=_LOG_HELP)
     _workflows_flag(worker, "the workflows this worker can run", required=True)
@@ -686,43 +688,71 @@ def _settled(log: str) -> Generator[None, None, None]:
             settle_inbox(log)
 
 
+_UNTYPABLE: Final = (
+    "no command line can carry its run id or signal name (a NUL, or text the file system encoding cannot write)"
+)
+
+
+def _typed(word: str) -> str | None:
+    """``word`` as a shell word that, pasted into bash, hands the command ``word`` back;
+    None when no command line can carry it (a NUL, text the file system encoding cannot
+    write). Printable text is quoted as every POSIX shell reads it (`shlex.quote`); text
+    with a control character or an undecodable byte (``\\udcff``, as the command line
+    decodes one) in bash's ``$'...'``, those characters written as their bytes (``\\xff``)."""
+    try:
+        if "\0" in word or os.fsdecode(os.fsencode(word)) != word:
+            return None
+    except UnicodeError:  # a lone surrogate that stands for no byte
+        return None
+    if word.isprintable():
+        return shlex.quote(word)
+    text = "".join(
+        "\\" + c if c in "\\'" else c if c.isprintable() else "".join(f"\\x{b:02x}" for b in os.fsencode(c))
+        for c in word
+    )
+    return f"$'{text}'"
+
+
+def _command(*words: str) -> str | None:
+    """``attempt-kernel WORDS...`` as a line to paste into bash; None when a word cannot
+    be typed (`_typed`)."""
+    typed = [_typed(word) for word in words]
+    return None if None in typed else " ".join(["attempt-kernel", *(t for t in typed if t is not None)])
+
+
+def _suggested(*words: str) -> str:
+    """`_command` of words that came from the command line, which can always be typed back."""
+    command = _command(*words)
+    assert command is not None, words  # argv never holds a NUL or an unencodable character
+    return command
+
+
 def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
-    """What `run` and `recover` print when a run begins to wait: on what, and the
-    command that ends the wait."""
-    where = shlex.quote(_redacted(log))
+    """What `run` and `recover` print when a run begins to wait (or, resumed, is found
+    waiting once its code was checked against the log): on what, and the command
+    that ends the wait."""
+    where = _redacted(log)
 
     def say(run: str, wait: WaitStarted) -> None:
         on = _report.WaitOn(signal=wait.signal, wake_us=wait.wake_us)
         line = _report.wait_text(run, on)
-        ending = f"attempt-kernel cancel {where} {shlex.quote(run)}"
         if wait.signal is None:
+            ending = _command("cancel", where, run)
+            if ending is None:
+                ending = f"attempt_kernel.cancel_run({where!r}, {run!r}) in Python; {_UNTYPABLE}"
             line += f"; it goes on by itself then (to end the run instead: {shown(ending)})"
         else:
-            command = f"attempt-kernel signal {where} {shlex.quote(run)} {shlex.quote(wait.signal)}"
-            line += f"; end the wait with: {shown(command)} (add --payload JSON to send a value)"
+            command = _command("signal", where, run, wait.signal)
+            if command is None:
+                line += (
+                    f"; end the wait with attempt_kernel.send_signal({where!r}, {run!r},"
+                    f" {wait.signal!r}) in Python; {_UNTYPABLE}"
+                )
+            else:
+                line += f"; end the wait with: {shown(command)} (add --payload JSON to send a value)"
         print(line, flush=True)
 
     return say
-
-
-def _announce_resumed_waits(log: str, recovery: Recovery) -> None:
-    """For each run recovery hands back that waits (a file log's), what it waits for
-    and the command that ends the wait, as `_announce_waits` says for a new wait."""
-    if _is_url(log) or not recovery.runs:
-        return
-    ledger = Ledger()
-    ledger.feed(FileLog(log).read())
-    say = _announce_waits(log)
-    for resumed in recovery.runs:
-        view = ledger.runs.get(resumed.run)
-        if view is not None and view.is_waiting():
-            now_us = int(time.time() * 1_000_000)
-            for wait in view.open_waits():
-                if wait.signal is not None and view.untaken(wait.signal) is not None:
-                    continue  # its signal is here already: it goes on at once
-                if wait.wake_us is not None and wait.wake_us <= now_us:
-                    continue  # its time has come: it goes on at once
-                say(view.run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
 
 
 def _replay_and_print(log: str) -> int:
@@ -842,7 +872,7 @@ def _demo(args: argparse.Namespace) -> int:
                 grace=GRACE,
             )
         except RunsStopped as error:
-            return _stopped("demo", error, f"attempt-kernel recover {_redacted(log_path)}")
+            return _stopped("demo", error, _suggested("recover", _redacted(log_path)))
     if as_json:
         checked, code = _replay_json(log_path)
         _print_json({"log": log_path, **_run_json(outcome), "replay": checked})
@@ -886,7 +916,7 @@ def _run(args: argparse.Namespace) -> int:
             if not known.finished:
                 raise _Usage(
                     f"run {run!r} is already in {_redacted(log_path)} and has not finished; resume it"
-                    f" with `attempt-kernel recover {_redacted(log_path)} --workflows {target}`"
+                    f" with `{_suggested('recover', _redacted(log_path), '--workflows', target)}`"
                 )
             if known.workflow != workflow.name:
                 raise _Usage(
@@ -921,7 +951,7 @@ def _run(args: argparse.Namespace) -> int:
                 stopper=stopper,
             )
         except RunsStopped as error:
-            resume = f"attempt-kernel recover {_redacted(log_path)} --workflows {target}"
+            resume = _suggested("recover", _redacted(log_path), "--workflows", target)
             return _hold_lost("run", lost, error, resume) if lost else _stopped("run", error, resume)
     if as_json:
         _print_json({"log": _redacted(log_path), "ran": True, **_run_json(report)})
@@ -1003,7 +1033,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         workflows.append(workflow)
     supervisors: dict[str, Supervisor] = {TRIP_PLANNER: demo.supervise}
 
-    extra = "".join(f" --workflows {t}" for t in targets)
+    extra = [word for t in targets for word in ("--workflows", t)]
     # docs/contracts.md, "Fenced appends": a run a live worker drives is that
     # worker's; recovering it here would end its live attempts as orphans.
     held = held_runs(log_path) if _is_url(log_path) else None
@@ -1045,7 +1075,6 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         else:
             sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
         sys.stdout.flush()
-        _announce_resumed_waits(log_path, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         taken_up.append(done)
@@ -1078,7 +1107,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             stopper=stopper,
         )
     except RunsStopped as error:
-        resume = f"attempt-kernel recover {_redacted(log_path)}{extra}"
+        resume = _suggested("recover", _redacted(log_path), *extra)
         return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
     if as_json:
         recovery = resumed.recovery
@@ -1164,7 +1193,7 @@ def _show(args: argparse.Namespace) -> int:
         history = run_history(_checked(FileLog(log_path).read(), checked), run)
     if history is None:
         name = _redacted(log_path)
-        raise _Usage(f"no run {run!r} in {name} (`attempt-kernel runs {name}` lists them)")
+        raise _Usage(f"no run {run!r} in {name} (`{_suggested('runs', name)}` lists them)")
     held = held_runs(log_path)
     live = history.standing == "interrupted" and (held is None or history.run in held)
     violations = checked.violation_count
@@ -1178,13 +1207,19 @@ def _show(args: argparse.Namespace) -> int:
             # The line `runs` ends with.
             print(
                 f"warning: the log breaks the kernel's rules {violations} time(s);"
-                f" see `attempt-kernel replay {shown(_redacted(log_path))}`"
+                f" see `{shown(_suggested('replay', _redacted(log_path)))}`"
             )
     return EXIT_OK
 
 
-def _where(log: str, delivered: Delivered) -> str:
-    """Where a delivered change is now, for the operator."""
+def _where(log: str, delivered: Delivered, workflow: str | None) -> str:
+    """Where a delivered change is now, for the operator (``workflow``: its run's)."""
+    if delivered.needs_recovery:
+        return (
+            f"waits in {shown(str(inbox_path(log)))}: {shown(log)} ends in a torn tail (a crash"
+            f" mid-write) and no process writes it; {_resume_hint(log, workflow)} cuts the tail"
+            " and takes it in"
+        )
     if delivered.recorded:
         return f"recorded in {shown(_redacted(log))}"
     if delivered.queued:
@@ -1209,9 +1244,9 @@ def _resume_hint(log: str, workflow: str | None) -> str:
             f" {shown(_redacted(log))} --workflows MODULE:ATTR`"
         )
     if workflow == TRIP_PLANNER:
-        return f"`attempt-kernel recover {shown(_redacted(log))}`"
+        return f"`{shown(_suggested('recover', _redacted(log)))}`"
     return (
-        f"`attempt-kernel recover {shown(_redacted(log))} --workflows MODULE:ATTR`"
+        f"`{shown(_suggested('recover', _redacted(log), '--workflows', 'MODULE:ATTR'))}`"
         f" (MODULE:ATTR: your workflow {shown(workflow or '-')})"
     )
 
@@ -1250,7 +1285,7 @@ def _signal(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(
         f"signal: signal {shown(repr(name))} for run {shown(run)}"
-        f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered)}"
+        f" with payload {shown(_report.short(change.payload))}: {_where(log, delivered, ledger.runs[run].workflow)}"
     )
     if delivered.recorded and not _is_url(log):
         workflow = ledger.runs[run].workflow
@@ -1265,7 +1300,7 @@ def _cancel(args: argparse.Namespace) -> int:
     if args.json:
         _print_json({"log": _redacted(log), "run": run, "reason": args.reason, "recorded": delivered.recorded})
         return EXIT_OK
-    print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered)}")
+    print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered, ledger.runs[run].workflow)}")
     if delivered.recorded and not _is_url(log):
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
     return EXIT_OK
@@ -1279,14 +1314,14 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     try:
         # A signal stops the run gracefully, as `recover` and `worker` do: a
         # KeyboardInterrupt would cancel it, and a cancel is final.
-        # A run that waits waits here, as under `run`: say for what, and how to end it.
+        # A run that waits waits here, as under `run`: say for what, and how to end it
+        # (on_wait says it for a wait it was left in too, once its code is checked).
         done = resume_run(
             log, run, workflows, stop_on_signals=True, grace=GRACE,
-            on_recovered=None if args.json else (lambda recovery: _announce_resumed_waits(log, recovery)),
             on_wait=None if args.json else _announce_waits(log),
         )  # fmt: skip
     except RunsStopped as error:
-        again = " ".join(["attempt-kernel resume", _redacted(log), shlex.quote(run), *(f"--workflows {shlex.quote(t)}" for t in targets)])
+        again = _suggested("resume", _redacted(log), run, *(word for t in targets for word in ("--workflows", t)))
         return _stopped("resume", error, again)
     if args.json:
         _print_json({"log": _redacted(log), "run": run, "resumed": done})
@@ -1322,7 +1357,7 @@ def _reconcile(args: argparse.Namespace) -> int:
         })  # fmt: skip
         return EXIT_OK
     if not delivered.recorded:
-        print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered)}")
+        print(f"reconcile: {where} will be {verdict}: {_where(log_path, delivered, view.workflow)}")
         return EXIT_OK
     print(f"reconcile: {where} is now {verdict}")
     if left:
@@ -1352,7 +1387,7 @@ def _export(args: argparse.Namespace) -> int:
                         raise _Usage(
                             f"{_redacted(log)}: line {item.line}: sequence number {item.seq} where"
                             f" {expect} was expected ({kind}); nothing more exported (renumbered, the"
-                            f" export would hide it; `attempt-kernel replay {_redacted(log)}` lists what is wrong)"
+                            f" export would hide it; `{_suggested('replay', _redacted(log))}` lists what is wrong)"
                         )
                     expect = item.seq + 1
                     if only is not None and item.run != only:
@@ -1447,7 +1482,7 @@ def _worker_file(args: argparse.Namespace) -> int:
     names = {w.name for w in workflows}
     if len(names) < len(workflows):
         raise _Usage("two of the --workflows have the same name")
-    again = f"attempt-kernel worker {shlex.quote(log)}" + "".join(f" --workflows {shlex.quote(t)}" for t in targets)
+    again = _suggested("worker", log, *(word for t in targets for word in ("--workflows", t)))
     caught: list[int] = []
 
     def on_signal(number: int, frame: object) -> None:
@@ -1459,7 +1494,6 @@ def _worker_file(args: argparse.Namespace) -> int:
         if not recovery.changed_nothing:
             sys.stdout.write(_report.recovery_text(recovery, log))
             sys.stdout.flush()
-        _announce_resumed_waits(log, recovery)
 
     def print_taken_up(done: Recovery) -> None:
         sys.stdout.write(_report.taken_up_text(done))
@@ -1506,7 +1540,8 @@ def _worker_file(args: argparse.Namespace) -> int:
                 print(f"worker: idle; left unfinished: {', '.join(unfinished)}")
             else:
                 print("worker: idle; no unfinished run of these workflows is left")
-            return EXIT_OK
+            # as `recover` exits: a run whose code diverged is an error the operator must see
+            return EXIT_USAGE if diverged else EXIT_OK
         handlers = {n: signal.signal(n, on_signal) for n in (signal.SIGINT, signal.SIGTERM)}
         try:
             print(f"worker: idle; watching {shown(log)} and its inbox for changes", flush=True)
