@@ -193,20 +193,6 @@ def test_a_signal_to_a_log_with_corruption_before_a_torn_tail_is_refused(
     assert not (tmp_path / f"{LOG}.inbox").exists()
 
 
-@pytest.mark.slow
-def test_a_worker_cuts_the_torn_tail_then_takes_in_the_signal_that_waited_for_it(tmp_path: Path) -> None:
-    log = waiting_log(tmp_path / LOG)
-    with log.open("ab") as out:
-        out.write(b'{"v":1,"seq":9,"ru')
-    sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '"yes"')
-    assert sent.returncode == 0, sent.stderr
-    worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in worker.stdout
-    assert len(book(tmp_path / "book")) == 1
-    assert cli(tmp_path, "replay", LOG).returncode == 0
-
-
 def test_a_file_that_is_not_a_run_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     notes = tmp_path / "notes.txt"
     notes.write_bytes(b"shopping list\n")
@@ -475,14 +461,20 @@ def test_a_worker_serves_a_waiting_run_and_stops_on_sigterm_when_idle(tmp_path: 
 
 
 @pytest.mark.slow
-def test_worker_until_idle_finishes_a_run_signalled_from_outside(tmp_path: Path) -> None:
-    waiting_log(tmp_path / LOG)
+@pytest.mark.parametrize("torn", [False, True], ids=["clean", "torn-tail"])
+def test_worker_until_idle_finishes_a_run_signalled_from_outside(tmp_path: Path, torn: bool) -> None:
+    """With a torn tail, the signal waited in the inbox: the worker cuts the tail, then takes it in."""
+    log = waiting_log(tmp_path / LOG)
+    if torn:
+        with log.open("ab") as out:
+            out.write(b'{"v":1,"seq":9,"ru')
     sent = cli(tmp_path, "signal", LOG, RUN, "approve", "--payload", '"yes"')
     assert sent.returncode == 0, sent.stderr
     worker = cli(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
     assert worker.returncode == 0, worker.stdout + worker.stderr
     assert 'run result: {"answer":"yes","charged":{"charged":40}}' in worker.stdout
     assert len(book(tmp_path / "book")) == 1
+    assert cli(tmp_path, "replay", LOG).returncode == 0
 
 
 @pytest.mark.slow
