@@ -67,16 +67,19 @@ def test_an_unknown_run_is_refused(tmp_path: Path) -> None:
     assert log.read_bytes() == before
 
 
+@pytest.mark.parametrize(("folder", "quoted"), [("logs", "{log}"), ("my logs", "'{log}'")], ids=["plain", "space"])
 def test_a_run_whose_workflow_is_not_loaded_is_refused_with_the_command_that_resumes_it(
-    tmp_path: Path,
+    tmp_path: Path, folder: str, quoted: str
 ) -> None:
-    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    """The command is one to paste into a shell: a path with a space in it is quoted."""
+    (tmp_path / folder).mkdir()
+    log = waiting_log(tmp_path / folder / "a.jsonl", "a-1")
     before = log.read_bytes()
     with pytest.raises(OperationRefused) as refused:
         resume_run(log, "a-1", [NAPPER])
     assert str(refused.value) == (
         f"run 'a-1' belongs to workflow 'approver', which was not loaded; resume it with"
-        f" `attempt-kernel recover {log} --workflows MODULE:ATTR`; nothing was written"
+        f" `attempt-kernel recover {quoted.format(log=log)} --workflows MODULE:ATTR`; nothing was written"
     )
     assert log.read_bytes() == before
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -312,7 +313,8 @@ def resume_run(
     if workflow is None:
         raise OperationRefused(
             f"run {run!r} belongs to workflow {view.workflow!r}, which was not loaded; resume it"
-            f" with `attempt-kernel recover {path} --workflows MODULE:ATTR`; nothing was written"
+            f" with `attempt-kernel recover {shlex.quote(str(path))} --workflows MODULE:ATTR`;"
+            " nothing was written"
         )
     others = {name for name, other in ledger.runs.items() if name != run and not other.finished}
     try:
