@@ -659,7 +659,7 @@ def test_a_signal_during_a_web_resume_stops_the_run_as_resume_does(approvals: Pa
     assert (process.returncode, err) == (
         128 + number,
         f"attempt-kernel serve: stopped by {name}; the resume of run(s) a-1 was stopped, each run"
-        f" unfinished: `attempt-kernel resume {approvals} RUN --workflows MODULE:ATTR` resumes it\n",
+        f" unfinished; `attempt-kernel resume {approvals} a-1 --workflows waitflows:APPROVER` resumes it\n",
     )
     changes = [r.change for r in records(approvals) if r.run == "a-1"]
     assert isinstance(changes[-1], RunStopRequested) and changes[-1].reason == name

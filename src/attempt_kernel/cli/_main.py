@@ -1759,10 +1759,19 @@ def _serve(args: argparse.Namespace) -> int:
             close()
     if stopped and number:
         runs = ", ".join(shown(run) for run in stopped)
+        where = _redacted(log)
+        loaded = [word for target in args.workflows for word in ("--workflows", target)]
+        hints: list[str] = []
+        for run in stopped:
+            command = _command("resume", where, run, *loaded)
+            hints.append(
+                f"`{shown(command)}`" if command is not None
+                else f"attempt_kernel.resume_run({where!r}, {run!r}, WORKFLOWS) in Python ({_UNTYPABLE})"
+            )  # fmt: skip
         print(
             f"attempt-kernel serve: stopped by {signal.Signals(number).name}; the resume of run(s)"
-            f" {runs} was stopped, each run unfinished: `attempt-kernel resume {shown(_redacted(log))} RUN"
-            " --workflows MODULE:ATTR` resumes it",
+            f" {runs} was stopped, each run unfinished; {', '.join(hints)}"
+            f" {'resumes it' if len(hints) == 1 else 'resume them'}",
             file=sys.stderr,
             flush=True,
         )
