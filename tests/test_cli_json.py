@@ -88,6 +88,7 @@ def test_signal_then_recover_json(tmp_path: Path, capsys: pytest.CaptureFixture[
         "orphans_ended": [],
         "closed": [],
         "resumed": [{"run": RUN, "workflow": "approver"}],
+        "left_waiting": [],
         "reports": [
             {
                 "run": RUN,

@@ -292,3 +292,94 @@ def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, s
     assert "send-receipt  Succeeded" in again.stdout, again.stdout
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
+
+
+
+
+
+LEFT = (
+    "left waiting (once its signal is sent or its wake time passes, a worker takes up a submitted"
+    " run, and `attempt-kernel recover` one that `attempt-kernel run` started); the log was not changed\n"
+)
+
+
+def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_signal_is_sent(
+    db: str, tmp_path: Path
+) -> None:
+    """`run URL` killed while its run waited (SIGKILL: its session gone, nothing recorded).
+    The run was never submitted, so no worker claims it, and `recover URL` left it waiting
+    even once its signal was sent (saying every run had finished): a dead end. Now recover
+    says it waits and what takes it up, writes nothing while it cannot go on, and once
+    its signal is sent takes it up and finishes it, the card charged once."""
+    from test_cli_waits import book, read_until, start
+    from test_cli_waits import cli as waits_cli
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    first = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1", WAIT_BOOK="book")
+    try:
+        read_until(first, f"run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal {where} a-1"
+                   " approve (add --payload JSON to send a value)\n")  # fmt: skip
+    finally:
+        first.kill()
+        first.communicate()
+    with PgJournal(db) as journal:
+        before = list(journal.read())
+    left = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert left.returncode == 0, left.stdout + left.stderr
+    assert left.stdout.startswith(
+        f"recover: nothing to do: no run in {where} was cut short; run(s) a-1 only wait, " + LEFT
+    ), left.stdout
+    with PgJournal(db) as journal:
+        assert list(journal.read()) == before  # nothing written
+    sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert recovered.stdout.startswith(f"recover: {where}\n  resuming run a-1 (workflow approver)\n")
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in recovered.stdout, recovered.stdout
+    assert "unfinished runs: 0\n" in recovered.stdout
+    assert len(book(tmp_path / "book")) == 1
+
+
+def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says_so(
+    db: str, tmp_path: Path
+) -> None:
+    """A submitted run a worker released while it waits: `recover URL` leaves it to the
+    workers, and names it, where it said that every run had finished; nothing is written.
+    A signal, then a worker, finish it."""
+    from test_cli_waits import book
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    with PgJournal(db) as journal:
+        before = list(journal.read())
+    recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert recovered.stdout.startswith(
+        f"recover: nothing to do: no run in {where} was cut short; run(s) a-1 only wait, " + LEFT
+    ), recovered.stdout
+    assert (
+        "unfinished runs: 1 (`attempt-kernel recover` resumes those cut short; a worker takes up"
+        " those that wait)\n  run a-1\n"
+    ) in recovered.stdout
+    as_json = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    reported = json.loads(as_json.stdout)
+    assert (reported["changed_nothing"], reported["resumed"], reported["left_waiting"]) == (True, [], ["a-1"])
+    with PgJournal(db) as journal:
+        assert list(journal.read()) == before  # nothing written
+    sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.runs["a-1"].standing() == "succeeded"
+    assert "verdict: valid" in cli(tmp_path, "replay", db).stdout

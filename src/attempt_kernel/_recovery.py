@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Collection, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -52,7 +53,7 @@ from ._findings import (
 )
 from ._inbox import LedgerDelivery, locked_inbox
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
-from ._ledger import Ledger, PriorStep, snapshot
+from ._ledger import Ledger, PriorStep, RunView, snapshot
 from ._logfile import RunLogWriter
 from ._records import IntentReconciled, RunFinished, TornTail
 from ._store import Journal
@@ -119,6 +120,9 @@ class Recovery:
     """What `recover_log` did with each entry of the log's inbox, one line each:
     ``<run>: took in ...`` or ``<run>: dropped ...: <why>`` (a run that finished, a
     change recorded already)."""
+    left_waiting: tuple[str, ...] = ()
+    """Runs that only wait (for a signal or a wake time), left to whoever claims
+    waiting runs: PostgreSQL workers (`recover` without ``include_waiting``)."""
 
     @property
     def changed_nothing(self) -> bool:
@@ -144,6 +148,7 @@ def recover(
     only_runs: Collection[str] | None = None,
     skip_runs: Collection[str] = frozenset(),
     include_waiting: bool = False,
+    claimable: Callable[[Collection[str]], Collection[str]] | None = None,
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, through the
     storage seam).
@@ -164,7 +169,13 @@ def recover(
     ``waiting``) is handed back only with ``include_waiting`` (to wait in
     this process: a file log has no other driver for it) or when
     ``only_runs`` names it; otherwise it is left to whoever claims waiting
-    runs (PostgreSQL workers, which close it once its cancel is decided).
+    runs (PostgreSQL workers, which close it once its cancel is decided),
+    and named in `Recovery.left_waiting`. ``claimable``, if given, is asked
+    which of those runs someone else can claim at all: the others, which no
+    one else would take up (on PostgreSQL, runs that ``attempt-kernel run
+    URL`` started, never submitted to the queue), are taken up here once
+    they can go on (a signal they wait for came, a wake time passed, a
+    cancel came), and left waiting, named, until then.
     """
     ledger = Ledger()
     ledger.feed(journal.read())
@@ -179,12 +190,23 @@ def recover(
     # else drives its waiting runs) or when named in ``only_runs`` (a worker
     # that claimed it again): it is handed back, or closed if its cancel was
     # decided meanwhile. Elsewhere (``recover URL``) it is left to the workers.
+    waiting = [
+        view.run
+        for view in ledger.runs.values()
+        if view.standing() == "waiting" and not include_waiting and only_runs is None
+        and view.run not in skip_runs
+    ]  # fmt: skip
+    others = set(waiting if claimable is None or not waiting else claimable(waiting))
+    now_us = time.time_ns() // 1000
+    ready = {run for run in waiting if run not in others and _can_go_on(ledger.runs[run], now_us)}
+    left_waiting = tuple(run for run in waiting if run not in ready)
     todo = [
         view
         for view in ledger.runs.values()
         if (
             view.standing() == "interrupted"
             or (view.standing() == "waiting" and (include_waiting or only_runs is not None))
+            or view.run in ready
         )
         and (only_runs is None or view.run in only_runs)
         and view.run not in skip_runs
@@ -306,6 +328,17 @@ def recover(
         runs=tuple(runs),
         closed=tuple(closed),
         asked=tuple(asked),
+        left_waiting=left_waiting,
+    )
+
+
+def _can_go_on(view: RunView, now_us: int) -> bool:
+    """Could a run that waits go on now: a signal it waits for came, a wake time passed,
+    or a cancel came?"""
+    return view.cancel_requested or any(
+        (wait.signal is not None and view.untaken(wait.signal) is not None)
+        or (wait.wake_us is not None and wait.wake_us <= now_us)
+        for wait in view.open_waits()
     )
 
 
@@ -354,4 +387,5 @@ def recover_log(
         closed=done.closed,
         asked=done.asked,
         taken_in=tuple(taken_in),
+        left_waiting=done.left_waiting,
     )

@@ -77,9 +77,13 @@ def as_text(report: ReplayReport, source: str) -> str:
     if report.records == 0:
         out.append("the log holds no complete record: nothing was recorded")
     if report.unfinished:
-        out.append(
-            f"unfinished runs: {len(report.unfinished)} (`attempt-kernel recover` resumes them)"
+        # On PostgreSQL, `recover URL` leaves a run that only waits to the workers.
+        who = (
+            "`attempt-kernel recover` resumes those cut short; a worker takes up those that wait"
+            if source.startswith(("postgresql://", "postgres://"))
+            else "`attempt-kernel recover` resumes them"
         )
+        out.append(f"unfinished runs: {len(report.unfinished)} ({who})")
         out += [f"  run {shown(run)}" for run in report.unfinished]
     else:
         out.append("unfinished runs: 0")
@@ -193,8 +197,20 @@ def run_text(report: RunReport) -> str:
     return "\n".join(out) + "\n"
 
 
+_LEFT_WAITING: Final = (
+    "once its signal is sent or its wake time passes, a worker takes up a submitted run,"
+    " and `attempt-kernel recover` one that `attempt-kernel run` started"
+)
+
+
 def recovery_text(recovery: Recovery, source: str) -> str:
     """What recovery did to the log, for people."""
+    waiting = ", ".join(shown(run) for run in recovery.left_waiting)
+    if recovery.changed_nothing and waiting:
+        return (
+            f"recover: nothing to do: no run in {shown(source)} was cut short; run(s) {waiting}"
+            f" only wait, left waiting ({_LEFT_WAITING}); the log was not changed\n"
+        )
     if recovery.changed_nothing:
         return (
             f"recover: nothing to do: {shown(source)} ends cleanly and every run in it has"
@@ -212,6 +228,8 @@ def recovery_text(recovery: Recovery, source: str) -> str:
         out.append(f"  closed run {shown(run)}: its cancel was decided before the crash; not resumed")
     for r in recovery.runs:
         out.append(f"  resuming run {shown(r.run)} (workflow {shown(r.workflow)})")
+    if waiting:
+        out.append(f"  left waiting: run(s) {waiting} ({_LEFT_WAITING})")
     return "\n".join(out) + "\n"
 
 

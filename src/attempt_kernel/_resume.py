@@ -59,6 +59,7 @@ def resume_log(
     on_wait: Callable[[str, WaitStarted], None] | None = None,
     stopper: Stopper | None = None,
     let_go_after: float | None = None,
+    claimable: Callable[[Collection[str]], Collection[str]] | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -82,7 +83,11 @@ def resume_log(
     given, lets go of a code workflow's run once it only waits, with no wake
     time within that many seconds, as `Executor` says: its report says
     ``waiting``, and it waits in the log for the next process that resumes it
-    (without it, the run waits in this process).
+    (without it, the run waits in this process). On a `Journal`, a run that
+    only waits is left to whoever claims waiting runs (PostgreSQL workers),
+    but for those ``claimable`` (given the waiting runs, it returns those
+    someone else can claim) leaves out: they are taken up here, as `recover`
+    says.
     """
     by_name = {workflow.name: workflow for workflow in workflows}
     if isinstance(log, (str, os.PathLike)):
@@ -99,8 +104,9 @@ def resume_log(
             settle_inbox(log, progress)
     else:
         recovery = recover(
-            log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
-        )
+            log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs,
+            claimable=claimable,
+        )  # fmt: skip
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
                        stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
                        let_go_after)  # fmt: skip

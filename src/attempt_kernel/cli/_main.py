@@ -605,6 +605,13 @@ def _pg(url: str) -> Journal:
     return _pg_journal(url)
 
 
+def _submitted(url: str) -> Callable[[Collection[str]], Collection[str]]:
+    """Of some runs of the journal at ``url``, those a worker can claim (see `resume_log`)."""
+    from ..postgres._deliver import submitted
+
+    return lambda runs: submitted(url, runs)
+
+
 def _pg_journal(url: str) -> PgJournal:
     try:
         from ..postgres._journal import PgJournal
@@ -1067,7 +1074,8 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         say_left_alone()  # with those found held as recovery came to them
         for line in recovery.taken_in:
             print(f"recover: {shown(line)}")
-        if skipped and recovery.changed_nothing:  # "every run has finished" would be false
+        if skipped and recovery.changed_nothing and not recovery.left_waiting:
+            # "every run has finished" would be false
             sys.stdout.write(
                 f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live"
                 " process drives has finished; the journal was not changed\n"
@@ -1105,6 +1113,12 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             on_taken_up=print_taken_up,
             on_wait=None if as_json else _announce_waits(log_path),
             stopper=stopper,
+            # A run that only waits is a worker's to take up, unless no worker can
+            # (`run URL` started it, never submitted): then it is taken up here once
+            # it can go on, and let go of if it only waits again (nothing here would
+            # take in a signal sent to it meanwhile).
+            claimable=_submitted(log_path) if _is_url(log_path) else None,
+            let_go_after=UNTIL_IDLE_LET_GO if _is_url(log_path) else None,
         )
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
@@ -1126,6 +1140,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             "orphans_ended": [o for done in (recovery, *taken_up) for o in _orphans_json(done)],
             "closed": list(recovery.closed),
             "resumed": [{"run": r.run, "workflow": r.workflow} for r in recovery.runs],
+            "left_waiting": list(recovery.left_waiting),
             "reports": [_run_json(report) for report in resumed.reports],
             "diverged": [{"run": d.run, "error": str(d)} for d in resumed.diverged],
             "replay": checked,

@@ -244,6 +244,16 @@ def take_in_pg(url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA)
     return said
 
 
+def submitted(url: str, runs: Collection[str], *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
+    """Which of ``runs`` are in the queue, for a worker of their workflow to claim: the
+    others (started by ``attempt-kernel run URL``, never submitted) no worker takes."""
+    with connect(url) as conn:
+        rows = conn.execute(
+            _q("SELECT run FROM {s}.runs WHERE run = ANY(%s) AND workflow IS NOT NULL", schema), (list(runs),)
+        ).fetchall()
+    return frozenset(str(run) for (run,) in rows)
+
+
 def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
     """Make ``run`` claimable now, for a worker of its workflow; say what was done.
 
