@@ -383,3 +383,33 @@ def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says
         ledger.feed(journal.read())
     assert ledger.runs["a-1"].standing() == "succeeded"
     assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
+
+
+def test_recover_on_a_url_lets_go_of_a_run_that_comes_to_wait(db: str, tmp_path: Path) -> None:
+    """A run cut short before its wait (here: only its start recorded): `recover URL` takes
+    it up and, once it only waits, lets go of it after a second and exits, saying what it
+    waits for, where it waited for good (a signal sent then is recorded, never seen by that
+    process). The signal sent after, a second `recover` finishes it."""
+    from test_cli_waits import book
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel import RunStarted
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    with PgJournal(db) as journal:
+        journal.append("a-1", RunStarted(workflow="approver", nonce="n-1", code=True))
+        journal.flush()
+    recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert (
+        f"run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal {where} a-1"
+        " approve (add --payload JSON to send a value)\n"
+    ) in recovered.stdout, recovered.stdout
+    assert "run status: waiting\n" in recovered.stdout, recovered.stdout
+    assert book(tmp_path / "book") == []
+    sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    again = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in again.stdout, again.stdout
+    assert len(book(tmp_path / "book")) == 1
