@@ -1462,9 +1462,7 @@ class Executor:
         view = self._ledger.runs[run]
         now_us = int(self._clock() * 1_000_000)
         for wait in view.open_waits():
-            if wait.signal is not None and view.untaken(wait.signal) is not None:
-                continue
-            if wait.wake_us is not None and wait.wake_us <= now_us:
+            if view.ends_now(wait, now_us):
                 continue
             on_wait(run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
 

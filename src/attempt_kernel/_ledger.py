@@ -515,6 +515,18 @@ class RunView:
                 return signal
         return None
 
+    def ends_now(self, wait: WaitView, now_us: int) -> bool:
+        """Does ``wait`` end at once: a signal it takes came already, or its wake time
+        (microseconds since the epoch) is at or before ``now_us``?"""
+        return (wait.signal is not None and self.untaken(wait.signal) is not None) or (
+            wait.wake_us is not None and wait.wake_us <= now_us
+        )
+
+    def can_go_on(self, now_us: int) -> bool:
+        """Could a run that waits go on now: its cancel came, or one of its open waits
+        ends at once (`ends_now`)?"""
+        return self.cancel_requested or any(self.ends_now(wait, now_us) for wait in self.open_waits())
+
     def is_waiting(self) -> bool:
         """Unfinished, with a wait open and no attempt live: it waits, holding nothing."""
         if self.finished or not any(not wait.ended for wait in self.waits.values()):

@@ -81,6 +81,7 @@ from ._records import (
     WaitStarted,
 )
 from ._report import redacted, shown
+from ._store import is_url as _is_url
 
 STANDINGS: Final[tuple[RunStanding, ...]] = (
     "running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled",
@@ -117,10 +118,6 @@ def journal_label(journal: str) -> str:
     """The ``journal`` label's value: the log path, or the URL without its password, its
     non-printable characters escaped as every report shows them (an ESC as the text ``\\x1b``)."""
     return shown(redacted(journal))
-
-
-def _is_url(journal: str) -> bool:
-    return journal.startswith(("postgresql://", "postgres://"))
 
 
 # --------------------------------------------------------------------------

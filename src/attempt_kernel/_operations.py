@@ -42,6 +42,7 @@ from ._operate import (
 from ._records import JSON, CorruptLine, IntentReconciled, WaitStarted
 from ._report import redacted
 from ._runlist import RunFilter, RunRow, select
+from ._store import is_url as _is_url
 from ._workflow import Workflow
 
 if TYPE_CHECKING:  # what resume_run's on_recovered is told, and its stopper
@@ -127,10 +128,6 @@ def deliver_to_file(
                 if why is not None:
                     raise OperationRefused(f"{why}; nothing was written")
                 return Delivered(run=run, change=change, recorded=True)
-
-
-def _is_url(log: str | os.PathLike[str]) -> bool:
-    return isinstance(log, str) and log.startswith(("postgresql://", "postgres://"))
 
 
 def deliver(log: str | os.PathLike[str], build: Build, *, run: str | None = None) -> Delivered:

@@ -53,7 +53,7 @@ from ._findings import (
 )
 from ._inbox import LedgerDelivery, locked_inbox
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
-from ._ledger import Ledger, PriorStep, RunView, snapshot
+from ._ledger import Ledger, PriorStep, snapshot
 from ._logfile import RunLogWriter
 from ._records import IntentReconciled, RunFinished, TornTail
 from ._store import Journal
@@ -198,7 +198,7 @@ def recover(
     ]  # fmt: skip
     others = set(waiting if claimable is None or not waiting else claimable(waiting))
     now_us = time.time_ns() // 1000
-    ready = {run for run in waiting if run not in others and _can_go_on(ledger.runs[run], now_us)}
+    ready = {run for run in waiting if run not in others and ledger.runs[run].can_go_on(now_us)}
     left_waiting = tuple(run for run in waiting if run not in ready)
     todo = [
         view
@@ -329,16 +329,6 @@ def recover(
         closed=tuple(closed),
         asked=tuple(asked),
         left_waiting=left_waiting,
-    )
-
-
-def _can_go_on(view: RunView, now_us: int) -> bool:
-    """Could a run that waits go on now: a signal it waits for came, a wake time passed,
-    or a cancel came?"""
-    return view.cancel_requested or any(
-        (wait.signal is not None and view.untaken(wait.signal) is not None)
-        or (wait.wake_us is not None and wait.wake_us <= now_us)
-        for wait in view.open_waits()
     )
 
 

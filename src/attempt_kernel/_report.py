@@ -26,6 +26,7 @@ from ._ledger import OpenAttempt
 from ._records import JSON
 from ._recovery import Recovery
 from ._replay import ReplayReport
+from ._store import is_url
 from ._runlist import RunRow as RunRow
 from ._runlist import WaitOn as WaitOn
 
@@ -80,7 +81,7 @@ def as_text(report: ReplayReport, source: str) -> str:
         # On PostgreSQL, `recover URL` leaves a run that only waits to the workers.
         who = (
             "`attempt-kernel recover` resumes those cut short; a worker takes up those that wait"
-            if source.startswith(("postgresql://", "postgres://"))
+            if is_url(source)
             else "`attempt-kernel recover` resumes them"
         )
         out.append(f"unfinished runs: {len(report.unfinished)} ({who})")

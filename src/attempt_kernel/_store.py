@@ -8,6 +8,7 @@ can later read a journal that is not a file. `RunLogWriter` and `FileLog`
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -15,6 +16,12 @@ from typing_extensions import TypeGuard
 
 from ._errors import AttemptKernelError
 from ._records import Change, LogItem
+
+
+def is_url(log: str | os.PathLike[str]) -> bool:
+    """Does ``log`` name a PostgreSQL journal (a ``postgresql://`` or ``postgres://`` URL)
+    rather than a log file? A path object never does."""
+    return isinstance(log, str) and log.startswith(("postgresql://", "postgres://"))
 
 
 class DispatchRefused(AttemptKernelError):

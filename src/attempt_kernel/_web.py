@@ -56,7 +56,7 @@ from ._operations import cancel_run, held_runs, listed_runs, reconcile_intent, r
 from ._runlist import LISTED_STATUSES, RunFilter, listed_status, select
 from ._records import JSON, LogItem, RunCancelRequested
 from ._report import short, shown, when
-from ._store import LogSource
+from ._store import LogSource, is_url
 from ._web_pages import STYLE, TEMPLATES
 from ._web_timeline import timeline
 from ._workflow import Workflow
@@ -619,7 +619,7 @@ class WebView:
         )  # fmt: skip
 
     def _resume_hint(self) -> str:
-        if self.log.startswith(("postgresql://", "postgres://")):
+        if is_url(self.log):
             return "Reopens the run in the journal; a worker of its workflow takes it up."
         if self._workflows:
             names = ", ".join(shown(w.name) for w in self._workflows)
@@ -656,7 +656,7 @@ class WebView:
         return Response(status=303, body=b"", location=_run_href(run))
 
     def _where(self, delivered: Delivered) -> str:
-        journal = self.log.startswith(("postgresql://", "postgres://"))
+        journal = is_url(self.log)
         if delivered.recorded:
             return "recorded in the journal" if journal else "recorded in the log"
         if delivered.queued:

@@ -58,6 +58,7 @@ from .._report import shown
 from .._resume import Supervisor, resume_log
 from .._runlist import ListedStatus, RunFilter, parse_statuses, parse_time
 from .._store import Journal, LogSource
+from .._store import is_url as _is_url
 from .._workflow import Workflow
 
 if TYPE_CHECKING:  # optional dependencies: imported where a URL is opened, where --metrics-port asks
@@ -594,10 +595,6 @@ def load_target(target: str) -> Workflow:
             " attempt_kernel.load_workflow(...)"
         )
     return value
-
-
-def _is_url(log: str) -> bool:
-    return log.startswith(("postgresql://", "postgres://"))
 
 
 def _pg(url: str) -> Journal:
@@ -1478,11 +1475,7 @@ def _left(log: str, names: set[str], skip: set[str]) -> list[tuple[str, bool]]:
     ledger.feed(FileLog(log).read())
     now = int(time.time() * 1_000_000)
     return [
-        (view.run, not view.is_waiting() or view.cancel_requested or any(
-            (wait.signal is not None and view.untaken(wait.signal) is not None)
-            or (wait.wake_us is not None and wait.wake_us <= now)
-            for wait in view.open_waits()
-        ))
+        (view.run, not view.is_waiting() or view.can_go_on(now))
         for view in ledger.runs.values()
         if view.workflow in names and view.run not in skip
         and view.standing() in ("interrupted", "waiting")
