@@ -21,6 +21,7 @@ import pytest
 
 from attempt_kernel import replay
 from attempt_kernel._ledger import Ledger
+from attempt_kernel._records import Record, SignalSent
 from attempt_kernel.postgres import PgJournal
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -201,6 +202,105 @@ def test_run_url_stops_its_run_when_the_session_holding_it_ends(db: str, tmp_pat
     assert not view.finished and view.stop_requested
 
 
+HANDED = (
+    "waits in the journal's inbox: the process driving the run (a worker, `run` or `recover`)"
+    " takes it in within about a second\n"
+)
+
+
+def test_a_signal_reaches_a_waiting_run_that_run_url_drives(db: str, tmp_path: Path) -> None:
+    """`run URL` printed the command that ends its run's wait, but the signal was written
+    straight into the journal, where that process never looked again: the run waited on
+    forever. The signal now waits in the journal's inbox of the process holding the run,
+    which takes it in: the run charges once and succeeds. `resume URL` leaves the run to
+    that process, as it leaves a worker's run."""
+    from test_cli_waits import book, read_until, start
+    from test_cli_waits import cli as waits_cli
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    driver = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1", WAIT_BOOK="book")
+    try:
+        read_until(driver, f"run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal {where} a-1"
+                   " approve (add --payload JSON to send a value)\n")  # fmt: skip
+        resumed = waits_cli(tmp_path, "resume", db, "a-1")
+        sent = waits_cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        out, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+        driver.communicate()
+    assert resumed.returncode == 2, resumed.stdout + resumed.stderr
+    assert "another process (attempt-kernel run or recover) drives run 'a-1' now; nothing was changed" in resumed.stderr
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout == "signal: signal 'approve' for run a-1 with payload \"yes\": " + HANDED, sent.stdout
+    assert driver.returncode == 0, out + err
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in out, out
+    assert len(book(tmp_path / "book")) == 1
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
+    assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
+
+
+def test_a_cancel_reaches_a_waiting_run_that_run_url_drives(db: str, tmp_path: Path) -> None:
+    """The run ends cancelled in the process that drives it; its effect is never called."""
+    from test_cli_waits import book, read_until, start
+    from test_cli_waits import cli as waits_cli
+
+    driver = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1", WAIT_BOOK="book")
+    try:
+        read_until(driver, "run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal"
+                   f" postgresql://postgres@{db.partition('@')[2]} a-1 approve (add --payload JSON to send a value)\n")  # fmt: skip
+        done = waits_cli(tmp_path, "cancel", db, "a-1", "--reason", "not needed")
+        out, err = driver.communicate(timeout=120)
+    finally:
+        driver.kill()
+        driver.communicate()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.endswith(HANDED), done.stdout
+    assert driver.returncode == 1, out + err
+    assert "run status: cancelled" in out, out
+    assert book(tmp_path / "book") == []
+    runs = json.loads(cli(tmp_path, "runs", db, "--json").stdout)["runs"]
+    assert [(r["run"], r["status"]) for r in runs] == [("a-1", "cancelled")]
+
+
+def test_a_signal_sent_while_run_url_runs_a_step_is_kept_for_the_runs_wait(db: str, tmp_path: Path) -> None:
+    """Signals are a mailbox: one sent before the run waits for it is kept. Written
+    straight into the journal while `run URL` drove the run, it took the number that
+    process gave its next record, and the run died on the duplicate key. It waits in
+    the inbox now, and the run takes it in, pays once and returns it."""
+    env = blocked_env(tmp_path)
+    with subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "run", "waitflows:GATED_APPROVER", "--log", db, "--run", "g-1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as driver:  # fmt: skip
+        deadline = time.monotonic() + 60  # no bound asserted: a safety net
+        while not (tmp_path / "gate" / "waiting").exists():
+            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
+            time.sleep(0.02)
+        sent = subprocess.run(
+            [sys.executable, "-m", "attempt_kernel", "signal", db, "g-1", "approve", "--payload", '{"by": "ana"}'],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        (tmp_path / "gate" / "open").touch()
+        out, err = driver.communicate(timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout.endswith(HANDED), sent.stdout
+    assert driver.returncode == 0, out + err
+    assert 'run result: {"paid":{"paid":7},"answer":{"by":"ana"}}' in out, out
+    assert len((tmp_path / "book").read_text().splitlines()) == 1
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.violation_count == 0
+    signals = [r.change for r in journal_records(db) if isinstance(r.change, SignalSent)]
+    assert [(s.name, s.payload) for s in signals] == [("approve", {"by": "ana"})]
+
+
+def journal_records(db: str) -> list[Record]:
+    with PgJournal(db) as journal:
+        return [item for item in journal.read() if isinstance(item, Record)]
+
+
 def test_submit_prints_a_run_id_escaped_as_runs_does(db: str, shop: Path) -> None:
     """A run id with an ESC and a newline: submit printed it raw (a terminal obeys an ESC)."""
     submitted = cli(shop, "submit", db, "flows:orders", "--run", "a\x1b[31mb\nc", "--input", ORDER)
@@ -278,7 +378,7 @@ def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, s
         # reconcile reaches the live worker's run through the inbox, not the journal
         handed = cli(shop, "reconcile", db, "--key", intent["key"], "--rejected")
         assert handed.returncode == 0, handed.stdout + handed.stderr
-        assert "waits in the journal's inbox: the worker driving the run takes it in" in handed.stdout
+        assert "waits in the journal's inbox: the process driving the run (a worker, `run` or `recover`) takes it in" in handed.stdout
         assert conn.execute(count).fetchall() == before  # nothing written to the journal by either
         inbox = conn.execute("SELECT run FROM attempt_kernel.inbox").fetchall()
         assert inbox == [("orders-1",)]

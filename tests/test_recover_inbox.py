@@ -116,7 +116,7 @@ def test_an_inbox_holding_a_kernel_record_is_refused_in_good_english(
 
 
 def test_a_postgresql_inbox_row_holding_a_kernel_record_is_named_in_good_english() -> None:
-    from attempt_kernel.postgres._deliver import inbox_change
+    from attempt_kernel.postgres._journal import inbox_change
 
     line = encode_record(1, 1, "r", AttemptCreated(step="s", attempt=2))
     assert inbox_change(line) == "an inbox row holds AttemptCreated, which no operator delivers"

@@ -6,6 +6,8 @@ one line, ``key``, to the file named by ``WAIT_BOOK`` (when set), so a test
 counts how often it was sent. `NAPPER` sleeps for an hour, then returns.
 `BLOCKED` has one step whose effect, once Dispatched, touches
 ``WAIT_GATE/waiting`` and then waits for ``WAIT_GATE/open`` to appear.
+`GATED_APPROVER` runs that step, then waits for signal ``approve`` and
+returns both: a signal sent while the step runs is kept for the wait.
 """
 
 from __future__ import annotations
@@ -66,3 +68,10 @@ async def gated(ctx: StepContext, amount: int) -> JSON:
 @workflow("blocked")
 async def BLOCKED(run: RunContext) -> JSON:
     return await run.step("pay", gated, 7)
+
+
+@workflow("gated-approver")
+async def GATED_APPROVER(run: RunContext) -> JSON:
+    paid = await run.step("pay", gated, 7)
+    answer = await run.wait_for_signal("approve")
+    return {"paid": paid, "answer": answer}

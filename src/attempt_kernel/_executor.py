@@ -42,10 +42,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Protocol, TypeVar, Union
+from typing import Final, Protocol, TypeVar, Union, runtime_checkable
 
 from typing_extensions import TypeAlias, assert_never, final
 
@@ -1727,6 +1727,29 @@ async def _pump(executor: Executor, log: RunLogWriter, progress: Callable[[str],
         await asyncio.sleep(INBOX_POLL)
 
 
+@runtime_checkable
+class _TakesIn(Protocol):
+    """A journal whose operators' changes for a run this process holds wait apart from
+    the run's records (`attempt_kernel.postgres.PgJournal.take_in`)."""
+
+    def take_in(self, runs: Collection[str], deliver: Callable[[str, Delivery], str | None]) -> list[str]: ...
+
+
+async def _pump_journal(
+    executor: Executor, journal: _TakesIn, runs: Collection[str], progress: Callable[[str], None] | None
+) -> None:
+    """Take in what waits for ``runs`` in ``journal``'s inbox at once, then every `INBOX_POLL`."""
+    while True:
+        _say_each(journal.take_in(runs, executor.deliver), progress)
+        await asyncio.sleep(INBOX_POLL)
+
+
+def _say_each(lines: list[str], progress: Callable[[str], None] | None) -> None:
+    if progress is not None:
+        for line in lines:
+            progress(line)
+
+
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Job:
@@ -1889,6 +1912,7 @@ def drive_jobs(
                 supervisor.cancel()
 
     reports: list[RunReport | WorkflowDiverged] = []
+    runs = [job.run for job in jobs]
 
     async def main() -> None:
         # Returns None: on 3.11, asyncio.run formats its main task (result
@@ -1924,18 +1948,24 @@ def drive_jobs(
             pump: asyncio.Task[None] | None = None
             try:
                 tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
+                # Made after the runs' tasks, so its first take-in finds them driven.
                 if isinstance(log, RunLogWriter):
-                    # Made after the runs' tasks, so its first take-in finds them driven.
                     pump = asyncio.ensure_future(_pump(executor, log, progress))
+                elif isinstance(log, _TakesIn):
+                    pump = asyncio.ensure_future(_pump_journal(executor, log, runs, progress))
                 reports.extend([await task for task in tasks])
             finally:
                 if pump is not None:
                     pump.cancel()
                     await asyncio.gather(pump, return_exceptions=True)
-                    # Once more, waiting for the inbox's lock, just before the
-                    # writer is let go (its owner then calls `settle_inbox`).
-                    assert isinstance(log, RunLogWriter)
-                    _take_inbox(executor, log, progress, block=True)
+                    # Once more: for a file, waiting for the inbox's lock, just before
+                    # the writer is let go (its owner then calls `settle_inbox`); for
+                    # a journal, what came since the last look (a stopped run's
+                    # change is recorded now, rather than at its next recovery).
+                    if isinstance(log, RunLogWriter):
+                        _take_inbox(executor, log, progress, block=True)
+                    elif isinstance(log, _TakesIn):
+                        _say_each(log.take_in(runs, executor.deliver), progress)
                 if stopper is not None:
                     stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
 

@@ -663,7 +663,10 @@ class WebView:
             when = "before any step starts" if isinstance(delivered.change, RunCancelRequested) else "once the run runs"
             return f"it waits in the journal's inbox: the run is queued, and the worker that starts it takes it in {when}"
         if journal:
-            return "it waits in the journal's inbox: the worker driving the run takes it in within about a second"
+            return (
+                "it waits in the journal's inbox: the process driving the run (a worker, `run` or"
+                " `recover`) takes it in within about a second"
+            )
         return "it waits in the log's inbox: the process writing the log takes it in within about a second"
 
     def _perform(self, run: str, action: Action, form: Mapping[str, list[str]], session: str) -> str:

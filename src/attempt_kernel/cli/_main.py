@@ -1013,6 +1013,11 @@ class _HeldElsewhere(Collection[str]):
         self.driven.add(run)
         return True
 
+    @property
+    def held_here(self) -> Collection[str]:
+        """The runs this process holds (those asked of it that no one else drives)."""
+        return self._holds.held
+
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self.workers | self.driven))
 
@@ -1093,7 +1098,9 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         # What operators sent while a worker that has died drove its run.
         from ..postgres._deliver import take_in_pg
 
-        taken_in = list(take_in_pg(log_path, skip=skipped))
+        assert elsewhere is not None
+        # Held here (asked of `skipped` first): recorded now, not sent back to the inbox.
+        taken_in = list(take_in_pg(log_path, skip=skipped, held_here=elsewhere.held_here))
         if not as_json:
             for line in taken_in:
                 print(f"recover: {shown(line)}")
@@ -1239,8 +1246,8 @@ def _where(log: str, delivered: Delivered, workflow: str | None) -> str:
         return f"waits in the journal's inbox: the run is queued, and the worker that starts it takes it in {when}"
     if _is_url(log):
         return (
-            "waits in the journal's inbox: the worker driving the run takes it in within"
-            " about a second"
+            "waits in the journal's inbox: the process driving the run (a worker, `run` or"
+            " `recover`) takes it in within about a second"
         )
     return (
         f"waits in {shown(str(inbox_path(log)))}: the process writing {shown(log)} takes it in"

@@ -3,7 +3,8 @@
 Owns the transaction that delivers a change (`deliver_pg`) and the form of
 an ``inbox`` row (`inbox_change`); it decides nothing itself (`_operate`
 builds the change from a ledger and says why one is refused) and drives no
-run (a worker takes its inbox in, `_worker`).
+run (a worker takes its inbox in, `_worker`; a process that holds runs
+outside a worker, `PgJournal.take_in`).
 
 Theory of operation:
 
@@ -17,6 +18,17 @@ Theory of operation:
   that worker takes it in within about a second, through its executor,
   and deletes the row after (a crash between: the next holder's
   `refusal` drops what was taken in already). ``recorded`` is False.
+- A run another process drives outside a worker, holding it
+  (``attempt-kernel run URL`` or ``recover URL``, `RunHolds`: an exclusive
+  advisory lock on the run's key): the change goes to the ``inbox`` too,
+  since that process numbers the run's records; it takes the change in
+  within about a second (`PgJournal.take_in`). ``recorded`` is False. The
+  check takes the same key shared for the transaction, so a process that
+  comes to take the run up meanwhile finds it held (and leaves it, as it
+  leaves a run another process drives) rather than reading its records
+  before the change is committed. Senders to one run go one at a time (an
+  advisory lock on another key of the run, for the transaction): a run
+  ``run URL`` started has no row to lock.
 - A queued run (its row not done, no record of it yet): a signal or a
   cancel, checked against the run as it will stand once started, goes to
   the ``inbox`` too (``queued`` True), until a worker starts the run: the
@@ -27,8 +39,8 @@ Theory of operation:
   the run (a signal wakes it, a cancel closes it). A reconciliation that
   leaves a run that ended needing reconciliation with nothing outstanding
   reopens its row (``done = false``), so a worker resumes it. A run with no
-  row (started by ``attempt-kernel run URL``, not submitted) is written
-  directly. ``recorded`` is True.
+  row (started by ``attempt-kernel run URL``, not submitted) that no
+  process holds is written directly. ``recorded`` is True.
 - The transaction commits synchronously: the change is durable when
   `deliver_pg` returns, in the journal or in the inbox.
 - A resume (`resume_pg`) writes no record: it makes an unfinished run that
@@ -43,14 +55,23 @@ from collections.abc import Collection
 from typing import Final
 
 import psycopg
-from psycopg import sql
 from typing_extensions import LiteralString
 
-from .._codec import decode_line, encode_record
+from .._codec import encode_record
 from .._ledger import Ledger
 from .._operate import Build, Delivered, Delivery, OperationRefused, refusal
-from ._journal import DEFAULT_SCHEMA, PgJournal, PgJournalError, connect, summary_of, summary_upsert_after
-from .._records import CorruptLine, IntentReconciled, Record, RunCancelRequested, RunStarted, SignalSent
+from ._journal import (
+    DEFAULT_SCHEMA,
+    PgJournal,
+    PgJournalError,
+    connect,
+    hold_key,
+    in_schema,
+    inbox_change,
+    summary_of,
+    summary_upsert_after,
+)
+from .._records import Record, RunStarted
 
 # {s} is the schema.
 _LOCK: Final[LiteralString] = (
@@ -61,6 +82,13 @@ _LOCK: Final[LiteralString] = (
 _NEXT_SEQ: Final[LiteralString] = "SELECT coalesce(max(seq), 0) + 1 FROM {s}.records WHERE run = %s"
 _DB_NOW_US: Final[LiteralString] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 _TO_INBOX: Final[LiteralString] = "INSERT INTO {s}.inbox (run, line) VALUES (%s, %s)"
+# Senders to one run, one at a time (a run `run URL` started has no row to
+# lock), then whether a process holds the run (`RunHolds`, an exclusive
+# session lock): the shared lock is taken for this transaction when none
+# does, so no process takes the run up until the record is committed (it
+# then reads the record with the rest).
+_ONE_SENDER: Final[LiteralString] = "SELECT pg_advisory_xact_lock(%s)"
+_HELD: Final[LiteralString] = "SELECT NOT pg_try_advisory_xact_lock_shared(%s)"
 _APPEND: Final[LiteralString] = "INSERT INTO {s}.records (run, seq, line) VALUES (%s, %s, %s)"
 # The append and its run's summary (schema version 6), one statement.
 _APPEND_SUMMARIZED: Final[LiteralString] = summary_upsert_after(_APPEND)
@@ -71,19 +99,22 @@ _REOPEN: Final[LiteralString] = (
 )
 
 
-def _q(text: LiteralString, schema: str) -> sql.Composed:
-    return sql.SQL(text).format(s=sql.Identifier(schema))
-
-
 def deliver_pg(
-    url: str, build: Build, *, run: str | None = None, schema: str = DEFAULT_SCHEMA
+    url: str,
+    build: Build,
+    *,
+    run: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+    held_here: Collection[str] = frozenset(),
 ) -> Delivered:
     """Deliver the change ``build`` makes to the journal at ``url`` (see the module doc).
 
     ``run``: the run the change is for, when the caller knows it (a signal,
     a cancel): only its records are read. None (a reconciliation by key):
     the whole journal is read to find the run, and the change is built
-    again from the run's records once its row is locked.
+    again from the run's records once its row is locked. ``held_here``:
+    the runs the caller itself holds (`RunHolds`), whose changes it records
+    at once rather than sending them to its own inbox.
 
     Returns `Delivered`, durable: ``recorded`` True when the record is in
     the journal, False when it waits in the inbox of the live worker that
@@ -102,7 +133,9 @@ def deliver_pg(
         try:
             with connect(url) as conn, conn.transaction():
                 conn.execute("SELECT set_config('synchronous_commit', 'on', true)")
-                row = conn.execute(_q(_LOCK, schema), (target,)).fetchone()
+                row = conn.execute(in_schema(_LOCK, schema), (target,)).fetchone()
+                conn.execute(_ONE_SENDER, (hold_key(schema, target, purpose="attempt-kernel-send"),))
+                held = target not in held_here and _held(conn, schema, target)
                 ledger = Ledger()
                 ledger.feed(journal.read_run_in(conn, target))
                 _refuse_violations(ledger)
@@ -113,28 +146,28 @@ def deliver_pg(
                     raise OperationRefused(
                         f"the change was built for run {built!r}, not {target!r}; nothing was written"
                     )
-                seq = _one_int(conn.execute(_q(_NEXT_SEQ, schema), (target,)).fetchone())
+                seq = _one_int(conn.execute(in_schema(_NEXT_SEQ, schema), (target,)).fetchone())
                 now = _one_int(conn.execute(_DB_NOW_US).fetchone())
                 line = encode_record(seq, now, target, change)
-                if row is not None and row[1] is True:
-                    conn.execute(_q(_TO_INBOX, schema), (target, line))
+                if held or (row is not None and row[1] is True):
+                    conn.execute(in_schema(_TO_INBOX, schema), (target, line))
                     return Delivered(run=target, change=change, recorded=False)
                 # The run's records and this one: what its summary says now.
                 number = ledger.records + 1
                 ledger.apply(Record(line=number, seq=number, time_us=now, run=target, change=change))
                 summary = summary_of(ledger, target)
                 if summary is None:
-                    conn.execute(_q(_APPEND, schema), (target, seq, line))
+                    conn.execute(in_schema(_APPEND, schema), (target, seq, line))
                 else:
                     conn.execute(
-                        _q(_APPEND_SUMMARIZED, schema), (target, seq, line, target, *summary.values())
+                        in_schema(_APPEND_SUMMARIZED, schema), (target, seq, line, target, *summary.values())
                     )
                 if row is not None:
                     was_done = row[0] is True
                     view = ledger.runs[target]
                     # A reconciled run that ended needing reconciliation: a worker resumes it.
                     reopen = was_done and view.finished and view.standing() == "interrupted"
-                    conn.execute(_q(_REOPEN if reopen else _WAKE, schema), (target,))
+                    conn.execute(in_schema(_REOPEN if reopen else _WAKE, schema), (target,))
                 return Delivered(run=target, change=change, recorded=True)
         except psycopg.Error as error:
             reason = "; ".join(p.strip() for p in str(error).splitlines() if p.strip())
@@ -164,9 +197,15 @@ def _to_queued(
     if built != run:
         raise OperationRefused(f"the change was built for run {built!r}, not {run!r}; nothing was written")
     now = _one_int(conn.execute(_DB_NOW_US).fetchone())
-    conn.execute(_q(_TO_INBOX, schema), (run, encode_record(1, now, run, change)))
-    conn.execute(_q(_WAKE, schema), (run,))
+    conn.execute(in_schema(_TO_INBOX, schema), (run, encode_record(1, now, run, change)))
+    conn.execute(in_schema(_WAKE, schema), (run,))
     return Delivered(run=run, change=change, recorded=False, queued=True)
+
+
+def _held(conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str) -> bool:
+    """Does another process (``attempt-kernel run URL`` or ``recover URL``) hold ``run``?
+    When none does, this transaction keeps any from taking it until it ends (`_HELD`)."""
+    return conn.execute(_HELD, (hold_key(schema, run),)).fetchone() == (True,)
 
 
 def _refuse_violations(ledger: Ledger) -> None:
@@ -185,23 +224,13 @@ def _one_int(row: tuple[object, ...] | None) -> int:
     return value
 
 
-def inbox_change(line: bytes) -> Delivery | str:
-    """The change an ``inbox`` row holds, or why the row holds none (to drop it)."""
-    item = decode_line(line, 1)
-    if isinstance(item, CorruptLine):
-        return f"an inbox row is unreadable: {item.reason}"
-    assert isinstance(item, Record)
-    change = item.change
-    if isinstance(change, (SignalSent, RunCancelRequested, IntentReconciled)):
-        return change
-    return f"an inbox row holds {type(change).__name__}, which no operator delivers"
-
-
 _ALL_INBOX: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox ORDER BY id"
 _INBOX_ROW_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = %s"
 
 
-def take_in_pg(url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA) -> list[str]:
+def take_in_pg(
+    url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA, held_here: Collection[str] = frozenset()
+) -> list[str]:
     """Record what waits in the inbox for runs no live worker drives; say what was done.
 
     For `attempt-kernel recover URL`: a change sent while a worker drove its
@@ -209,11 +238,15 @@ def take_in_pg(url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA)
     that worker died and an operator recovers by hand, the change is
     recorded here first (through `deliver_pg`, one transaction each), so
     that recovery decides with it. ``skip``: the runs live workers drive
-    (theirs to take in). A change that no longer applies (`refusal`) is
-    dropped, and every row handled is deleted. Lines, one per row handled.
+    (theirs to take in); ``held_here``: the runs the caller holds
+    (`RunHolds`), whose changes are recorded here, not sent back to the
+    inbox (it holds a run once ``skip`` was asked of it: ``recover URL``
+    passes its `RunHolds`' ``held``, which that question fills). A change
+    that no longer applies (`refusal`) is dropped, and every row handled is
+    deleted. Lines, one per row handled.
     """
     with connect(url) as conn:
-        rows = conn.execute(_q(_ALL_INBOX, schema)).fetchall()
+        rows = conn.execute(in_schema(_ALL_INBOX, schema)).fetchall()
     said: list[str] = []
     for row_id, run, line in rows:
         if type(run) is not str or type(line) is not bytes or type(row_id) is not int:
@@ -233,14 +266,14 @@ def take_in_pg(url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA)
                 return run, stored
 
             try:
-                delivered = deliver_pg(url, build, run=run, schema=schema)
+                delivered = deliver_pg(url, build, run=run, schema=schema, held_here=held_here)
             except OperationRefused as refused:
                 said.append(f"{run}: dropped an inbox entry: {refused}")
             else:
-                where = "recorded" if delivered.recorded else "handed to the worker that now drives it"
+                where = "recorded" if delivered.recorded else "handed to the process that now drives it"
                 said.append(f"{run}: took in {type(stored).__name__} from the inbox ({where})")
         with connect(url) as conn:
-            conn.execute(_q(_INBOX_ROW_TAKEN, schema), (row_id,))
+            conn.execute(in_schema(_INBOX_ROW_TAKEN, schema), (row_id,))
     return said
 
 
@@ -249,7 +282,7 @@ def submitted(url: str, runs: Collection[str], *, schema: str = DEFAULT_SCHEMA) 
     others (started by ``attempt-kernel run URL``, never submitted) no worker takes."""
     with connect(url) as conn:
         rows = conn.execute(
-            _q("SELECT run FROM {s}.runs WHERE run = ANY(%s) AND workflow IS NOT NULL", schema), (list(runs),)
+            in_schema("SELECT run FROM {s}.runs WHERE run = ANY(%s) AND workflow IS NOT NULL", schema), (list(runs),)
         ).fetchall()
     return frozenset(str(run) for (run,) in rows)
 
@@ -258,7 +291,8 @@ def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
     """Make ``run`` claimable now, for a worker of its workflow; say what was done.
 
     Refused (`OperationRefused`, nothing changed) for a run the journal does
-    not hold, one that finished, one a live worker drives, one that needs
+    not hold, one that finished, one a live worker drives, one another
+    process drives (``attempt-kernel run URL`` or ``recover URL``), one that needs
     reconciliation first, and one no worker can take (started by
     ``attempt-kernel run URL``, not submitted: its workflow is not in the
     queue), with the command that resumes it instead.
@@ -266,7 +300,8 @@ def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
     with PgJournal(url, schema=schema) as journal:  # connects (naming the host) and migrates
         try:
             with connect(url) as conn, conn.transaction():
-                row = conn.execute(_q(_LOCK, schema), (run,)).fetchone()
+                row = conn.execute(in_schema(_LOCK, schema), (run,)).fetchone()
+                held = _held(conn, schema, run)
                 ledger = Ledger()
                 ledger.feed(journal.read_run_in(conn, run))
                 _refuse_violations(ledger)
@@ -285,6 +320,11 @@ def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
                         raise OperationRefused(
                             f"run {run!r} has finished ({standing}); nothing was changed"
                         )
+                if held:
+                    raise OperationRefused(
+                        f"another process (attempt-kernel run or recover) drives run {run!r} now;"
+                        " nothing was changed"
+                    )
                 if row is None:
                     raise OperationRefused(
                         f"run {run!r} was not submitted, so no worker can take it; resume it with"
@@ -294,7 +334,7 @@ def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
                     raise OperationRefused(
                         f"a live worker drives run {run!r} now; nothing was changed"
                     )
-                conn.execute(_q(_REOPEN, schema), (run,))
+                conn.execute(in_schema(_REOPEN, schema), (run,))
         except psycopg.Error as error:
             raise PgJournalError(f"resuming run {run!r} failed: {_reason(error)}") from error
     return f"run {run!r} is claimable now: a worker of its workflow takes it up at its next claim"

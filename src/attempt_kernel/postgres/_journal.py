@@ -70,7 +70,7 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
 
@@ -84,6 +84,7 @@ from typing_extensions import LiteralString, Self, assert_never, final
 from .._codec import RunLogError, decode_line, encode_record
 from .._intent import is_outstanding
 from .._ledger import Ledger, RunStanding
+from .._operate import Delivery
 from .._records import (
     AttemptCreated,
     AttemptTransitioned,
@@ -107,6 +108,7 @@ from .._records import (
     WaitStarted,
 )
 from .._report import redacted
+from .._store import DispatchRefused
 from .._runlist import RunFilter, RunRow, WaitOn, listed_status
 
 PG_SCHEMA_VERSION: Final = 6
@@ -1000,6 +1002,10 @@ class PgJournal:
     `connection_lost` tells an outage) and breaks the journal. `close`
     writes what is queued, flushes, and ends the thread.
 
+    `take_in` hands what operators left in the journal's ``inbox`` for runs
+    this process holds to their executor (`run_jobs` and `resume_log` call
+    it while they drive runs), on a connection of its own.
+
     Each append is one statement. The journal remembers the next number of
     each run it wrote or read to the end (`read_run`), and asks the database
     for it otherwise; one writer per run at a time is the caller's to
@@ -1060,6 +1066,10 @@ class PgJournal:
         self._synced_at_us: int | None = None
         self._last_time = 0
         self._reader: psycopg.Connection[TupleRow] | None = None
+        self._mail: psycopg.Connection[TupleRow] | None = None
+        """`take_in`'s connection, opened by its first look."""
+        self._mail_failed = False
+        """`take_in`'s last look failed (said once, not at every look)."""
         # The writer thread (`hand_over`): started by the first hand-over.
         # The lock guards what both threads read: the queue, the tickets
         # written and made durable, the waiters, the runs found lost, and
@@ -1864,12 +1874,50 @@ class PgJournal:
         self._unflushed = False
         self._sync_commits += 1
 
+    # ------------------------------------------------------------ the inbox
+
+    def take_in(self, runs: Collection[str], deliver: Callable[[str, Delivery], str | None]) -> list[str]:
+        """Hand what operators left in the journal's inbox for ``runs`` to ``deliver``; say what was done.
+
+        For a process that drives runs outside a worker, holding each one
+        (``attempt-kernel run URL`` and ``recover URL`` do): an operator's
+        change to a held run is not written into its records, which this
+        process numbers, but waits in the ``inbox`` table. `drive_jobs` (so
+        `run_jobs` and `resume_log`) calls this about every `INBOX_POLL`
+        seconds with the runs it drives and `Executor.deliver`, and once
+        more as they end. Each row is deleted once its change is recorded
+        or refused (``deliver`` says why); a row whose record could not be
+        written stays for the next look. A database error is said (once,
+        until a look works again), never raised: the rows wait for the next
+        look, or for the next process that drives the run. One line per
+        row handled (see `hand_in`), on this journal's own connection.
+        """
+        said: list[str] = []
+        try:
+            mail = self._mail
+            if mail is None or mail.closed:
+                mail = self._mail = connect(self._url, connect_timeout=self._connect_timeout)
+            hand_in(mail, self.schema, dict.fromkeys(runs, deliver), said.append)
+        except (psycopg.Error, PgJournalError) as error:
+            if self._mail is not None:
+                self._mail.close()
+                self._mail = None
+            reason = _reason(error) if isinstance(error, psycopg.Error) else str(error)
+            if not self._mail_failed:
+                said.append(f"the journal's inbox was not taken in (tried again every look): {reason}")
+            self._mail_failed = True
+        else:
+            self._mail_failed = False
+        return said
+
     # ------------------------------------------------------------ lifetime
 
     def close(self) -> None:
         """Flush (if the journal is healthy) and close the connections. Idempotent."""
         if self._reader is not None:
             self._reader.close()
+        if self._mail is not None:
+            self._mail.close()
         writer = self._writer
         if writer is not None:
             # The writer writes what is queued, flushes, and ends (its connection too).
@@ -2136,9 +2184,76 @@ def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
     return frozenset(str(row[0]) for row in rows)
 
 
-def _hold_key(schema: str, run: str) -> int:
-    """The advisory-lock key of ``run`` in ``schema``: 64 bits of BLAKE2b, as a signed bigint."""
-    text = f"attempt-kernel\0{schema}\0{run}".encode("utf-8", "surrogatepass")
+_INBOX_OF: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox WHERE run = ANY(%s) ORDER BY id"
+_INBOX_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = ANY(%s)"
+
+
+def inbox_change(line: bytes) -> Delivery | str:
+    """The change an ``inbox`` row holds, or why the row holds none (to drop it)."""
+    item = decode_line(line, 1)
+    if isinstance(item, CorruptLine):
+        return f"an inbox row is unreadable: {item.reason}"
+    assert isinstance(item, Record)
+    change = item.change
+    if isinstance(change, (SignalSent, RunCancelRequested, IntentReconciled)):
+        return change
+    return f"an inbox row holds {type(change).__name__}, which no operator delivers"
+
+
+def hand_in(
+    conn: psycopg.Connection[TupleRow],
+    schema: str,
+    deliverers: Mapping[str, Callable[[str, Delivery], str | None]],
+    say: Callable[[str], None],
+) -> None:
+    """Hand what waits in the inbox for the runs of ``deliverers`` to each run's deliverer.
+
+    One query for all of them, in the order sent. Rows are deleted after
+    their changes were recorded (the deliverer returns None) or refused
+    (it returns why: the run finished, the change was taken in already), so
+    a crash in between takes them in again and `refusal` drops what was
+    recorded already. A row whose record could not be written (the
+    deliverer raises `PgJournalError` or `DispatchRefused`) stays for the
+    run's next holder. ``say`` hears one line per row.
+    """
+    if not deliverers:
+        return
+    rows = conn.execute(in_schema(_INBOX_OF, schema), (list(deliverers),)).fetchall()
+    taken: list[int] = []
+    for number, run, line in rows:
+        if type(number) is not int or type(run) is not str or type(line) is not bytes:
+            raise PgJournalError(f"the inbox table answered {(number, run, line)!r}")
+        deliver = deliverers.get(run)
+        if deliver is None:
+            continue
+        change = inbox_change(line)
+        if isinstance(change, str):
+            say(f"{run}: dropped an inbox entry: {change}")
+            taken.append(number)
+            continue
+        try:
+            why = deliver(run, change)
+        except (PgJournalError, DispatchRefused) as error:
+            say(f"{run}: an inbox entry waits for the run's next holder: {error}")
+            continue
+        if why is None:
+            say(f"{run}: took in {type(change).__name__} from the inbox")
+        else:
+            say(f"{run}: dropped an inbox entry: {why}")
+        taken.append(number)
+    if taken:
+        conn.execute(in_schema(_INBOX_TAKEN, schema), (taken,))
+
+
+def in_schema(text: LiteralString, schema: str) -> sql.Composed:
+    """``text`` with ``{s}`` naming ``schema`` (quoted as an identifier)."""
+    return sql.SQL(text).format(s=sql.Identifier(schema))
+
+
+def hold_key(schema: str, run: str, *, purpose: str = "attempt-kernel") -> int:
+    """The advisory-lock key of ``run`` in ``schema`` (`RunHolds`; another ``purpose``, another
+    key, never the same text): 64 bits of BLAKE2b, as a signed bigint."""
+    text = f"{purpose}\0{schema}\0{run}".encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
 
 
@@ -2191,7 +2306,7 @@ class RunHolds:
         """Hold ``run`` (True), or say that another process holds it now (False)."""
         if run in self.held:
             return True
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (_hold_key(self._schema, run),)).fetchone()
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (hold_key(self._schema, run),)).fetchone()
         if row is None or row[0] is not True:
             return False
         self.held.add(run)

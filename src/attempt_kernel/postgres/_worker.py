@@ -111,12 +111,13 @@ from ._journal import (
     connect,
     connection_lost,
     database_named,
+    hand_in,
+    inbox_change,
     migrate,
     usable,
 )
 from .._ledger import Ledger
 from .._operate import refusal
-from ._deliver import inbox_change
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
 from .._records import JSON, Change, LogItem, RunCancelRequested, RunFinished, RunStarted
 from .._recovery import Recovery, recover
@@ -1091,40 +1092,11 @@ class Worker:
             inbox.execute(_statement(_INBOX_TAKEN, self._schema), (taken,))
 
     def _take_in(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
-        """Hand what waits in the inbox for the runs this worker drives to their executors.
-
-        One query for all of them; rows are deleted after their changes were
-        recorded (or refused), so a crash in between takes them in again, and
-        the executor's `refusal` drops what was recorded already. A row of a
-        run whose append fails stays for the run's next holder.
-        """
+        """Hand what waits in the inbox for the runs this worker drives to their executors
+        (`hand_in`: one query for all of them; a row of a run whose append fails stays
+        for the run's next holder)."""
         driving = self._driving
-        if not driving:
-            return
-        rows = conn.execute(_statement(_INBOX_OF, self._schema), (list(driving),)).fetchall()
-        taken: list[int] = []
-        for number, run, line in rows:
-            assert type(number) is int and type(run) is str and type(line) is bytes
-            executor = driving.get(run)
-            if executor is None:
-                continue
-            change = inbox_change(line)
-            if isinstance(change, str):
-                self._say(f"{run}: dropped an inbox entry: {change}")
-                taken.append(number)
-                continue
-            try:
-                why = executor.deliver(run, change)
-            except (PgJournalError, HeartbeatLate) as error:
-                self._say(f"{run}: an inbox entry waits for the run's next holder: {error}")
-                continue
-            if why is None:
-                self._say(f"{run}: took in {type(change).__name__} from the inbox")
-            else:
-                self._say(f"{run}: dropped an inbox entry: {why}")
-            taken.append(number)
-        if taken:
-            conn.execute(_statement(_INBOX_TAKEN, self._schema), (taken,))
+        hand_in(conn, self._schema, {run: executor.deliver for run, executor in driving.items()}, self._say)
 
     def _release_waiting(
         self,

@@ -1,0 +1,176 @@
+"""Operators' changes to a run a process drives outside a worker, on PostgreSQL.
+
+`attempt-kernel run URL` and `recover URL` hold each run they drive with an
+advisory lock (`RunHolds`) and number its records themselves. A change sent
+to such a run must not be written among those records (it would take the
+number the process gives its next record): it waits in the journal's inbox,
+and the process takes it in (`PgJournal.take_in`). These tests drive the
+pieces directly, against a real server; tests/test_cli_pg.py drives the
+commands.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from attempt_kernel._codec import encode_record
+from attempt_kernel._ledger import Ledger
+from attempt_kernel._operate import Build, Delivery
+from attempt_kernel._records import Record, RunCancelRequested, RunStarted, SignalSent
+from attempt_kernel.postgres import PgJournal, PgJournalError
+from attempt_kernel.postgres._deliver import deliver_pg
+from attempt_kernel.postgres._journal import RunHolds, hold_key
+
+pytestmark = pytest.mark.postgres
+
+
+def started(url: str, schema: str, *runs: str) -> None:
+    with PgJournal(url, schema=schema) as journal:
+        for run in runs:
+            journal.append(run, RunStarted(workflow="w", code=True))
+
+
+def signal(name: str, key: str) -> Build:
+    def build(ledger: Ledger) -> tuple[str, Delivery]:
+        return "r", SignalSent(name=name, payload={}, id=key)
+
+    return build
+
+
+def records_of(url: str, schema: str, run: str) -> list[object]:
+    with PgJournal(url, schema=schema) as journal:
+        return [item.change for item in journal.read_run(run) if isinstance(item, Record)]
+
+
+def inbox(url: str, schema: str) -> list[tuple[str, bytes]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            sql.SQL("SELECT run, line FROM {s}.inbox ORDER BY id").format(s=sql.Identifier(schema))
+        ).fetchall()
+    return [(str(run), bytes(line)) for run, line in rows]
+
+
+def to_inbox(conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str, line: bytes) -> None:
+    conn.execute(
+        sql.SQL("INSERT INTO {s}.inbox (run, line) VALUES (%s, %s)").format(s=sql.Identifier(schema)), (run, line)
+    )
+
+
+def test_a_change_to_a_run_another_process_holds_waits_in_the_inbox(pg_url: str, schema: str) -> None:
+    """Held by another session: to the inbox, nothing among its records. Held by the
+    caller itself (``held_here``): recorded. Held by nobody: recorded."""
+    started(pg_url, schema, "r")
+    with RunHolds(pg_url, schema=schema) as holds:
+        assert holds.take("r")
+        handed = deliver_pg(pg_url, signal("a", "k1"), run="r", schema=schema)
+        assert (handed.recorded, handed.queued) == (False, False)
+        assert records_of(pg_url, schema, "r") == [RunStarted(workflow="w", code=True)]
+        [(run, _)] = inbox(pg_url, schema)
+        assert run == "r"
+        here = deliver_pg(pg_url, signal("b", "k2"), run="r", schema=schema, held_here={"r"})
+        assert here.recorded is True
+    free = deliver_pg(pg_url, signal("c", "k3"), run="r", schema=schema)
+    assert free.recorded is True
+    assert records_of(pg_url, schema, "r") == [
+        RunStarted(workflow="w", code=True),
+        SignalSent(name="b", payload={}, id="k2"),
+        SignalSent(name="c", payload={}, id="k3"),
+    ]
+    assert len(inbox(pg_url, schema)) == 1  # only the first, for the process that held it
+
+
+def test_a_process_cannot_take_up_a_run_while_a_change_to_it_is_being_written(
+    pg_url: str, schema: str
+) -> None:
+    """The sender's check holds the run's key (shared) until it commits, so a process
+    that comes to take the run up then finds it held: it never reads the run's records
+    without a change that is about to be committed. Once the sender is done, it may."""
+    with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema) as holds:
+        with sender.transaction():
+            got = sender.execute(
+                "SELECT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),)
+            ).fetchone()
+            assert got == (True,)
+            assert holds.take("r") is False
+        assert holds.take("r") is True
+
+
+def test_take_in_hands_each_rows_change_to_deliver_and_deletes_what_it_took(
+    pg_url: str, schema: str
+) -> None:
+    """Only the runs asked for; in the order sent; a refused change is dropped saying why;
+    a change whose record could not be written stays for the run's next holder."""
+    started(pg_url, schema, "r", "s")
+    lines = [
+        ("r", encode_record(1, 1, "r", SignalSent(name="a", payload={}, id="k1"))),
+        ("s", encode_record(1, 1, "s", SignalSent(name="x", payload={}, id="k9"))),
+        ("r", encode_record(1, 1, "r", RunCancelRequested(reason="stop"))),
+        ("r", encode_record(1, 1, "r", SignalSent(name="b", payload={}, id="k2"))),
+    ]
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for run, line in lines:
+            to_inbox(conn, schema, run, line)
+    seen: list[tuple[str, Delivery]] = []
+
+    def deliver(run: str, change: Delivery) -> str | None:
+        seen.append((run, change))
+        if isinstance(change, RunCancelRequested):
+            return "the run has finished"
+        if isinstance(change, SignalSent) and change.id == "k2":
+            raise PgJournalError("the journal failed earlier")
+        return None
+
+    with PgJournal(pg_url, schema=schema) as journal:
+        said = journal.take_in(["r"], deliver)
+    assert seen == [
+        ("r", SignalSent(name="a", payload={}, id="k1")),
+        ("r", RunCancelRequested(reason="stop")),
+        ("r", SignalSent(name="b", payload={}, id="k2")),
+    ]
+    assert said == [
+        "r: took in SignalSent from the inbox",
+        "r: dropped an inbox entry: the run has finished",
+        "r: an inbox entry waits for the run's next holder: the journal failed earlier",
+    ]
+    assert inbox(pg_url, schema) == [lines[1], lines[3]]
+
+
+def test_take_in_says_a_failed_look_once_and_takes_in_once_the_database_answers_again(
+    pg_url: str, db: str
+) -> None:
+    """A look that fails is said, not raised (the runs go on), and said once however many
+    looks fail in a row; the row waits, and the first look that works takes it in."""
+    schema = "attempt_kernel"
+    started(db, schema, "r")
+    name = db.rpartition("/")[2]
+    taken: list[str] = []
+
+    def deliver(run: str, change: Delivery) -> str | None:
+        taken.append(run)
+        return None
+
+    with PgJournal(db) as journal:
+        assert journal.take_in(["r"], deliver) == []  # connected, nothing waits
+        with psycopg.connect(db, autocommit=True) as conn:
+            to_inbox(conn, schema, "r", encode_record(1, 1, "r", SignalSent(name="a", payload={}, id="k1")))
+        with psycopg.connect(pg_url, autocommit=True) as conn:  # another database: this one is shut
+            conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(sql.Identifier(name)))
+            try:
+                conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+                first = journal.take_in(["r"], deliver)
+                second = journal.take_in(["r"], deliver)
+            finally:
+                conn.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(sql.Identifier(name)))
+        assert len(first) == 1, first
+        assert first[0].startswith("the journal's inbox was not taken in (tried again every look): "), first
+        assert second == []
+        assert taken == []
+        assert journal.take_in(["r"], deliver) == ["r: took in SignalSent from the inbox"]
+    assert taken == ["r"]
+    assert inbox(db, schema) == []
