@@ -12,6 +12,14 @@ as root, so as root every server command runs as the ``postgres`` user
 Durability is traded for speed (``fsync=off``): the cluster lives for one
 test session, and ``synchronous_commit`` keeps its default so that a
 journal's per-transaction setting still means something.
+
+A session killed before its teardown (SIGTERM, SIGKILL, a closed
+terminal) would leave its server running, holding its port and folder, for
+good. So each started server has a watchdog: a small process of its own
+session, reading a pipe whose only writer is the test process. The pipe
+ends when that process ends, however it ends, and the watchdog then stops
+the server and removes its folder; `stop` ends the pipe itself and waits
+for the watchdog to do the same.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,6 +41,15 @@ SEARCHED: Final = ("/usr/lib/postgresql/*/bin", "$PATH")
 """Where `find_server_bin` looks, for messages."""
 
 _SERVER_TOOLS: Final = ("initdb", "pg_ctl", "postgres")
+
+# The watchdog's program: argv is the folder, then the stop command. It
+# waits for the end of its stdin (the test process gone, or `stop`).
+_WATCHDOG: Final = """
+import shutil, subprocess, sys
+sys.stdin.buffer.read()
+subprocess.run(sys.argv[2:], capture_output=True, check=False, timeout=60)
+shutil.rmtree(sys.argv[1], ignore_errors=True)
+"""
 
 
 def _version_key(folder: Path) -> tuple[int, ...]:
@@ -77,6 +95,7 @@ class ThrowawayServer:
         self.bindir: Final = bindir
         self._root: Path | None = None
         self._started = False
+        self._watchdog: subprocess.Popen[bytes] | None = None
         # initdb refuses root: run every server command as the postgres user.
         self._as: Final[Sequence[str]] = (
             ("runuser", "-u", "postgres", "--") if os.geteuid() == 0 else ()
@@ -138,15 +157,33 @@ class ThrowawayServer:
                 last = failed
                 continue
             self._started = True
+            self._watch(root)
             return f"postgresql://postgres@127.0.0.1:{port}/postgres"
         log = root / "server.log"
         tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
         raise ServerFailed(f"{last}\nserver log:\n{tail}")
 
+    def _watch(self, root: Path) -> None:
+        """Start the watchdog that stops the server and removes ``root`` once this process ends."""
+        stop = [*self._as, str(self.bindir / "pg_ctl"), "--pgdata", str(root / "data"),
+                "--mode", "immediate", "--wait", "stop"]  # fmt: skip
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(root), *stop],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a Ctrl-C to the tests' process group does not reach it
+        )  # fmt: skip
+
     def stop(self) -> None:
         """Stop the server at once (it holds nothing worth keeping) and remove its folder."""
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog.stdin is not None:
+            watchdog.stdin.close()  # the watchdog stops the server and removes the folder
+            watchdog.wait(timeout=120)
         root, self._root = self._root, None
         if root is None:
+            return
+        if not root.exists():  # the watchdog did it all
+            self._started = False
             return
         try:
             if self._started:
