@@ -485,6 +485,65 @@ def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says
     assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
 
 
+def test_a_signal_sent_while_recover_url_runs_wakes_a_submitted_run_it_left_waiting(
+    db: str, tmp_path: Path
+) -> None:
+    """`recover URL` holds each run as it comes to it, so a change sent to a run it held
+    went to the inbox, for it; but it takes in only the runs it drives. A submitted run it
+    left waiting (a worker's to take up) then never woke: the signal sat in the inbox, the
+    row still said to wait for ever, and no worker claimed the run. Once recovery is done,
+    recover lets go of the runs it will not drive: the signal is recorded, the run woken,
+    and a worker finishes it."""
+    from test_cli_waits import book
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    env = blocked_env(tmp_path)
+    gate = tmp_path / "gate"
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    command = [sys.executable, "-m", "attempt_kernel"]
+
+    def at_the_gate(process: subprocess.Popen[str]) -> None:
+        deadline = time.monotonic() + 60  # no bound asserted: a safety net
+        while not (gate / "waiting").exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.02)
+
+    # A run for recover to drive for as long as the gate is shut: cut short in its step.
+    with subprocess.Popen(
+        [*command, "run", "waitflows:STALLED", "--log", db, "--run", "s-1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as cut:  # fmt: skip
+        at_the_gate(cut)
+        cut.kill()
+    (gate / "waiting").unlink()
+    with subprocess.Popen(
+        [*command, "recover", db, "--workflows", "waitflows:APPROVER", "--workflows", "waitflows:STALLED"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        at_the_gate(recovering)  # recovery is done; it drives s-1
+        sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        (gate / "open").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout.endswith(f": recorded in {where}\n"), sent.stdout
+    assert recovering.returncode == 0, out + err
+    assert "  resuming run s-1 (workflow stalled)\n  left waiting: run(s) a-1 (" in out, out
+    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert (ledger.runs["a-1"].standing(), ledger.runs["s-1"].standing()) == ("succeeded", "succeeded")
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
+
+
 def test_recover_on_a_url_lets_go_of_a_run_that_comes_to_wait(db: str, tmp_path: Path) -> None:
     """A run cut short before its wait (here: only its start recorded): `recover URL` takes
     it up and, once it only waits, lets go of it after a second and exits, saying what it

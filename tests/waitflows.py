@@ -8,6 +8,8 @@ counts how often it was sent. `NAPPER` sleeps for an hour, then returns.
 ``WAIT_GATE/waiting`` and then waits for ``WAIT_GATE/open`` to appear.
 `GATED_APPROVER` runs that step, then waits for signal ``approve`` and
 returns both: a signal sent while the step runs is kept for the wait.
+`STALLED` has one step with no effect that touches ``WAIT_GATE/waiting``
+and waits for ``WAIT_GATE/open``: a run to kill and resume at will.
 """
 
 from __future__ import annotations
@@ -75,3 +77,16 @@ async def GATED_APPROVER(run: RunContext) -> JSON:
     paid = await run.step("pay", gated, 7)
     answer = await run.wait_for_signal("approve")
     return {"paid": paid, "answer": answer}
+
+
+async def stall(ctx: StepContext) -> JSON:
+    gate = Path(os.environ["WAIT_GATE"])
+    (gate / "waiting").touch()
+    while not (gate / "open").exists():
+        await asyncio.sleep(0.02)
+    return "done"
+
+
+@workflow("stalled")
+async def STALLED(run: RunContext) -> JSON:
+    return await run.step("stall", stall)

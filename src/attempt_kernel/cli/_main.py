@@ -1018,11 +1018,35 @@ class _HeldElsewhere(Collection[str]):
         """The runs this process holds (those asked of it that no one else drives)."""
         return self._holds.held
 
+    def let_go(self, runs: Collection[str]) -> None:
+        """Stop holding ``runs`` (asked of again, a run is held again)."""
+        for run in runs:
+            self._holds.let_go(run)
+
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self.workers | self.driven))
 
     def __len__(self) -> int:
         return len(self.workers | self.driven)
+
+
+def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery) -> list[str]:
+    """Let go of the runs `recover URL` held as recovery came to them but will not drive
+    (finished, closed, left waiting), and record what was sent to them meanwhile.
+
+    Held, a run's changes wait in the inbox for this process, which takes in
+    only those of the runs it drives: a signal to a submitted run left
+    waiting would wait there unseen, and no worker would wake the run for it.
+    Let go, a change is recorded at once (waking the run); what came while
+    it was held is recorded here, through the same path."""
+    from ..postgres._deliver import take_in_pg
+
+    driven = {run.run for run in recovery.runs}
+    rest = [run for run in elsewhere.held_here if run not in driven]
+    if not rest:
+        return []
+    elsewhere.let_go(rest)
+    return take_in_pg(url, skip=frozenset(), only=rest)
 
 
 def _recover(args: argparse.Namespace) -> int:
@@ -1071,10 +1095,12 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
 
     def print_recovery(recovery: Recovery) -> None:
         taken_in.extend(recovery.taken_in)  # a file log's inbox, taken in by recovery
+        late = [] if elsewhere is None else _let_go_of_the_rest(log_path, elsewhere, recovery)
+        taken_in.extend(late)
         if as_json:
             return
         say_left_alone()  # with those found held as recovery came to them
-        for line in recovery.taken_in:
+        for line in [*recovery.taken_in, *late]:
             print(f"recover: {shown(line)}")
         if skipped and recovery.changed_nothing and not recovery.left_waiting:
             # "every run has finished" would be false

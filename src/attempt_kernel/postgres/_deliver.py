@@ -229,7 +229,12 @@ _INBOX_ROW_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = %s"
 
 
 def take_in_pg(
-    url: str, *, skip: Collection[str], schema: str = DEFAULT_SCHEMA, held_here: Collection[str] = frozenset()
+    url: str,
+    *,
+    skip: Collection[str],
+    schema: str = DEFAULT_SCHEMA,
+    held_here: Collection[str] = frozenset(),
+    only: Collection[str] | None = None,
 ) -> list[str]:
     """Record what waits in the inbox for runs no live worker drives; say what was done.
 
@@ -243,7 +248,8 @@ def take_in_pg(
     inbox (it holds a run once ``skip`` was asked of it: ``recover URL``
     passes its `RunHolds`' ``held``, which that question fills). A change
     that no longer applies (`refusal`) is dropped, and every row handled is
-    deleted. Lines, one per row handled.
+    deleted. ``only``: the runs whose rows are handled (None: every run's).
+    Lines, one per row handled.
     """
     with connect(url) as conn:
         rows = conn.execute(in_schema(_ALL_INBOX, schema)).fetchall()
@@ -251,7 +257,7 @@ def take_in_pg(
     for row_id, run, line in rows:
         if type(run) is not str or type(line) is not bytes or type(row_id) is not int:
             raise PgJournalError(f"the inbox table answered {(row_id, run, line)!r}")
-        if run in skip:
+        if (only is not None and run not in only) or run in skip:
             continue
         change = inbox_change(line)
         if isinstance(change, str):

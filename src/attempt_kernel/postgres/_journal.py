@@ -2312,6 +2312,13 @@ class RunHolds:
         self.held.add(run)
         return True
 
+    def let_go(self, run: str) -> None:
+        """Stop holding ``run`` (held or not): another process may take it up from now on,
+        and an operator's change to it is written straight into the journal again."""
+        if run in self.held:
+            self._conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(self._schema, run),))
+            self.held.discard(run)
+
     def close(self) -> None:
         """Let every run go: unlocked before the connection closes (the server ends a
         closed session a moment later, and a run would stay held until then)."""
