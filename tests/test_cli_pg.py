@@ -128,18 +128,30 @@ def blocked_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "WAIT_GATE": str(tmp_path / "gate"), "WAIT_BOOK": str(tmp_path / "book")}
 
 
+def at_the_gate(process: subprocess.Popen[str], gate: Path) -> None:
+    """Return once a step of ``process`` waits at ``gate`` (WAIT_GATE)."""
+    deadline = time.monotonic() + 60  # no bound asserted: a safety net
+    while not (gate / "waiting").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+        time.sleep(0.02)
+
+
 @contextlib.contextmanager
-def run_blocked(db: str, tmp_path: Path, env: dict[str, str]) -> Generator[subprocess.Popen[str], None, None]:
-    """`run waitflows:BLOCKED --log DB --run b-1`, handed over once its effect is in flight."""
+def at_gate(tmp_path: Path, env: dict[str, str], *args: str) -> Generator[subprocess.Popen[str], None, None]:
+    """`attempt-kernel ARGS` in tmp_path, handed over once a step of its waits at tmp_path/gate."""
     with subprocess.Popen(
-        [sys.executable, "-m", "attempt_kernel", "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1"],
+        [sys.executable, "-m", "attempt_kernel", *args],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as driver:  # fmt: skip
-        deadline = time.monotonic() + 60  # no bound asserted: a safety net
-        while not (tmp_path / "gate" / "waiting").exists():
-            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-            time.sleep(0.02)
-        yield driver
+    ) as process:  # fmt: skip
+        at_the_gate(process, tmp_path / "gate")
+        yield process
+
+
+def run_blocked(
+    db: str, tmp_path: Path, env: dict[str, str]
+) -> contextlib.AbstractContextManager[subprocess.Popen[str]]:
+    """`run waitflows:BLOCKED --log DB --run b-1`, handed over once its effect is in flight."""
+    return at_gate(tmp_path, env, "run", "waitflows:BLOCKED", "--log", db, "--run", "b-1")
 
 
 def test_recover_leaves_alone_a_run_that_run_url_drives_and_a_second_run_is_refused(
@@ -269,14 +281,7 @@ def test_a_signal_sent_while_run_url_runs_a_step_is_kept_for_the_runs_wait(db: s
     process gave its next record, and the run died on the duplicate key. It waits in
     the inbox now, and the run takes it in, pays once and returns it."""
     env = blocked_env(tmp_path)
-    with subprocess.Popen(
-        [sys.executable, "-m", "attempt_kernel", "run", "waitflows:GATED_APPROVER", "--log", db, "--run", "g-1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as driver:  # fmt: skip
-        deadline = time.monotonic() + 60  # no bound asserted: a safety net
-        while not (tmp_path / "gate" / "waiting").exists():
-            assert driver.poll() is None and time.monotonic() < deadline, driver.communicate()
-            time.sleep(0.02)
+    with at_gate(tmp_path, env, "run", "waitflows:GATED_APPROVER", "--log", db, "--run", "g-1") as driver:
         sent = subprocess.run(
             [sys.executable, "-m", "attempt_kernel", "signal", db, "g-1", "approve", "--payload", '{"by": "ana"}'],
             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
@@ -441,13 +446,27 @@ def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_s
     assert len(book(tmp_path / "book")) == 1
 
 
+def a_worker_charges_once(db: str, tmp_path: Path) -> Ledger:
+    """`worker URL --workflows waitflows:APPROVER --until-idle`, which must exit 0 having
+    charged once (the book in tmp_path); the journal's ledger after it."""
+    from test_cli_waits import book
+    from test_cli_waits import cli as waits_cli
+
+    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    return ledger
+
+
 def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says_so(
     db: str, tmp_path: Path
 ) -> None:
     """A submitted run a worker released while it waits: `recover URL` leaves it to the
     workers, and names it, where it said that every run had finished; nothing is written.
     A signal, then a worker, finish it."""
-    from test_cli_waits import book
     from test_cli_waits import cli as waits_cli
 
     from attempt_kernel.postgres._worker import submit_run
@@ -475,12 +494,7 @@ def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says
         assert list(journal.read()) == before  # nothing written
     sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
     assert sent.returncode == 0, sent.stdout + sent.stderr
-    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = a_worker_charges_once(db, tmp_path)
     assert ledger.runs["a-1"].standing() == "succeeded"
     assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
 
@@ -494,7 +508,6 @@ def test_a_signal_sent_while_recover_url_runs_wakes_a_submitted_run_it_left_wait
     row still said to wait for ever, and no worker claimed the run. Once recovery is done,
     recover lets go of the runs it will not drive: the signal is recorded, the run woken,
     and a worker finishes it."""
-    from test_cli_waits import book
     from test_cli_waits import cli as waits_cli
 
     from attempt_kernel.postgres._worker import submit_run
@@ -505,27 +518,12 @@ def test_a_signal_sent_while_recover_url_runs_wakes_a_submitted_run_it_left_wait
     submit_run(db, "approver", "a-1")
     released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
     assert released.returncode == 0, released.stdout + released.stderr
-    command = [sys.executable, "-m", "attempt_kernel"]
-
-    def at_the_gate(process: subprocess.Popen[str]) -> None:
-        deadline = time.monotonic() + 60  # no bound asserted: a safety net
-        while not (gate / "waiting").exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
-            time.sleep(0.02)
-
     # A run for recover to drive for as long as the gate is shut: cut short in its step.
-    with subprocess.Popen(
-        [*command, "run", "waitflows:STALLED", "--log", db, "--run", "s-1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as cut:  # fmt: skip
-        at_the_gate(cut)
+    with at_gate(tmp_path, env, "run", "waitflows:STALLED", "--log", db, "--run", "s-1") as cut:
         cut.kill()
     (gate / "waiting").unlink()
-    with subprocess.Popen(
-        [*command, "recover", db, "--workflows", "waitflows:APPROVER", "--workflows", "waitflows:STALLED"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as recovering:  # fmt: skip
-        at_the_gate(recovering)  # recovery is done; it drives s-1
+    recover = ("recover", db, "--workflows", "waitflows:APPROVER", "--workflows", "waitflows:STALLED")
+    with at_gate(tmp_path, env, *recover) as recovering:  # recovery is done; it drives s-1
         sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
         (gate / "open").touch()
         out, err = recovering.communicate(timeout=120)
@@ -533,12 +531,7 @@ def test_a_signal_sent_while_recover_url_runs_wakes_a_submitted_run_it_left_wait
     assert sent.stdout.endswith(f": recorded in {where}\n"), sent.stdout
     assert recovering.returncode == 0, out + err
     assert "  resuming run s-1 (workflow stalled)\n  left waiting: run(s) a-1 (" in out, out
-    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = a_worker_charges_once(db, tmp_path)
     assert (ledger.runs["a-1"].standing(), ledger.runs["s-1"].standing()) == ("succeeded", "succeeded")
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
