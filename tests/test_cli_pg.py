@@ -21,7 +21,7 @@ import pytest
 
 from attempt_kernel import replay
 from attempt_kernel._ledger import Ledger
-from attempt_kernel._records import Record, SignalSent
+from attempt_kernel._records import IntentReconciled, Record, SignalSent
 from attempt_kernel.postgres import PgJournal
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
@@ -533,6 +533,71 @@ def test_a_signal_sent_while_recover_url_runs_wakes_a_submitted_run_it_left_wait
     assert "  resuming run s-1 (workflow stalled)\n  left waiting: run(s) a-1 (" in out, out
     ledger = a_worker_charges_once(db, tmp_path)
     assert (ledger.runs["a-1"].standing(), ledger.runs["s-1"].standing()) == ("succeeded", "succeeded")
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
+
+
+# The command line, with the journal's first whole read (recovery's) paused at its end
+# until the file "go" appears in the current folder; the file "read" says it got there.
+_PAUSED_READ = """
+import sys, time
+from pathlib import Path
+from attempt_kernel.postgres import _journal
+whole = _journal.PgJournal.read
+def paused(self):
+    yield from whole(self)
+    if not Path("read").exists():
+        Path("read").touch()
+        while not Path("go").exists():
+            time.sleep(0.02)
+_journal.PgJournal.read = paused
+from attempt_kernel.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_recover_on_a_url_holds_the_runs_it_may_take_up_before_it_reads_the_journal(
+    db: str, tmp_path: Path
+) -> None:
+    """`recover URL` read the whole journal, then held each run as recovery came to it. A
+    reconciliation sent in between was written straight into the journal, unseen by
+    recovery, which then recorded its reconciler's answer from ``Dispatched`` on top of
+    it: the journal broke the kernel's rules (recover exit 2, replay INVALID). Held
+    first, the run's change waits in the inbox, and is dropped once recovery has settled
+    the intent (nothing twice)."""
+    shutil.copy(Path(__file__).parent / "recoveryflows.py", tmp_path / "recoveryflows.py")
+    flows = "recoveryflows:charges"
+    env = {**os.environ, "CRASH_IN_EFFECT": "1"}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "run", flows, "--log", db, "--run", "c-1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert crashed.returncode == 70, crashed.stdout + crashed.stderr
+    [key] = (tmp_path / "calls.txt").read_text().split()
+    with subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_READ, "recover", db, "--workflows", flows],
+        cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        deadline = time.monotonic() + 60  # no bound asserted: a safety net
+        while not (tmp_path / "read").exists():
+            assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+            time.sleep(0.02)
+        sent = cli(tmp_path, "reconcile", db, "--key", key, "--confirmed", "--result", '"ch-op"')
+        (tmp_path / "go").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout.endswith(HANDED), sent.stdout
+    assert recovering.returncode == 0, out + err
+    assert "it happened (intent Confirmed)" in out, out
+    assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.violation_count == 0
+    assert ledger.runs["c-1"].standing() == "succeeded"
+    reconciled = [r.change for r in journal_records(db) if isinstance(r.change, IntentReconciled)]
+    assert [(c.by, c.result) for c in reconciled] == [("reconciler", "ch-asked")]
+    assert (tmp_path / "calls.txt").read_text().split() == [key]  # charged once
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
 

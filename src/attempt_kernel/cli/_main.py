@@ -1004,8 +1004,11 @@ class _HeldElsewhere(Collection[str]):
         self.driven: Final[set[str]] = set()
 
     def __contains__(self, run: object) -> bool:
-        if not isinstance(run, str):
-            return False
+        return isinstance(run, str) and self.driven_elsewhere(run)
+
+    def driven_elsewhere(self, run: str) -> bool:
+        """Does a live worker or another process drive ``run``? When none does, this
+        process holds it from now on."""
         if run in self.workers or run in self.driven:
             return True
         if self._holds.take(run):
@@ -1121,10 +1124,17 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     say_left_alone()
     taken_in: list[str] = []
     if _is_url(log_path):
-        # What operators sent while a worker that has died drove its run.
-        from ..postgres._deliver import take_in_pg
+        from ..postgres._deliver import recoverable, take_in_pg
 
+        # Every run recovery may take up is held before recovery reads the journal:
+        # a change sent to one meanwhile then waits in the inbox (taken in below, or
+        # by the executor), where written straight into the journal after the read
+        # it would be missing from what recovery decides on.
         assert elsewhere is not None
+        for run in recoverable(log_path):
+            elsewhere.driven_elsewhere(run)
+        # What operators sent while a worker that has died drove its run.
+
         # Held here (asked of `skipped` first): recorded now, not sent back to the inbox.
         taken_in = list(take_in_pg(log_path, skip=skipped, held_here=elsewhere.held_here))
         if not as_json:

@@ -283,6 +283,19 @@ def take_in_pg(
     return said
 
 
+def recoverable(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """The runs `attempt-kernel recover URL` may take up or write for, by their summaries:
+    those that stand ``interrupted`` (cut short, or reconciled since they ended needing it)
+    or ``waiting``. It holds them before it reads the journal (see `RunHolds`)."""
+    with PgJournal(url, schema=schema):  # connects (naming the host) and migrates
+        pass
+    with connect(url) as conn:
+        rows = conn.execute(
+            in_schema("SELECT run FROM {s}.summaries WHERE status IN ('interrupted', 'waiting') ORDER BY run", schema)
+        ).fetchall()
+    return [str(run) for (run,) in rows]
+
+
 def submitted(url: str, runs: Collection[str], *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
     """Which of ``runs`` are in the queue, for a worker of their workflow to claim: the
     others (started by ``attempt-kernel run URL``, never submitted) no worker takes."""

@@ -2257,6 +2257,10 @@ def hold_key(schema: str, run: str, *, purpose: str = "attempt-kernel") -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
 
 
+TAKE_WAIT: Final = 0.25
+"""Seconds `RunHolds.take` waits for a run's key before it says that another process holds it."""
+
+
 @final
 class RunHolds:
     """Runs this process drives outside a worker, held so that no other process drives them too.
@@ -2264,8 +2268,9 @@ class RunHolds:
     A worker holds its runs by lease (the ``runs`` row); a run that
     ``attempt-kernel run URL`` starts has no row, and ``recover URL`` resumes
     runs without taking one. Each holds the runs it drives here instead: a
-    session-level advisory lock per run (``pg_try_advisory_lock`` on a key
-    made from the schema and the run id), on a connection of its own. The
+    session-level advisory lock per run (``pg_advisory_lock`` on a key made
+    from the schema and the run id, waiting ``take_wait`` at most), on a
+    connection of its own. The
     locks go when `close` is called, and when the process dies (the server
     ends its session when the connection drops). So a second ``run`` of the
     same id, or a ``recover`` while a ``run`` (or another ``recover``) drives
@@ -2275,11 +2280,12 @@ class RunHolds:
     the process must stop driving the runs.
     """
 
-    def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA) -> None:
+    def __init__(self, url: str, *, schema: str = DEFAULT_SCHEMA, take_wait: float = TAKE_WAIT) -> None:
         if not _IDENTIFIER.fullmatch(schema):
             raise ValueError(f"schema must be a lower-case SQL identifier, got {schema!r}")
         self._schema: Final = schema
         self._conn: Final = connect(url)
+        self._conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(take_wait * 1000))}ms",))
         self.held: Final[set[str]] = set()
         self._closing: Final = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -2303,11 +2309,17 @@ class RunHolds:
         self._watcher.start()
 
     def take(self, run: str) -> bool:
-        """Hold ``run`` (True), or say that another process holds it now (False)."""
+        """Hold ``run`` (True), or say that another process holds it now (False).
+
+        Waits up to ``take_wait`` seconds for the key: an operator sending a
+        change to the run holds it, shared, for as long as its transaction
+        lasts (`deliver_pg`), and a process that holds the run holds it for
+        good; only the second is "held"."""
         if run in self.held:
-            return True
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (hold_key(self._schema, run),)).fetchone()
-        if row is None or row[0] is not True:
+            return True  # taken once: a session lock taken twice would need two unlocks
+        try:
+            self._conn.execute("SELECT pg_advisory_lock(%s)", (hold_key(self._schema, run),))
+        except psycopg.errors.LockNotAvailable:
             return False
         self.held.add(run)
         return True
