@@ -602,6 +602,81 @@ def test_recover_on_a_url_holds_the_runs_it_may_take_up_before_it_reads_the_jour
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
 
 
+def test_a_worker_leaves_a_dead_workers_run_to_the_recover_that_drives_it(db: str, tmp_path: Path) -> None:
+    """`recover URL` takes up a run whose worker died; a live worker claims such runs too.
+    The claim never asked whether recover held the run, so both drove it: recover
+    crashed on the duplicate key, and with a downstream slow to show a call, the worker's
+    reconciler said "not happened" and the charge went out twice (an adversarial pass saw
+    6 in 10). The worker now asks after its claim and, finding the run held, releases it
+    for a second: recover finishes the run, the charge sent once."""
+    shutil.copy(Path(__file__).parent / "recoveryflows.py", tmp_path / "recoveryflows.py")
+    from attempt_kernel.postgres._worker import submit_run
+
+    flows = "recoveryflows:charges"
+    submit_run(db, "charges", "c-1")
+    crashed = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "worker", db, "--workflows", flows, "--until-idle"],
+        cwd=tmp_path, env={**os.environ, "CRASH_IN_EFFECT": "1"}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert crashed.returncode == 70, crashed.stdout + crashed.stderr
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("UPDATE attempt_kernel.workers SET dead = true")  # found dead, as its heartbeat would say
+    with subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_READ, "recover", db, "--workflows", flows],
+        cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        deadline = time.monotonic() + 60  # no bound asserted: a safety net
+        while not (tmp_path / "read").exists():
+            assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+            time.sleep(0.02)
+        claimed = subprocess.run(
+            [sys.executable, "-m", "attempt_kernel", "worker", db, "--workflows", flows, "--until-idle"],
+            cwd=tmp_path, env=os.environ, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        (tmp_path / "go").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert claimed.returncode == 0, claimed.stdout + claimed.stderr
+    assert "c-1: another process (recover) drives it; released, to be claimed again in a second" in claimed.stderr + claimed.stdout
+    assert recovering.returncode == 0, out + err
+    assert "resuming run c-1 (workflow charges)" in out, out
+    assert "run status: succeeded" in out, out
+    assert len((tmp_path / "calls.txt").read_text().split()) == 1  # charged once
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.violation_count == 0
+    assert ledger.runs["c-1"].standing() == "succeeded"
+
+
+def test_recover_does_not_say_the_journal_was_not_changed_when_it_recorded_what_an_inbox_held(
+    db: str, tmp_path: Path
+) -> None:
+    """A signal left in the inbox by a worker that died before taking it in: `recover URL`
+    records it (waking the run for the workers) and then has nothing else to do. It said
+    "the log was not changed" under the line saying it had recorded the signal."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel._codec import encode_record
+    from attempt_kernel.postgres._worker import submit_run
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    line = encode_record(1, 1, "a-1", SignalSent(name="approve", payload="yes", id="s-1"))
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("INSERT INTO attempt_kernel.inbox (run, line) VALUES ('a-1', %s)", (line,))
+    recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert recovered.stdout.startswith(
+        "recover: a-1: took in SignalSent from the inbox (recorded)\n"
+        f"recover: nothing to do: no run in {where} was cut short; run(s) a-1 only wait, left waiting ("
+    ), recovered.stdout
+    assert "; recovery changed nothing else\n" in recovered.stdout, recovered.stdout
+    assert "not changed" not in recovered.stdout, recovered.stdout
+    assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"
+
+
 def test_recover_on_a_url_lets_go_of_a_run_that_comes_to_wait(db: str, tmp_path: Path) -> None:
     """A run cut short before its wait (here: only its start recorded): `recover URL` takes
     it up and, once it only waits, lets go of it after a second and exits, saying what it

@@ -90,6 +90,7 @@ def test_a_process_cannot_take_up_a_run_while_a_change_to_it_is_being_written(
     that comes to take the run up then cannot: it never reads the run's records without
     a change that is about to be committed. It waits a moment for the key, then says the
     run is held; once the sender is done, it may take it."""
+    PgJournal(pg_url, schema=schema).close()  # the tables
     with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=0.05) as holds:
         with sender.transaction():
             got = sender.execute(
@@ -109,6 +110,7 @@ def test_taking_a_run_waits_out_a_senders_transaction_rather_than_skipping_the_r
 ) -> None:
     """A sender's transaction is short: `take` waits for it (up to ``take_wait``), so a
     `recover` that meets one does not leave the run alone as if another process drove it."""
+    PgJournal(pg_url, schema=schema).close()  # the tables
     with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=60) as holds:
         taken: list[bool] = []
         with sender.transaction():
@@ -202,3 +204,26 @@ def test_take_in_says_a_failed_look_once_and_takes_in_once_the_database_answers_
         assert journal.take_in(["r"], deliver) == ["r: took in SignalSent from the inbox"]
     assert taken == ["r"]
     assert inbox(db, schema) == []
+
+
+def test_a_run_a_live_worker_claimed_is_not_taken_though_its_key_is_free(pg_url: str, schema: str) -> None:
+    """A worker claims first and then asks whether a process holds the run; a process
+    takes the key first and then asks whether a live worker claimed the run. So one of
+    the two always sees the other. A run of a worker found dead is taken."""
+    PgJournal(pg_url, schema=schema).close()  # the queue's tables
+    s = sql.Identifier(schema)
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("INSERT INTO {s}.workers (id, host, pid) VALUES ('w-live', 'h', 1), ('w-dead', 'h', 2)").format(s=s))
+        conn.execute(sql.SQL("UPDATE {s}.workers SET dead = true WHERE id = 'w-dead'").format(s=s))
+        conn.execute(
+            sql.SQL("INSERT INTO {s}.runs (run, owner, fence, workflow) VALUES"
+                    " ('live', 'w-live', 1, 'w'), ('dead', 'w-dead', 1, 'w')").format(s=s)
+        )  # fmt: skip
+    with RunHolds(pg_url, schema=schema) as holds:
+        assert (holds.take("live"), holds.take("dead")) == (False, True)
+        assert (holds.held, holds.by_workers) == ({"dead"}, {"live"})
+    with RunHolds(pg_url, schema=schema) as other:  # the refused key was let go at once
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", (hold_key(schema, "live"),)).fetchone()
+            assert got == (True,)
+        assert other.take("dead") is True

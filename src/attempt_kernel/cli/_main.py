@@ -63,6 +63,7 @@ from .._workflow import Workflow
 
 if TYPE_CHECKING:  # optional dependencies: imported where a URL is opened, where --metrics-port asks
     from .. import _metrics
+    from ..postgres._deliver import TakenIn
     from ..postgres._journal import PgJournal, RunHolds
 
 EXIT_OK: Final = 0
@@ -239,7 +240,7 @@ def _parser() -> argparse.ArgumentParser:
         "effects sent again). Exit 0, or 2 for an unknown key, a key that is not "
         "outstanding, or other usage or I/O errors (nothing is written then). When another "
         "process is writing the log file, the reconciliation waits in the log's inbox "
-        "(LOG.inbox) and that process takes it in within about a second.",
+        "(LOG.inbox) and that process takes it in within about a second." + _PG_INBOX_HELP,
     )
     reconcile.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     reconcile.add_argument("--key", required=True, metavar="KEY", help="the intent's idempotency key")
@@ -256,8 +257,8 @@ def _parser() -> argparse.ArgumentParser:
         help="send a signal to a run (it may wait for it with run.wait_for_signal)",
         description="Record signal NAME, with --payload (any JSON value but null; default "
         "{}), for run RUN. When another process is writing the log file, the signal waits "
-        "in the log's inbox (LOG.inbox) and that process takes it in within about a second. "
-        "Durable when this returns. Exit 0, or 2 for an unknown or finished run, a bad name "
+        "in the log's inbox (LOG.inbox) and that process takes it in within about a second."
+        + _PG_INBOX_HELP + " Durable when this returns. Exit 0, or 2 for an unknown or finished run, a bad name "
         "or payload, or other usage or I/O errors (nothing is written then).",
     )
     signal_cmd.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
@@ -272,8 +273,8 @@ def _parser() -> argparse.ArgumentParser:
         "`recover`, when none does) ends it: live attempts end Cancelled, or Indeterminate "
         "when an effect was dispatched; waits end; the run finishes cancelled. When another "
         "process is writing the log file, the cancel waits in the log's inbox (LOG.inbox) "
-        "and that process takes it in within about a second. Exit 0, or 2 for an unknown "
-        "or finished run, or other usage or I/O errors (nothing is written then).",
+        "and that process takes it in within about a second." + _PG_INBOX_HELP + " Exit 0, or 2 for"
+        " an unknown or finished run, or other usage or I/O errors (nothing is written then).",
     )
     cancel.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     cancel.add_argument("run", metavar="RUN", help="the run's id")
@@ -964,6 +965,12 @@ def _run(args: argparse.Namespace) -> int:
     return EXIT_OK if report.status == "succeeded" else EXIT_NOT_SUCCEEDED
 
 
+_PG_INBOX_HELP: Final = (
+    " On a PostgreSQL URL, it waits likewise in the journal's inbox when a worker,"
+    " `run --log URL` or `recover URL` drives the run."
+)
+
+
 def _run_holds(url: str) -> RunHolds:
     from ..postgres._journal import RunHolds
 
@@ -1000,7 +1007,7 @@ class _HeldElsewhere(Collection[str]):
 
     def __init__(self, holds: RunHolds, workers: frozenset[str]) -> None:
         self._holds: Final = holds
-        self.workers: Final = workers
+        self.workers: Final = set(workers)
         self.driven: Final[set[str]] = set()
 
     def __contains__(self, run: object) -> bool:
@@ -1013,7 +1020,10 @@ class _HeldElsewhere(Collection[str]):
             return True
         if self._holds.take(run):
             return False
-        self.driven.add(run)
+        if run in self._holds.by_workers:  # claimed since the live workers' runs were read
+            self.workers.add(run)
+        else:
+            self.driven.add(run)
         return True
 
     @property
@@ -1033,7 +1043,7 @@ class _HeldElsewhere(Collection[str]):
         return len(self.workers | self.driven)
 
 
-def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery) -> list[str]:
+def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery) -> TakenIn:
     """Let go of the runs `recover URL` held as recovery came to them but will not drive
     (finished, closed, left waiting), and record what was sent to them meanwhile.
 
@@ -1042,12 +1052,12 @@ def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery)
     waiting would wait there unseen, and no worker would wake the run for it.
     Let go, a change is recorded at once (waking the run); what came while
     it was held is recorded here, through the same path."""
-    from ..postgres._deliver import take_in_pg
+    from ..postgres._deliver import TakenIn, take_in_pg
 
     driven = {run.run for run in recovery.runs}
     rest = [run for run in elsewhere.held_here if run not in driven]
     if not rest:
-        return []
+        return TakenIn(lines=[], recorded=0)
     elsewhere.let_go(rest)
     return take_in_pg(url, skip=frozenset(), only=rest)
 
@@ -1098,7 +1108,8 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
 
     def print_recovery(recovery: Recovery) -> None:
         taken_in.extend(recovery.taken_in)  # a file log's inbox, taken in by recovery
-        late = [] if elsewhere is None else _let_go_of_the_rest(log_path, elsewhere, recovery)
+        rest = None if elsewhere is None else _let_go_of_the_rest(log_path, elsewhere, recovery)
+        late = [] if rest is None else rest.lines
         taken_in.extend(late)
         if as_json:
             return
@@ -1107,12 +1118,16 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             print(f"recover: {shown(line)}")
         if skipped and recovery.changed_nothing and not recovery.left_waiting:
             # "every run has finished" would be false
-            sys.stdout.write(
+            text = (
                 f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live"
                 " process drives has finished; the journal was not changed\n"
             )
         else:
-            sys.stdout.write(_report.recovery_text(recovery, _redacted(log_path)))
+            text = _report.recovery_text(recovery, _redacted(log_path))
+        if recorded_first or (rest is not None and rest.recorded):  # written: the lines above say what
+            text = text.replace("; the journal was not changed\n", "; recovery changed nothing else\n")
+            text = text.replace("; the log was not changed\n", "; recovery changed nothing else\n")
+        sys.stdout.write(text)
         sys.stdout.flush()
 
     def print_taken_up(done: Recovery) -> None:
@@ -1123,6 +1138,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
 
     say_left_alone()
     taken_in: list[str] = []
+    recorded_first = 0  # changes the inbox held that were recorded before recovery
     if _is_url(log_path):
         from ..postgres._deliver import recoverable, take_in_pg
 
@@ -1136,7 +1152,8 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         # What operators sent while a worker that has died drove its run.
 
         # Held here (asked of `skipped` first): recorded now, not sent back to the inbox.
-        taken_in = list(take_in_pg(log_path, skip=skipped, held_here=elsewhere.held_here))
+        first = take_in_pg(log_path, skip=skipped, held_here=elsewhere.held_here)
+        taken_in, recorded_first = list(first.lines), first.recorded
         if not as_json:
             for line in taken_in:
                 print(f"recover: {shown(line)}")

@@ -52,10 +52,11 @@ Theory of operation:
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Final
 
 import psycopg
-from typing_extensions import LiteralString
+from typing_extensions import LiteralString, final
 
 from .._codec import encode_record
 from .._ledger import Ledger
@@ -228,6 +229,15 @@ _ALL_INBOX: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox ORDER BY
 _INBOX_ROW_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = %s"
 
 
+@final
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TakenIn:
+    """What `take_in_pg` did: a line per inbox row handled, and how many changes it recorded."""
+
+    lines: list[str]
+    recorded: int
+
+
 def take_in_pg(
     url: str,
     *,
@@ -235,7 +245,7 @@ def take_in_pg(
     schema: str = DEFAULT_SCHEMA,
     held_here: Collection[str] = frozenset(),
     only: Collection[str] | None = None,
-) -> list[str]:
+) -> TakenIn:
     """Record what waits in the inbox for runs no live worker drives; say what was done.
 
     For `attempt-kernel recover URL`: a change sent while a worker drove its
@@ -249,11 +259,12 @@ def take_in_pg(
     passes its `RunHolds`' ``held``, which that question fills). A change
     that no longer applies (`refusal`) is dropped, and every row handled is
     deleted. ``only``: the runs whose rows are handled (None: every run's).
-    Lines, one per row handled.
+    Returns a line per row handled, and how many changes were recorded.
     """
     with connect(url) as conn:
         rows = conn.execute(in_schema(_ALL_INBOX, schema)).fetchall()
     said: list[str] = []
+    recorded = 0
     for row_id, run, line in rows:
         if type(run) is not str or type(line) is not bytes or type(row_id) is not int:
             raise PgJournalError(f"the inbox table answered {(row_id, run, line)!r}")
@@ -278,9 +289,10 @@ def take_in_pg(
             else:
                 where = "recorded" if delivered.recorded else "handed to the process that now drives it"
                 said.append(f"{run}: took in {type(stored).__name__} from the inbox ({where})")
+                recorded += delivered.recorded
         with connect(url) as conn:
             conn.execute(in_schema(_INBOX_ROW_TAKEN, schema), (row_id,))
-    return said
+    return TakenIn(lines=said, recorded=recorded)
 
 
 def recoverable(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:

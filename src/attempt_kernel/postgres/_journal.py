@@ -2287,6 +2287,12 @@ class RunHolds:
         self._conn: Final = connect(url)
         self._conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(take_wait * 1000))}ms",))
         self.held: Final[set[str]] = set()
+        self.by_workers: Final[set[str]] = set()
+        """Runs `take` refused because a live worker had claimed them."""
+        self._worker_owns: Final = sql.SQL(
+            "SELECT EXISTS (SELECT 1 FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
+            " WHERE r.run = %s AND NOT r.done AND NOT w.dead)"
+        ).format(s=sql.Identifier(schema))
         self._closing: Final = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -2309,7 +2315,7 @@ class RunHolds:
         self._watcher.start()
 
     def take(self, run: str) -> bool:
-        """Hold ``run`` (True), or say that another process holds it now (False).
+        """Hold ``run`` (True), or say that another process, or a live worker, drives it now (False).
 
         Waits up to ``take_wait`` seconds for the key: an operator sending a
         change to the run holds it, shared, for as long as its transaction
@@ -2317,9 +2323,21 @@ class RunHolds:
         good; only the second is "held"."""
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
+        key = hold_key(self._schema, run)
         try:
-            self._conn.execute("SELECT pg_advisory_lock(%s)", (hold_key(self._schema, run),))
+            self._conn.execute("SELECT pg_advisory_lock(%s)", (key,))
         except psycopg.errors.LockNotAvailable:
+            return False
+        # Held, then asked whether a live worker claimed the run meanwhile: a worker
+        # claims first and then asks whether the run is held (`Worker`), so one of
+        # the two always sees the other, and never do both drive the run.
+        try:
+            row = self._conn.execute(self._worker_owns, (run,)).fetchone()
+        except psycopg.errors.UndefinedTable:  # no queue in this schema: no worker either
+            row = (False,)
+        if row != (False,):
+            self._conn.execute("SELECT pg_advisory_unlock(%s)", (key,))
+            self.by_workers.add(run)
             return False
         self.held.add(run)
         return True

@@ -112,6 +112,7 @@ from ._journal import (
     connection_lost,
     database_named,
     hand_in,
+    hold_key,
     inbox_change,
     migrate,
     usable,
@@ -221,6 +222,14 @@ _COMPLETE: Final[LiteralString] = (
 _RELEASE: Final[LiteralString] = (
     "UPDATE {s}.runs SET owner = NULL WHERE run = %s AND owner = %s AND fence = %s"
     " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
+)
+# A claimed run that `attempt-kernel run URL` or `recover URL` holds (`RunHolds`):
+# asked once the claim is committed (the holder asks the other way round), and
+# released, due again in a second, for whenever that process lets it go.
+_HELD_BY_A_PROCESS: Final[LiteralString] = "SELECT NOT pg_try_advisory_xact_lock_shared(%s)"
+_BACK_OFF: Final[LiteralString] = (
+    "UPDATE {s}.runs SET owner = NULL, wake_at = now() + interval '1 second'"
+    " WHERE run = %s AND owner = %s AND fence = %s"
 )
 # Releasing a run that waits: the row is locked first, in a statement of its
 # own, so that the release's look at the inbox (a new snapshot in READ
@@ -927,6 +936,12 @@ class Worker:
         """Recover and drive one claimed run; True once its row is closed by this worker."""
         run = claim.run
         lease = Lease(owner=self.id, fence=claim.fence)
+        if claim.written and self._held_by_a_process(conn, run):
+            # `recover URL` drives it (a run of a worker found dead, say): its records
+            # are that process's to write until it lets the run go.
+            conn.execute(_statement(_BACK_OFF, self._schema), (run, lease.owner, lease.fence))
+            self._say(f"{run}: another process (recover) drives it; released, to be claimed again in a second")
+            return False
         self._leases[run] = lease
         workflow = self._workflows[claim.workflow]
         if self._watcher is not None:
@@ -1021,6 +1036,11 @@ class Worker:
             self._leases.pop(run, None)
         self._say(f"{run}: {report.status}")
         return True
+
+    def _held_by_a_process(self, conn: psycopg.Connection[tuple[object, ...]], run: str) -> bool:
+        """Does a process outside the workers (`RunHolds`) hold ``run``? Asked after the claim."""
+        row = conn.execute(_HELD_BY_A_PROCESS, (hold_key(self._schema, run),)).fetchone()
+        return row == (True,)
 
     def _queued_cancels(
         self, conn: psycopg.Connection[tuple[object, ...]], run: str, control: RunControl
