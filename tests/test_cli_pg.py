@@ -556,6 +556,23 @@ raise SystemExit(main(sys.argv[1:]))
 """
 
 
+@contextlib.contextmanager
+def recover_paused_after_its_read(
+    tmp_path: Path, db: str, flows: str
+) -> Generator[subprocess.Popen[str], None, None]:
+    """`recover DB --workflows FLOWS`, handed over once recovery has read the journal and
+    waits for tmp_path/go before it decides anything (`_PAUSED_READ`)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_READ, "recover", db, "--workflows", flows],
+        cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        deadline = time.monotonic() + 60  # no bound asserted: a safety net
+        while not (tmp_path / "read").exists():
+            assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+            time.sleep(0.02)
+        yield recovering
+
+
 def test_recover_on_a_url_holds_the_runs_it_may_take_up_before_it_reads_the_journal(
     db: str, tmp_path: Path
 ) -> None:
@@ -574,14 +591,7 @@ def test_recover_on_a_url_holds_the_runs_it_may_take_up_before_it_reads_the_jour
     )  # fmt: skip
     assert crashed.returncode == 70, crashed.stdout + crashed.stderr
     [key] = (tmp_path / "calls.txt").read_text().split()
-    with subprocess.Popen(
-        [sys.executable, "-c", _PAUSED_READ, "recover", db, "--workflows", flows],
-        cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as recovering:  # fmt: skip
-        deadline = time.monotonic() + 60  # no bound asserted: a safety net
-        while not (tmp_path / "read").exists():
-            assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-            time.sleep(0.02)
+    with recover_paused_after_its_read(tmp_path, db, flows) as recovering:
         sent = cli(tmp_path, "reconcile", db, "--key", key, "--confirmed", "--result", '"ch-op"')
         (tmp_path / "go").touch()
         out, err = recovering.communicate(timeout=120)
@@ -621,14 +631,7 @@ def test_a_worker_leaves_a_dead_workers_run_to_the_recover_that_drives_it(db: st
     assert crashed.returncode == 70, crashed.stdout + crashed.stderr
     with psycopg.connect(db, autocommit=True) as conn:
         conn.execute("UPDATE attempt_kernel.workers SET dead = true")  # found dead, as its heartbeat would say
-    with subprocess.Popen(
-        [sys.executable, "-c", _PAUSED_READ, "recover", db, "--workflows", flows],
-        cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as recovering:  # fmt: skip
-        deadline = time.monotonic() + 60  # no bound asserted: a safety net
-        while not (tmp_path / "read").exists():
-            assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-            time.sleep(0.02)
+    with recover_paused_after_its_read(tmp_path, db, flows) as recovering:
         claimed = subprocess.run(
             [sys.executable, "-m", "attempt_kernel", "worker", db, "--workflows", flows, "--until-idle"],
             cwd=tmp_path, env=os.environ, capture_output=True, text=True, timeout=120,
