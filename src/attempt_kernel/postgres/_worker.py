@@ -507,12 +507,15 @@ class _Heart:
 
 @final
 class _WorkerJournal:
-    """The worker's `PgJournal` with the last guard before an effect, off the event loop.
+    """The worker's `PgJournal` with the last guard before an effect.
 
     A ``Dispatched`` append (the last write before an effect is sent) first
     makes sure this worker's heartbeat is live (`_lease.may_dispatch`); if it
     is not, it waits for a beat until the lease would expire, then refuses
-    with `HeartbeatLate`, writing nothing. Appends are handed to the
+    with `HeartbeatLate`, writing nothing. That wait is on the event loop's
+    thread (the executor's append is synchronous), so while the heartbeat
+    is late every run of the worker waits with it (known limit: an
+    awaitable wait before the append would let the others go on). Appends are handed to the
     journal's writer thread (`PgJournal.hand_over`) and the executor awaits
     `durable` where it must (the `GroupCommitLog` seam), so concurrent runs
     share the writer's groups and their synchronous commits.
