@@ -32,7 +32,7 @@ EXPECTED_PUBLIC = {
     "LogSource", "RunLog", "Journal", "FileLog", "RunLogWriter", "read_log",
     "RunLogError", "LogOpenError", "LogReadError", "LogLocked", "LogNeedsRecovery",
     "LogWriteFailed", "UnencodableRecord", "RecordTooLarge", "MAX_RECORD_BYTES",
-    "DispatchRefused", "GroupCommitLog",
+    "DispatchRefused", "GroupCommitLog", "DispatchGate",
     # replay
     "replay", "ReplayReport", "Violation", "OpenAttempt",
     # workflows, the step context, the executor
@@ -62,7 +62,7 @@ EXPECTED_PUBLIC = {
 OPEN_CLASSES = {
     "AttemptKernelError", "RunLogError", "UnencodableRecord", "EffectRejected", "DispatchRefused",
     "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext", "RunObserver",
-    "GroupCommitLog",
+    "GroupCommitLog", "DispatchGate",
 }  # fmt: skip
 STATES_AND_CAUSES = [
     "Pending", "Running", "Succeeded", "Failed", "Indeterminate", "Cancelled",

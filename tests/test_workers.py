@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -694,3 +695,48 @@ def test_a_worker_that_stops_on_signals_gives_the_callers_handlers_back(pg_url: 
             signal.signal(number, handler)
     assert closed == 0
     assert after == {signal.SIGINT: _callers_handler, signal.SIGTERM: _callers_handler}
+
+
+def test_an_effect_waiting_for_a_late_heartbeat_lets_the_workers_other_runs_go_on(
+    pg_url: str, schema: str, tmp_path: Path, downstream: Path
+) -> None:
+    """The wait for a beat before an effect blocked the worker's event loop: while one
+    run's effect waited, every other run stood still (an adversarial pass measured a
+    1 s stall of 16 runs), and effects already durable went out only as the lease was
+    about to expire. It is awaited now: r1's effect waits for a beat, and r2 meanwhile
+    gets past its own gate to its own effect, which waits too. Once the heartbeat is
+    live again (the worker's clock set back), both are sent, once each.
+
+    The worker's heartbeat (every 100 s) never beats during the test: the injected
+    clock alone says how old it is."""
+    gates = {run: tmp_path / f"gate-{run}" for run in ("r1", "r2")}
+    for run, gate in gates.items():
+        submit_run(pg_url, "pay", run, {"gate": str(gate)}, schema=schema)
+    ahead = [0.0]
+    lines: list[str] = []
+    serving = Worker(
+        pg_url, [PAY], schema=schema, heartbeat=100, dead_after=300, stop_when_idle=True, concurrency=2,
+        progress=lines.append, clock=lambda: time.monotonic() + ahead[0],
+    )  # fmt: skip
+    closed: list[int] = []
+    thread = threading.Thread(target=lambda: closed.append(serving.run()))
+    thread.start()
+    try:
+        wait_for(lambda: sorted(r.run for r in journal_records(pg_url, schema) if kind(r) == "charge-running") == ["r1", "r2"])
+        ahead[0] = 250.0  # 250 s old: within the last period before dead_after, so no new effect
+        gates["r1"].touch()
+        wait_for(lambda: "r1: this worker's heartbeat is late; its effect waits for a beat" in lines)
+        gates["r2"].touch()  # only a loop that goes on while r1 waits gets r2 past its gate
+        wait_for(lambda: "r2: this worker's heartbeat is late; its effect waits for a beat" in lines)
+        assert not any(kind(r) == "dispatched" for r in journal_records(pg_url, schema))
+        assert calls(downstream) == []
+        ahead[0] = 0.0  # the heartbeat is live again
+    finally:
+        for gate in gates.values():
+            gate.touch()
+        thread.join(timeout=120)
+    assert closed == [2], lines
+    assert sorted(calls(downstream)) == ["r1/charge/card", "r2/charge/card"]
+    assert sql_in(pg_url, schema, "SELECT run, outcome FROM {s}.runs ORDER BY run") == [
+        ("r1", "succeeded"), ("r2", "succeeded")
+    ]

@@ -135,6 +135,7 @@ from ._replay import replay as replay
 from ._resume import Resumed as Resumed
 from ._resume import Supervisor as Supervisor
 from ._resume import resume_log as resume_log
+from ._store import DispatchGate as DispatchGate
 from ._store import DispatchRefused as DispatchRefused
 from ._store import GroupCommitLog as GroupCommitLog
 from ._store import Journal as Journal
@@ -169,6 +170,7 @@ __all__ = [
     "CorruptLine",
     "Dispatch",
     "Dispatched",
+    "DispatchGate",
     "DispatchRefused",
     "DomainStateSet",
     "EffectFinding",

@@ -118,6 +118,7 @@ from ._store import (
     LogSource,
     RunLog,
     is_batch_log,
+    is_dispatch_gate,
     is_group_commit_log,
     is_log_source,
 )
@@ -656,6 +657,9 @@ class Executor:
         # A log whose durability can be awaited lets the other runs go on
         # while one waits, and share its flush (group commit).
         self._group: Final = log if is_group_commit_log(log) else None
+        # A log that may have an effect wait before its Dispatched (a worker's,
+        # while its heartbeat is late), awaited so that the other runs go on.
+        self._gate: Final = log if is_dispatch_gate(log) else None
         self._ledger: Final = Ledger()
         self._limit: Final = admission_limit
         self._progress: Final = progress
@@ -838,6 +842,11 @@ class Executor:
             step=step, attempt=number, name=name, from_state=_PLANNED, cause=_DISPATCH,
             to_state=intent_transition(_PLANNED, _DISPATCH),
         )  # fmt: skip
+        gate = self._gate
+        if gate is not None:
+            ready = gate.ready_to_dispatch(run)
+            if ready is not None:
+                await ready  # nothing written yet: a cancel here sends nothing
         try:
             # back to back: in one append where the log can (the ledger checks
             # the pair as it applies it)

@@ -9,7 +9,7 @@ can later read a journal that is not a file. `RunLogWriter` and `FileLog`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from typing_extensions import TypeGuard
@@ -123,6 +123,20 @@ class GroupCommitLog(Protocol):
         ...
 
 
+@runtime_checkable
+class DispatchGate(Protocol):
+    """A log that may have the executor wait before it writes an effect's ``Dispatched`` (optional).
+
+    A PostgreSQL worker's, while its heartbeat is late: the effect waits for
+    a beat there, awaited, so that the worker's other runs go on meanwhile,
+    and the append that follows refuses (`DispatchRefused`) if none came.
+    """
+
+    def ready_to_dispatch(self, run: str) -> Awaitable[None] | None:
+        """Something to await before ``run`` writes its next ``Dispatched``, or None to go on at once."""
+        ...
+
+
 # isinstance against a runtime-checkable protocol looks up every member on
 # every call; the executor asks once per run (a worker makes one per run),
 # so the answer is kept per class (members are looked up on the class).
@@ -150,3 +164,8 @@ def is_batch_log(log: object) -> TypeGuard[BatchLog]:
 def is_group_commit_log(log: object) -> TypeGuard[GroupCommitLog]:
     """``isinstance(log, GroupCommitLog)``, answered once per class."""
     return _is(log, GroupCommitLog)
+
+
+def is_dispatch_gate(log: object) -> TypeGuard[DispatchGate]:
+    """``isinstance(log, DispatchGate)``, answered once per class."""
+    return _is(log, DispatchGate)

@@ -265,6 +265,9 @@ LET_GO_AFTER: Final = 1.0
 worker lets go of it (releases its row with its wake time): a shorter wait is
 waited in the worker, holding the run."""
 
+BEAT_POLL: Final = 0.01
+"""Seconds between two looks at a late heartbeat while an effect waits for a beat."""
+
 INBOX_POLL: Final = 0.5
 """Seconds between a worker's looks at the inbox of the runs it drives."""
 
@@ -428,7 +431,6 @@ class _Heart:
         self._worker: Final = worker
         self._period: Final = period
         self._halt: Final = threading.Event()
-        self._changed: Final = threading.Condition()
         self.clock: Final = clock
         self.last_ok = clock()
         self.declared_dead = False
@@ -446,17 +448,6 @@ class _Heart:
     def halt(self) -> None:
         self._halt.set()
         self._thread.join(timeout=10)
-
-    def wait_for_beat(self, after: float, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for a successful beat sent after ``after``; True if one came."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while self.last_ok <= after and not self.declared_dead:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-            return self.last_ok > after
 
     def unreachable(self) -> BaseException | None:
         """The error of a beat that failed lately (within two periods and a
@@ -486,15 +477,11 @@ class _Heart:
                     self.error = error
                     self.failed_at = time.monotonic()
                     continue  # the next period tries again; the lease ages meanwhile
-                with self._changed:
-                    self.failed_at = None
-                    if row is None:
-                        self.declared_dead = True
-                    else:
-                        self.last_ok = sent
-                    self._changed.notify_all()
+                self.failed_at = None
                 if row is None:
+                    self.declared_dead = True
                     return
+                self.last_ok = sent  # read by the loop's thread (`_WorkerJournal._beat`)
         finally:
             if conn is not None:
                 conn.close()
@@ -509,23 +496,30 @@ class _Heart:
 class _WorkerJournal:
     """The worker's `PgJournal` with the last guard before an effect.
 
-    A ``Dispatched`` append (the last write before an effect is sent) first
-    makes sure this worker's heartbeat is live (`_lease.may_dispatch`); if it
-    is not, it waits for a beat until the lease would expire, then refuses
-    with `HeartbeatLate`, writing nothing. That wait is on the event loop's
-    thread (the executor's append is synchronous), so while the heartbeat
-    is late every run of the worker waits with it (known limit: an
-    awaitable wait before the append would let the others go on). Appends are handed to the
+    Before a ``Dispatched`` (the last write before an effect is sent) the
+    executor awaits `ready_to_dispatch`: while this worker's heartbeat is
+    not live (`_lease.may_dispatch`), the effect waits there for a beat,
+    until the lease would expire, and the worker's other runs go on. The
+    append itself then checks again and refuses with `HeartbeatLate`,
+    writing nothing, if the heartbeat is still not live. Appends are handed to the
     journal's writer thread (`PgJournal.hand_over`) and the executor awaits
     `durable` where it must (the `GroupCommitLog` seam), so concurrent runs
     share the writer's groups and their synchronous commits.
     """
 
-    def __init__(self, journal: PgJournal, live: Callable[[], LeaseVerdict], heart: _Heart, dead_after: float) -> None:
+    def __init__(
+        self,
+        journal: PgJournal,
+        live: Callable[[], LeaseVerdict],
+        heart: _Heart,
+        dead_after: float,
+        say: Callable[[str], None] = lambda line: None,
+    ) -> None:
         self._journal: Final = journal
         self._live: Final = live
         self._heart: Final = heart
         self._dead_after: Final = dead_after
+        self._say: Final = say
 
     def read(self) -> Iterator[LogItem]:
         return self._journal.read()
@@ -536,19 +530,32 @@ class _WorkerJournal:
     def forget(self, run: str) -> None:
         self._journal.forget(run)
 
+    def ready_to_dispatch(self, run: str) -> Awaitable[None] | None:
+        """`DispatchGate`: nothing to wait for while the heartbeat is live, else `_beat`."""
+        return None if may_dispatch(self._live()) else self._beat(run)
+
+    async def _beat(self, run: str) -> None:
+        """Wait, on the loop, for the heartbeat to be live again, until it expires or the
+        worker is declared dead (a look every `BEAT_POLL` seconds)."""
+        heart = self._heart
+        self._say(f"{run}: this worker's heartbeat is late; its effect waits for a beat")
+        while True:
+            verdict = self._live()
+            if may_dispatch(verdict) or verdict is LeaseVerdict.EXPIRED or heart.declared_dead:
+                return
+            await asyncio.sleep(BEAT_POLL)
+
     def _guard(self, run: str) -> None:
-        """Refuse (`HeartbeatLate`) the write before an effect unless this worker's heartbeat is live."""
+        """Refuse (`HeartbeatLate`) the write before an effect unless this worker's heartbeat is live
+        (the executor waited for it first, `ready_to_dispatch`)."""
         if may_dispatch(self._live()):
             return
         heart = self._heart
-        seen = heart.last_ok
-        left = self._dead_after - (heart.clock() - seen)
-        if not heart.wait_for_beat(seen, max(0.0, left)) or not may_dispatch(self._live()):
-            raise HeartbeatLate(
-                f"run {run!r}: this worker's last heartbeat is"
-                f" {heart.clock() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
-                " it sends no new effect until a heartbeat succeeds"
-            )
+        raise HeartbeatLate(
+            f"run {run!r}: this worker's last heartbeat is"
+            f" {heart.clock() - heart.last_ok:.1f} s old (dead after {self._dead_after} s);"
+            " it sends no new effect until a heartbeat succeeds"
+        )
 
     def append(self, run: str, change: Change) -> int:
         return self.append_all(run, (change,))
@@ -716,6 +723,11 @@ class _OneRun:
             writer.settle(self._run)  # written (or its LeaseLost) before the caller goes on
         else:
             writer.flush()
+
+    def ready_to_dispatch(self, run: str) -> Awaitable[None] | None:
+        """`DispatchGate`: the worker's wait for a live heartbeat before an effect."""
+        writer = self._writer
+        return writer.ready_to_dispatch(run) if isinstance(writer, _WorkerJournal) else None
 
     async def durable(self, run: str) -> None:
         """`GroupCommitLog.durable`: the worker's executors wait here for the writer's group commit."""
@@ -1291,7 +1303,7 @@ class Worker:
             if self._watcher is not None:
                 self._watcher.started(self.id)
             self._say(f"worker {self.id} started")
-            journal = _WorkerJournal(session.pg, self._verdict, heart, self._dead_after)
+            journal = _WorkerJournal(session.pg, self._verdict, heart, self._dead_after, self._say)
             poll = min(self._heartbeat / 2, INBOX_POLL)
             swept = -poll
             looked = -poll
