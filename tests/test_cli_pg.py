@@ -306,6 +306,20 @@ def journal_records(db: str) -> list[Record]:
         return [item for item in journal.read() if isinstance(item, Record)]
 
 
+def test_run_url_of_an_id_a_live_worker_drives_is_refused_naming_the_worker(db: str, shop: Path) -> None:
+    """It said "another process (attempt-kernel run or recover)" for a worker's run."""
+    PgJournal(db).close()  # the queue's tables
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("INSERT INTO attempt_kernel.workers (id, host, pid) VALUES ('w-live', 'elsewhere', 1)")
+        conn.execute("INSERT INTO attempt_kernel.runs (run, owner, fence, workflow) VALUES ('o-1', 'w-live', 1, 'orders')")
+    refused = cli(shop, "run", "flows:orders", "--log", db, "--run", "o-1", "--input", ORDER)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr.endswith(
+        "attempt-kernel run: error: run 'o-1' in postgresql://postgres@" + db.partition("@")[2]
+        + " is being driven by a live worker now; nothing was written\n"
+    ), refused.stderr
+
+
 def test_submit_prints_a_run_id_escaped_as_runs_does(db: str, shop: Path) -> None:
     """A run id with an ESC and a newline: submit printed it raw (a terminal obeys an ESC)."""
     submitted = cli(shop, "submit", db, "flows:orders", "--run", "a\x1b[31mb\nc", "--input", ORDER)

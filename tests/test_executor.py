@@ -26,7 +26,7 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel import EffectRejected, Executor, Pending, RunControl, RunReport, Running, StepContext, StepOutcome
-from attempt_kernel._records import JSON, AttemptTransitioned, IntentChanged, StepResult
+from attempt_kernel._records import JSON, AttemptTransitioned, Change, IntentChanged, LogItem, StepResult
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 
 StepFn = Callable[[StepContext], Awaitable[JSON]]
@@ -346,6 +346,60 @@ def test_intent_name_used_twice_fails_the_attempt(tmp_path: Path) -> None:
     assert check.valid
 
 
+class Gated:
+    """A run log (a `DispatchGate`) that has every effect wait one turn of the event loop
+    before its ``Dispatched``, as a worker's does while its heartbeat is late."""
+
+    def __init__(self, writer: RunLogWriter) -> None:
+        self._writer = writer
+        self.waits = 0
+
+    def read(self) -> Iterator[LogItem]:
+        return self._writer.read()
+
+    def append(self, run: str, change: Change) -> int:
+        return self._writer.append(run, change)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def ready_to_dispatch(self, run: str) -> Awaitable[None] | None:
+        self.waits += 1
+        return asyncio.sleep(0)
+
+
+def test_twin_effects_of_one_name_gathered_while_the_log_has_them_wait_fail_the_attempt(tmp_path: Path) -> None:
+    """Two effects of one name gathered in one attempt, while the log has effects wait
+    before their Dispatched: both passed the "used twice" check, then both waited, then
+    both wrote, and the executor died on its own assertion ("planned twice in one
+    attempt"), the log holding records that break the kernel's rules. The check now
+    comes after the wait: the attempt fails with the StepError, the card is charged once,
+    and the log replays clean."""
+    sent: list[str] = []
+
+    async def twins(ctx: StepContext) -> JSON:
+        async def charge(key: str) -> JSON:
+            sent.append(key)
+            return None
+
+        await asyncio.gather(ctx.effect("card", charge), ctx.effect("card", charge))
+        return None
+
+    path = tmp_path / "log"
+
+    async def main() -> RunReport:
+        with RunLogWriter(path) as writer:
+            gated = Gated(writer)
+            report = await Executor(gated).run(load_workflow("w", [Step(name="a", run=twins)]), "r")
+            assert gated.waits == 2
+            return report
+
+    a = outcome(asyncio.run(main()), "a")
+    assert a.state == Failed() and a.error is not None and "intent 'card' is used twice" in a.error
+    assert len(sent) == 1
+    assert replay(path).valid
+
+
 def test_blocking_work_in_a_thread_keeps_deadlines_working(tmp_path: Path) -> None:
     """run_blocking moves a blocking call off the loop: the deadline fires while it blocks."""
     release = threading.Event()
@@ -547,7 +601,7 @@ def test_a_failing_log_stops_the_run_and_what_was_written_recovers(
 
 def test_executor_runs_against_any_run_log_store() -> None:
     """The executor needs only RunLog's append and flush: an in-memory store serves too."""
-    from attempt_kernel import Change, RunLog
+    from attempt_kernel import RunLog
 
     class MemoryLog:
         def __init__(self) -> None:
@@ -645,11 +699,9 @@ def test_a_refused_dispatch_stops_the_run_and_its_attempt_ends_as_recovery_would
         Admit,
         AttemptCreated,
         Cancel,
-        Change,
         Dispatched,
         DispatchRefused,
         IntentPlanned,
-        LogItem,
         RunStarted,
         RunStopRequested,
         read_log,

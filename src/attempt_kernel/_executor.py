@@ -828,6 +828,14 @@ class Executor:
         its recorded result is returned (docs/contracts.md, "Effects happen at
         most once per key").
         """
+        gate = self._gate
+        if gate is not None:
+            ready = gate.ready_to_dispatch(run)
+            if ready is not None:
+                # Nothing written yet: a cancel here sends nothing. Awaited before
+                # the checks below, so that nothing comes between them and the write
+                # (a twin effect of the same name gathered beside this one).
+                await ready
         view = self._ledger.runs[run].steps[step]
         if name in view.attempt.intents:
             raise StepError(
@@ -842,11 +850,6 @@ class Executor:
             step=step, attempt=number, name=name, from_state=_PLANNED, cause=_DISPATCH,
             to_state=intent_transition(_PLANNED, _DISPATCH),
         )  # fmt: skip
-        gate = self._gate
-        if gate is not None:
-            ready = gate.ready_to_dispatch(run)
-            if ready is not None:
-                await ready  # nothing written yet: a cancel here sends nothing
         try:
             # back to back: in one append where the log can (the ledger checks
             # the pair as it applies it)

@@ -908,9 +908,9 @@ def _run(args: argparse.Namespace) -> int:
             # README, "Many workers on PostgreSQL": no other run or recover drives it meanwhile
             holds = holding.enter_context(_run_holds(log_path))
             if not holds.take(run):
+                driver = "a live worker" if run in holds.by_workers else "another process (attempt-kernel run or recover)"
                 raise _Usage(
-                    f"run {run!r} in {_redacted(log_path)} is being driven by another process"
-                    " (attempt-kernel run or recover) now; nothing was written"
+                    f"run {run!r} in {_redacted(log_path)} is being driven by {driver} now; nothing was written"
                     + ("" if args.run_id is not None else ": pick an id with --run")
                 )
             holds.watch(_on_lost(lost, stopper))

@@ -48,8 +48,10 @@ Theory of operation:
   synchronous commit per group, and each effect waits only for the group
   that makes its ``Dispatched`` durable (`_journal`, "Group commit").
 - A worker that cannot beat stops sending effects before anyone may take
-  its runs over: each ``Dispatched`` append first waits (briefly) for a
-  live heartbeat, else it is refused (`HeartbeatLate`); once its own
+  its runs over: before each ``Dispatched`` the effect waits, awaited
+  (its other runs go on), for a live heartbeat until the lease would
+  expire, and the append is then refused if none came (`HeartbeatLate`);
+  once its own
   heartbeat is expired while the database answers (a frozen process) it
   stops its executors (a graceful stop) and exits (`WorkerDeclaredDead`).
 - A worker survives its database (a restart, its sessions terminated, the
