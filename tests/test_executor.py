@@ -26,7 +26,7 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel import EffectRejected, Executor, Pending, RunControl, RunReport, Running, StepContext, StepOutcome
-from attempt_kernel._records import JSON, AttemptTransitioned, Change, IntentChanged, LogItem, StepResult
+from attempt_kernel._records import JSON, AttemptTransitioned, Change, IntentChanged, StepResult
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 
 StepFn = Callable[[StepContext], Awaitable[JSON]]
@@ -348,14 +348,12 @@ def test_intent_name_used_twice_fails_the_attempt(tmp_path: Path) -> None:
 
 class Gated:
     """A run log (a `DispatchGate`) that has every effect wait one turn of the event loop
-    before its ``Dispatched``, as a worker's does while its heartbeat is late."""
+    before its ``Dispatched``, as a worker's does while its heartbeat is late (a new log:
+    nothing to read)."""
 
     def __init__(self, writer: RunLogWriter) -> None:
         self._writer = writer
         self.waits = 0
-
-    def read(self) -> Iterator[LogItem]:
-        return self._writer.read()
 
     def append(self, run: str, change: Change) -> int:
         return self._writer.append(run, change)
@@ -702,6 +700,7 @@ def test_a_refused_dispatch_stops_the_run_and_its_attempt_ends_as_recovery_would
         Dispatched,
         DispatchRefused,
         IntentPlanned,
+        LogItem,
         RunStarted,
         RunStopRequested,
         read_log,
