@@ -227,3 +227,25 @@ def test_a_run_a_live_worker_claimed_is_not_taken_though_its_key_is_free(pg_url:
             got = conn.execute("SELECT pg_try_advisory_lock(%s)", (hold_key(schema, "live"),)).fetchone()
             assert got == (True,)
         assert other.take("dead") is True
+
+
+def test_a_run_another_process_holds_is_answered_at_once_not_after_the_wait(pg_url: str, schema: str) -> None:
+    """Only an operator's shared hold is waited out: a process's hold is for good, and
+    waiting `take_wait` for each such run made a second `recover` beside one holding 40
+    runs take 10 s. Here the holder would let go as soon as the taker waited for the key
+    (seen in pg_locks), so a taker that waited would get it; it must answer False first."""
+    PgJournal(pg_url, schema=schema).close()  # the tables
+    with RunHolds(pg_url, schema=schema) as holder, RunHolds(pg_url, schema=schema, take_wait=60) as taker:
+        assert holder.take("r") is True
+        taken: list[bool] = []
+        thread = threading.Thread(target=lambda: taken.append(taker.take("r")))
+        thread.start()
+        with psycopg.connect(pg_url, autocommit=True) as look:
+            while thread.is_alive():
+                waiting = look.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").fetchone()
+                if waiting != (0,):
+                    holder.let_go("r")  # a taker that waits for the key gets it now
+                time.sleep(0.01)
+        thread.join()
+        assert taken == [False]
+        assert holder.held == {"r"}

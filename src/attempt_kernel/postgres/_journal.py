@@ -2293,6 +2293,12 @@ class RunHolds:
             "SELECT EXISTS (SELECT 1 FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
             " WHERE r.run = %s AND NOT r.done AND NOT w.dead)"
         ).format(s=sql.Identifier(schema))
+        self._held_for_good: Final = (
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND mode = 'ExclusiveLock' AND database = (SELECT oid FROM pg_database"
+            " WHERE datname = current_database()) AND classid = %s::oid AND objid = %s::oid"
+            " AND objsubid = 1)"
+        )
         self._closing: Final = threading.Event()
         self._watcher: threading.Thread | None = None
 
@@ -2317,17 +2323,24 @@ class RunHolds:
     def take(self, run: str) -> bool:
         """Hold ``run`` (True), or say that another process, or a live worker, drives it now (False).
 
-        Waits up to ``take_wait`` seconds for the key: an operator sending a
-        change to the run holds it, shared, for as long as its transaction
-        lasts (`deliver_pg`), and a process that holds the run holds it for
-        good; only the second is "held"."""
+        Waits up to ``take_wait`` seconds for the key while only operators
+        hold it: an operator sending a change to the run holds it, shared,
+        for as long as its transaction lasts (`deliver_pg`), where a process
+        that holds the run holds it exclusively, for good, and is answered
+        at once."""
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
         key = hold_key(self._schema, run)
-        try:
-            self._conn.execute("SELECT pg_advisory_lock(%s)", (key,))
-        except psycopg.errors.LockNotAvailable:
-            return False
+        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
+        if row != (True,):
+            unsigned = key & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks shows a bigint key as two oids
+            held = self._conn.execute(self._held_for_good, (str(unsigned >> 32), str(unsigned & 0xFFFF_FFFF))).fetchone()
+            if held != (False,):
+                return False
+            try:
+                self._conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+            except psycopg.errors.LockNotAvailable:
+                return False
         # Held, then asked whether a live worker claimed the run meanwhile: a worker
         # claims first and then asks whether the run is held (`Worker`), so one of
         # the two always sees the other, and never do both drive the run.
