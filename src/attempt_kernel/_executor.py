@@ -1925,6 +1925,7 @@ def drive_jobs(
 
     reports: list[RunReport | WorkflowDiverged] = []
     runs = [job.run for job in jobs]
+    journal = log if isinstance(log, _TakesIn) else None  # its inbox: taken in for `runs`
 
     async def main() -> None:
         # Returns None: on 3.11, asyncio.run formats its main task (result
@@ -1963,8 +1964,8 @@ def drive_jobs(
                 # Made after the runs' tasks, so its first take-in finds them driven.
                 if isinstance(log, RunLogWriter):
                     pump = asyncio.ensure_future(_pump(executor, log, progress))
-                elif isinstance(log, _TakesIn):
-                    pump = asyncio.ensure_future(_pump_journal(executor, log, runs, progress))
+                elif journal is not None:
+                    pump = asyncio.ensure_future(_pump_journal(executor, journal, runs, progress))
                 reports.extend([await task for task in tasks])
             finally:
                 if pump is not None:
@@ -1976,8 +1977,8 @@ def drive_jobs(
                     # change is recorded now, rather than at its next recovery).
                     if isinstance(log, RunLogWriter):
                         _take_inbox(executor, log, progress, block=True)
-                    elif isinstance(log, _TakesIn):
-                        _say_each(log.take_in(runs, executor.deliver), progress)
+                    elif journal is not None:
+                        _say_each(journal.take_in(runs, executor.deliver), progress)
                 if stopper is not None:
                     stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
 

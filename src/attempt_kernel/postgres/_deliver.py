@@ -66,6 +66,7 @@ from ._journal import (
     PgJournal,
     PgJournalError,
     connect,
+    held_by_a_process,
     hold_key,
     in_schema,
     inbox_change,
@@ -84,12 +85,8 @@ _NEXT_SEQ: Final[LiteralString] = "SELECT coalesce(max(seq), 0) + 1 FROM {s}.rec
 _DB_NOW_US: Final[LiteralString] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 _TO_INBOX: Final[LiteralString] = "INSERT INTO {s}.inbox (run, line) VALUES (%s, %s)"
 # Senders to one run, one at a time (a run `run URL` started has no row to
-# lock), then whether a process holds the run (`RunHolds`, an exclusive
-# session lock): the shared lock is taken for this transaction when none
-# does, so no process takes the run up until the record is committed (it
-# then reads the record with the rest).
+# lock); then whether a process holds the run (`held_by_a_process`).
 _ONE_SENDER: Final[LiteralString] = "SELECT pg_advisory_xact_lock(%s)"
-_HELD: Final[LiteralString] = "SELECT NOT pg_try_advisory_xact_lock_shared(%s)"
 _APPEND: Final[LiteralString] = "INSERT INTO {s}.records (run, seq, line) VALUES (%s, %s, %s)"
 # The append and its run's summary (schema version 6), one statement.
 _APPEND_SUMMARIZED: Final[LiteralString] = summary_upsert_after(_APPEND)
@@ -136,7 +133,7 @@ def deliver_pg(
                 conn.execute("SELECT set_config('synchronous_commit', 'on', true)")
                 row = conn.execute(in_schema(_LOCK, schema), (target,)).fetchone()
                 conn.execute(_ONE_SENDER, (hold_key(schema, target, purpose="attempt-kernel-send"),))
-                held = target not in held_here and _held(conn, schema, target)
+                held = target not in held_here and held_by_a_process(conn, schema, target)
                 ledger = Ledger()
                 ledger.feed(journal.read_run_in(conn, target))
                 _refuse_violations(ledger)
@@ -201,12 +198,6 @@ def _to_queued(
     conn.execute(in_schema(_TO_INBOX, schema), (run, encode_record(1, now, run, change)))
     conn.execute(in_schema(_WAKE, schema), (run,))
     return Delivered(run=run, change=change, recorded=False, queued=True)
-
-
-def _held(conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str) -> bool:
-    """Does another process (``attempt-kernel run URL`` or ``recover URL``) hold ``run``?
-    When none does, this transaction keeps any from taking it until it ends (`_HELD`)."""
-    return conn.execute(_HELD, (hold_key(schema, run),)).fetchone() == (True,)
 
 
 def _refuse_violations(ledger: Ledger) -> None:
@@ -332,7 +323,7 @@ def resume_pg(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str:
         try:
             with connect(url) as conn, conn.transaction():
                 row = conn.execute(in_schema(_LOCK, schema), (run,)).fetchone()
-                held = _held(conn, schema, run)
+                held = held_by_a_process(conn, schema, run)
                 ledger = Ledger()
                 ledger.feed(journal.read_run_in(conn, run))
                 _refuse_violations(ledger)

@@ -2184,8 +2184,9 @@ def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
     return frozenset(str(row[0]) for row in rows)
 
 
-_INBOX_OF: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox WHERE run = ANY(%s) ORDER BY id"
-_INBOX_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = ANY(%s)"
+# The inbox rows of some runs (one query for all of them), and the rows taken in.
+INBOX_OF: Final[LiteralString] = "SELECT id, run, line FROM {s}.inbox WHERE run = ANY(%s) ORDER BY id"
+INBOX_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = ANY(%s)"
 
 
 def inbox_change(line: bytes) -> Delivery | str:
@@ -2218,7 +2219,7 @@ def hand_in(
     """
     if not deliverers:
         return
-    rows = conn.execute(in_schema(_INBOX_OF, schema), (list(deliverers),)).fetchall()
+    rows = conn.execute(in_schema(INBOX_OF, schema), (list(deliverers),)).fetchall()
     taken: list[int] = []
     for number, run, line in rows:
         if type(number) is not int or type(run) is not str or type(line) is not bytes:
@@ -2242,7 +2243,7 @@ def hand_in(
             say(f"{run}: dropped an inbox entry: {why}")
         taken.append(number)
     if taken:
-        conn.execute(in_schema(_INBOX_TAKEN, schema), (taken,))
+        conn.execute(in_schema(INBOX_TAKEN, schema), (taken,))
 
 
 def in_schema(text: LiteralString, schema: str) -> sql.Composed:
@@ -2255,6 +2256,15 @@ def hold_key(schema: str, run: str, *, purpose: str = "attempt-kernel") -> int:
     key, never the same text): 64 bits of BLAKE2b, as a signed bigint."""
     text = f"{purpose}\0{schema}\0{run}".encode("utf-8", "surrogatepass")
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
+
+
+def held_by_a_process(conn: psycopg.Connection[Any], schema: str, run: str) -> bool:
+    """Does a process outside the workers (``attempt-kernel run URL`` or ``recover URL``,
+    `RunHolds`) hold ``run``? A shared try of the run's key: when none does, it stays
+    taken until ``conn``'s transaction ends (at once in autocommit), so that no process
+    takes the run up meanwhile (an operator's change is committed first)."""
+    row = conn.execute("SELECT NOT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, run),)).fetchone()
+    return row == (True,)
 
 
 TAKE_WAIT: Final = 0.25

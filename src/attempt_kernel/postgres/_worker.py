@@ -113,8 +113,10 @@ from ._journal import (
     connect,
     connection_lost,
     database_named,
+    INBOX_OF,
+    INBOX_TAKEN,
     hand_in,
-    hold_key,
+    held_by_a_process,
     inbox_change,
     migrate,
     usable,
@@ -225,10 +227,9 @@ _RELEASE: Final[LiteralString] = (
     "UPDATE {s}.runs SET owner = NULL WHERE run = %s AND owner = %s AND fence = %s"
     " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
 )
-# A claimed run that `attempt-kernel run URL` or `recover URL` holds (`RunHolds`):
-# asked once the claim is committed (the holder asks the other way round), and
+# A claimed run that `attempt-kernel run URL` or `recover URL` holds (`RunHolds`,
+# asked once the claim is committed; the holder asks the other way round):
 # released, due again in a second, for whenever that process lets it go.
-_HELD_BY_A_PROCESS: Final[LiteralString] = "SELECT NOT pg_try_advisory_xact_lock_shared(%s)"
 _BACK_OFF: Final[LiteralString] = (
     "UPDATE {s}.runs SET owner = NULL, wake_at = now() + interval '1 second'"
     " WHERE run = %s AND owner = %s AND fence = %s"
@@ -255,13 +256,6 @@ _OPEN_RUNS: Final[LiteralString] = (
     "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%s)"
     " AND (owner IS NOT NULL OR coalesce(wake_at, submitted_at) <= now())"
 )
-# The inbox of the runs a worker drives (one query for all of them), and the
-# rows it took in.
-_INBOX_OF: Final[LiteralString] = (
-    "SELECT id, run, line FROM {s}.inbox WHERE run = ANY(%s) ORDER BY id"
-)
-_INBOX_TAKEN: Final[LiteralString] = "DELETE FROM {s}.inbox WHERE id = ANY(%s)"
-
 LET_GO_AFTER: Final = 1.0
 """Seconds a run's every branch must wait, with no wake time sooner, before its
 worker lets go of it (releases its row with its wake time): a shorter wait is
@@ -515,7 +509,7 @@ class _WorkerJournal:
         live: Callable[[], LeaseVerdict],
         heart: _Heart,
         dead_after: float,
-        say: Callable[[str], None] = lambda line: None,
+        say: Callable[[str], None],
     ) -> None:
         self._journal: Final = journal
         self._live: Final = live
@@ -953,7 +947,7 @@ class Worker:
         """Recover and drive one claimed run; True once its row is closed by this worker."""
         run = claim.run
         lease = Lease(owner=self.id, fence=claim.fence)
-        if claim.written and self._held_by_a_process(conn, run):
+        if claim.written and held_by_a_process(conn, self._schema, run):
             # `recover URL` drives it (a run of a worker found dead, say): its records
             # are that process's to write until it lets the run go.
             conn.execute(_statement(_BACK_OFF, self._schema), (run, lease.owner, lease.fence))
@@ -1008,7 +1002,7 @@ class Worker:
             cancels = [] if claim.written or not claim.mail else self._queued_cancels(conn, run, control)
             report = await executor.run(workflow, run, control=control, prior=prior, input=claim.input)
             if cancels:  # recorded now (the run's end is durable): the rows go
-                conn.execute(_statement(_INBOX_TAKEN, self._schema), (cancels,))
+                conn.execute(_statement(INBOX_TAKEN, self._schema), (cancels,))
             if not claim.written and claim.mail:
                 # What was sent while it was queued and is still there (it ended
                 # before the next look): taken in now, or dropped saying why.
@@ -1054,11 +1048,6 @@ class Worker:
         self._say(f"{run}: {report.status}")
         return True
 
-    def _held_by_a_process(self, conn: psycopg.Connection[tuple[object, ...]], run: str) -> bool:
-        """Does a process outside the workers (`RunHolds`) hold ``run``? Asked after the claim."""
-        row = conn.execute(_HELD_BY_A_PROCESS, (hold_key(self._schema, run),)).fetchone()
-        return row == (True,)
-
     def _queued_cancels(
         self, conn: psycopg.Connection[tuple[object, ...]], run: str, control: RunControl
     ) -> list[int]:
@@ -1068,7 +1057,7 @@ class Worker:
         and cancels reach a queued run"). Signals stay for `_take_in`, once the run
         runs; the rows returned are deleted once the cancel is recorded.
         """
-        rows = conn.execute(_statement(_INBOX_OF, self._schema), ([run],)).fetchall()
+        rows = conn.execute(_statement(INBOX_OF, self._schema), ([run],)).fetchall()
         cancels: list[int] = []
         for number, _, line in rows:
             assert type(number) is int and type(line) is bytes
@@ -1109,7 +1098,7 @@ class Worker:
     def _take_in_at_claim(
         self, journal: PgJournal, inbox: psycopg.Connection[tuple[object, ...]], run: str
     ) -> None:
-        rows = inbox.execute(_statement(_INBOX_OF, self._schema), ([run],)).fetchall()
+        rows = inbox.execute(_statement(INBOX_OF, self._schema), ([run],)).fetchall()
         ledger = Ledger()
         ledger.feed(journal.read_run(run))
         taken: list[int] = []
@@ -1126,7 +1115,7 @@ class Worker:
             taken.append(number)
         journal.flush()
         if taken:
-            inbox.execute(_statement(_INBOX_TAKEN, self._schema), (taken,))
+            inbox.execute(_statement(INBOX_TAKEN, self._schema), (taken,))
 
     def _take_in(self, conn: psycopg.Connection[tuple[object, ...]]) -> None:
         """Hand what waits in the inbox for the runs this worker drives to their executors
