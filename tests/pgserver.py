@@ -42,14 +42,34 @@ SEARCHED: Final = ("/usr/lib/postgresql/*/bin", "$PATH")
 
 _SERVER_TOOLS: Final = ("initdb", "pg_ctl", "postgres")
 
-# The watchdog's program: argv is the folder, then the stop command. It
-# waits for the end of its stdin (the test process gone, or `stop`).
+# The watchdog's program: argv is the folder ("" for none), then the stop
+# command. It waits for the end of its stdin (the test process gone, or `stop`).
 _WATCHDOG: Final = """
 import shutil, subprocess, sys
 sys.stdin.buffer.read()
 subprocess.run(sys.argv[2:], capture_output=True, check=False, timeout=60)
-shutil.rmtree(sys.argv[1], ignore_errors=True)
+if sys.argv[1]:
+    shutil.rmtree(sys.argv[1], ignore_errors=True)
 """
+
+
+def watchdog(stop: Sequence[str], folder: Path | None = None) -> subprocess.Popen[bytes]:
+    """Start a watchdog: once this process ends, however it ends, it runs ``stop`` and
+    removes ``folder``. Closing its stdin does the same at once; `call_off` lets it go
+    without either."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _WATCHDOG, "" if folder is None else str(folder), *stop],
+        stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,  # a Ctrl-C to the tests' process group does not reach it
+    )  # fmt: skip
+
+
+def call_off(dog: subprocess.Popen[bytes]) -> None:
+    """Let a `watchdog` go without running its stop command."""
+    dog.kill()
+    dog.wait()
+    if dog.stdin is not None:
+        dog.stdin.close()
 
 
 def _version_key(folder: Path) -> tuple[int, ...]:
@@ -167,11 +187,7 @@ class ThrowawayServer:
         """Start the watchdog that stops the server and removes ``root`` once this process ends."""
         stop = [*self._as, str(self.bindir / "pg_ctl"), "--pgdata", str(root / "data"),
                 "--mode", "immediate", "--wait", "stop"]  # fmt: skip
-        self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(root), *stop],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C to the tests' process group does not reach it
-        )  # fmt: skip
+        self._watchdog = watchdog(stop, root)
 
     def stop(self) -> None:
         """Stop the server at once (it holds nothing worth keeping) and remove its folder."""

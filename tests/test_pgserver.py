@@ -7,9 +7,11 @@ A session killed before its teardown (the gate's CI stopped, a developer's
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import psycopg
 import pytest
 
 from pgserver import find_server_bin
+from test_readme_workers import session_blocks
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -64,3 +67,53 @@ def test_a_killed_session_leaves_no_server_running(how: signal.Signals) -> None:
                 time.sleep(0.1)
         finally:
             session.kill()
+
+
+def test_the_readme_session_s_server_and_workers_end_with_a_killed_test() -> None:
+    """The README test's session runs its own shell, workers and server (as the README's
+    reader does), in a session of their own: killed mid-run, the test still ends them."""
+    if os.geteuid() != 0 or find_server_bin() is None:
+        pytest.skip("the README's session needs root and the PostgreSQL server binaries")
+    # The README's commands run the server as postgres, in a folder under this one:
+    # pytest's own temporary folders are closed to other users.
+    tmp = Path(tempfile.mkdtemp(prefix="ak-readme-killed-"))
+    os.chmod(tmp, 0o755)
+    try:
+        killed_readme_session(tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def killed_readme_session(tmp: Path) -> None:
+    env = dict(os.environ, TMPDIR=str(tmp))
+    test = f"{Path(__file__).parent / 'test_readme_workers.py'}::test_the_readme_session_runs_as_written"
+    with subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", test],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
+    ) as run:  # fmt: skip
+        pids: list[Path] = []
+        try:
+            deadline = time.monotonic() + 120  # waits for the event; bounds nothing
+            while not (pids := list(tmp.glob("ak-pg-readme-*/data/postmaster.pid"))):
+                assert run.poll() is None, "the README test ended before its server started"
+                assert time.monotonic() < deadline, "the README test's server did not start"
+                time.sleep(0.1)
+            time.sleep(2)  # into the session: its workers start
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(timeout=60)
+        finally:
+            run.kill()
+        [pid] = pids
+        port = pid.read_text().splitlines()[3]
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        deadline = time.monotonic() + 60
+        while not gone(url, pid.parent.parent):
+            assert time.monotonic() < deadline, f"the README session's server still runs at {url}"
+            time.sleep(0.1)
+    left = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of the killed README session still run: {left}"
+    # Ended, not run to its end: the session (about 40 s) was killed 2 s in, so
+    # its last command (the README's stop, which would end it all too) never ran.
+    [outputs] = tmp.glob("pytest-of-*/pytest-[0-9]*/*[0-9]/outputs")
+    last = sum(len(block) for block in session_blocks()) - 1
+    assert any(outputs.iterdir()) and not (outputs / str(last)).exists()

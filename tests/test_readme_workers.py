@@ -46,7 +46,7 @@ from pathlib import Path
 import pytest
 
 from attempt_kernel import AttemptTransitioned, Record, read_log, replay, transition
-from pgserver import find_server_bin
+from pgserver import call_off, find_server_bin, watchdog
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -148,14 +148,20 @@ def test_the_readme_session_runs_as_written(tmp_path: Path) -> None:
         ["bash", "-c", "\n".join(script)], cwd=work, env=env, start_new_session=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
+    # Should this process be killed, the session's shell, its workers and its
+    # server would run on (the shell has a session of its own): the watchdog
+    # ends them. On the way out below it is killed first, so it does neither.
+    data = Path(folder) / "data"
+    pg_ctl = shlex.join(["runuser", "-u", "postgres", "--", str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"])
+    guard = watchdog(["bash", "-c", f"kill -KILL -- -{shell.pid}; {pg_ctl}"], Path(folder))
     try:
         # Generous: the session takes about 40 s; this only keeps a broken run from hanging.
         transcript, _ = shell.communicate(timeout=300)
     finally:
+        call_off(guard)
         if shell.poll() is None:
             os.killpg(shell.pid, signal.SIGKILL)
             shell.wait()
-        data = Path(folder) / "data"
         if data.exists():  # the run failed before the README's stop: stop its server
             subprocess.run(
                 ["runuser", "-u", "postgres", "--", str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
