@@ -722,3 +722,52 @@ def test_recover_on_a_url_lets_go_of_a_run_that_comes_to_wait(db: str, tmp_path:
     assert again.returncode == 0, again.stdout + again.stderr
     assert 'run result: {"answer":"yes","charged":{"charged":40}}' in again.stdout, again.stdout
     assert len(book(tmp_path / "book")) == 1
+
+
+def test_recover_on_a_url_leaves_a_queued_runs_inbox_to_the_worker_that_starts_it(
+    db: str, tmp_path: Path
+) -> None:
+    """A signal and a cancel sent to a run submitted but not started wait in the inbox for
+    the worker that starts it. `recover URL` deleted them and sent them back, saying twice
+    that it took each in "(handed to the process that now drives it)", where no process
+    drives the run, and then that every run had finished; every later `recover` did it
+    again. Now it leaves them, names the queued run, and writes nothing."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    submit_run(db, "approver", "a-1")
+    for args in (("signal", db, "a-1", "approve", "--payload", '"yes"'), ("cancel", db, "a-1", "--reason", "test")):
+        sent = cli(tmp_path, *args)
+        assert sent.returncode == 0 and "inbox" in sent.stdout, sent.stdout + sent.stderr
+
+    def inbox() -> list[tuple[object, ...]]:
+        with psycopg.connect(db, autocommit=True) as conn:
+            return conn.execute("SELECT id, run, line FROM attempt_kernel.inbox ORDER BY id").fetchall()
+
+    before = inbox()
+    assert len(before) == 2
+    for _ in range(2):
+        recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER")
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        assert recovered.stdout.startswith(
+            f"recover: nothing to do: {where} ends cleanly and every run in it that has started has"
+            " finished; run(s) a-1 are queued, for a worker of their workflow to start (anything sent"
+            " to them waits in the journal's inbox for it); the log was not changed\n"
+        ), recovered.stdout
+        assert "took in" not in recovered.stdout, recovered.stdout
+        assert inbox() == before  # the same rows: neither taken in nor sent again
+    as_json = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    reported = json.loads(as_json.stdout)
+    assert (reported["changed_nothing"], reported["taken_in"], reported["queued"]) == (True, [], ["a-1"])
+    assert inbox() == before
+    # The worker that starts the run records the cancel before any step, and drops the signal.
+    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.runs["a-1"].standing() == "cancelled"
+    assert inbox() == []

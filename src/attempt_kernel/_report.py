@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Final
 
 from typing_extensions import assert_never
@@ -204,13 +204,19 @@ _LEFT_WAITING: Final = (
 )
 
 
-def recovery_text(recovery: Recovery, source: str) -> str:
-    """What recovery did to the log, for people."""
+def recovery_text(recovery: Recovery, source: str, *, queued: Sequence[str] = ()) -> str:
+    """What recovery did to the log, for people. ``queued``: a journal's runs submitted
+    and not started yet (recovery sees no record of them)."""
     waiting = ", ".join(shown(run) for run in recovery.left_waiting)
     if recovery.changed_nothing and waiting:
         return (
             f"recover: nothing to do: no run in {shown(source)} was cut short; run(s) {waiting}"
             f" only wait, left waiting ({_LEFT_WAITING}); the log was not changed\n"
+        )
+    if recovery.changed_nothing and queued:
+        return (
+            f"recover: nothing to do: {shown(source)} ends cleanly and every run in it that has"
+            f" started has finished; {queued_clause(queued)}; the log was not changed\n"
         )
     if recovery.changed_nothing:
         return (
@@ -232,6 +238,16 @@ def recovery_text(recovery: Recovery, source: str) -> str:
     if waiting:
         out.append(f"  left waiting: run(s) {waiting} ({_LEFT_WAITING})")
     return "\n".join(out) + "\n"
+
+
+def queued_clause(queued: Sequence[str]) -> str:
+    """Runs submitted and not started, named (the first five) for people."""
+    names = ", ".join(shown(run) for run in queued[:5])
+    more = f" and {len(queued) - 5} more" if len(queued) > 5 else ""
+    return (
+        f"run(s) {names}{more} are queued, for a worker of their workflow to start (anything"
+        " sent to them waits in the journal's inbox for it)"
+    )
 
 
 def taken_up_text(recovery: Recovery) -> str:

@@ -1118,12 +1118,13 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             print(f"recover: {shown(line)}")
         if skipped and recovery.changed_nothing and not recovery.left_waiting:
             # "every run has finished" would be false
+            started, also = (" that has started", f"; {_report.queued_clause(queued)}") if queued else ("", "")
             text = (
-                f"recover: nothing else to do: every run in {shown(_redacted(log_path))} that no live"
-                " process drives has finished; the journal was not changed\n"
+                f"recover: nothing else to do: every run in {shown(_redacted(log_path))}{started} that no"
+                f" live process drives has finished{also}; the journal was not changed\n"
             )
         else:
-            text = _report.recovery_text(recovery, _redacted(log_path))
+            text = _report.recovery_text(recovery, _redacted(log_path), queued=queued)
         if recorded_first or (rest is not None and rest.recorded):  # written: the lines above say what
             text = text.replace("; the journal was not changed\n", "; recovery changed nothing else\n")
             text = text.replace("; the log was not changed\n", "; recovery changed nothing else\n")
@@ -1139,8 +1140,9 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     say_left_alone()
     taken_in: list[str] = []
     recorded_first = 0  # changes the inbox held that were recorded before recovery
+    queued: list[str] = []  # submitted, not started: a worker's to start, unseen by recovery
     if _is_url(log_path):
-        from ..postgres._deliver import recoverable, take_in_pg
+        from ..postgres._deliver import queued_runs, recoverable, take_in_pg
 
         # Every run recovery may take up is held before recovery reads the journal:
         # a change sent to one meanwhile then waits in the inbox (taken in below, or
@@ -1154,6 +1156,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         # Held here (asked of `skipped` first): recorded now, not sent back to the inbox.
         first = take_in_pg(log_path, skip=skipped, held_here=elsewhere.held_here)
         taken_in, recorded_first = list(first.lines), first.recorded
+        queued = queued_runs(log_path)
         if not as_json:
             for line in taken_in:
                 print(f"recover: {shown(line)}")
@@ -1188,6 +1191,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             "log": _redacted(log_path),
             "changed_nothing": recovery.changed_nothing and not taken_up,
             "left_alone": sorted(skipped),
+            "queued": queued,
             "taken_in": taken_in,
             "torn_tail": None if tail is None else {
                 "line": tail.line, "offset": tail.offset, "length": tail.length,

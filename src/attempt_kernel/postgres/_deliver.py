@@ -104,6 +104,7 @@ def deliver_pg(
     run: str | None = None,
     schema: str = DEFAULT_SCHEMA,
     held_here: Collection[str] = frozenset(),
+    inbox: bool = True,
 ) -> Delivered:
     """Deliver the change ``build`` makes to the journal at ``url`` (see the module doc).
 
@@ -112,7 +113,10 @@ def deliver_pg(
     the whole journal is read to find the run, and the change is built
     again from the run's records once its row is locked. ``held_here``:
     the runs the caller itself holds (`RunHolds`), whose changes it records
-    at once rather than sending them to its own inbox.
+    at once rather than sending them to its own inbox. ``inbox`` False: a
+    change that would wait in the inbox is not written at all (for
+    `take_in_pg`, whose change is in the inbox already); ``recorded`` False
+    says so.
 
     Returns `Delivered`, durable: ``recorded`` True when the record is in
     the journal, False when it waits in the inbox of the live worker that
@@ -138,7 +142,7 @@ def deliver_pg(
                 ledger.feed(journal.read_run_in(conn, target))
                 _refuse_violations(ledger)
                 if row is not None and row[0] is False and ledger.run(target) is None:
-                    return _to_queued(conn, schema, target, str(row[2]), build)
+                    return _to_queued(conn, schema, target, str(row[2]), build, write=inbox)
                 built, change = build(ledger)
                 if built != target:
                     raise OperationRefused(
@@ -148,7 +152,8 @@ def deliver_pg(
                 now = _one_int(conn.execute(_DB_NOW_US).fetchone())
                 line = encode_record(seq, now, target, change)
                 if held or (row is not None and row[1] is True):
-                    conn.execute(in_schema(_TO_INBOX, schema), (target, line))
+                    if inbox:
+                        conn.execute(in_schema(_TO_INBOX, schema), (target, line))
                     return Delivered(run=target, change=change, recorded=False)
                 # The run's records and this one: what its summary says now.
                 number = ledger.records + 1
@@ -177,7 +182,7 @@ def deliver_pg(
 
 
 def _to_queued(
-    conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str, workflow: str, build: Build
+    conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str, workflow: str, build: Build, *, write: bool
 ) -> Delivered:
     """A change for a queued run (submitted, no record yet): to the inbox, until a worker
     starts the run (`_worker`: a cancel is recorded before any step starts, a signal is
@@ -187,16 +192,18 @@ def _to_queued(
     record alone), so what would be refused then is refused now. Whether the
     workflow is written as code (only such a run waits for signals) is known
     only once a worker starts it: a signal is taken for one here, and the
-    worker drops it, saying why, if the run turns out to be a DAG's.
+    worker drops it, saying why, if the run turns out to be a DAG's. ``write``
+    False: checked, not written.
     """
     started = Ledger()
     started.apply(Record(line=1, seq=1, time_us=0, run=run, change=RunStarted(workflow=workflow, code=True)))
     built, change = build(started)
     if built != run:
         raise OperationRefused(f"the change was built for run {built!r}, not {run!r}; nothing was written")
-    now = _one_int(conn.execute(_DB_NOW_US).fetchone())
-    conn.execute(in_schema(_TO_INBOX, schema), (run, encode_record(1, now, run, change)))
-    conn.execute(in_schema(_WAKE, schema), (run,))
+    if write:
+        now = _one_int(conn.execute(_DB_NOW_US).fetchone())
+        conn.execute(in_schema(_TO_INBOX, schema), (run, encode_record(1, now, run, change)))
+        conn.execute(in_schema(_WAKE, schema), (run,))
     return Delivered(run=run, change=change, recorded=False, queued=True)
 
 
@@ -249,7 +256,10 @@ def take_in_pg(
     inbox (it holds a run once ``skip`` was asked of it: ``recover URL``
     passes its `RunHolds`' ``held``, which that question fills). A change
     that no longer applies (`refusal`) is dropped, and every row handled is
-    deleted. ``only``: the runs whose rows are handled (None: every run's).
+    deleted. A row whose change would wait in the inbox again stays there,
+    untouched and unsaid: that of a queued run (for the worker that starts
+    it) or of a run another process holds (for that process to take in).
+    ``only``: the runs whose rows are handled (None: every run's).
     Returns a line per row handled, and how many changes were recorded.
     """
     with connect(url) as conn:
@@ -274,13 +284,14 @@ def take_in_pg(
                 return run, stored
 
             try:
-                delivered = deliver_pg(url, build, run=run, schema=schema, held_here=held_here)
+                delivered = deliver_pg(url, build, run=run, schema=schema, held_here=held_here, inbox=False)
             except OperationRefused as refused:
                 said.append(f"{run}: dropped an inbox entry: {refused}")
             else:
-                where = "recorded" if delivered.recorded else "handed to the process that now drives it"
-                said.append(f"{run}: took in {type(stored).__name__} from the inbox ({where})")
-                recorded += delivered.recorded
+                if not delivered.recorded:
+                    continue  # its place is the inbox: left as it is
+                said.append(f"{run}: took in {type(stored).__name__} from the inbox (recorded)")
+                recorded += 1
         with connect(url) as conn:
             conn.execute(in_schema(_INBOX_ROW_TAKEN, schema), (row_id,))
     return TakenIn(lines=said, recorded=recorded)
@@ -295,6 +306,20 @@ def recoverable(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
     with connect(url) as conn:
         rows = conn.execute(
             in_schema("SELECT run FROM {s}.summaries WHERE status IN ('interrupted', 'waiting') ORDER BY run", schema)
+        ).fetchall()
+    return [str(run) for (run,) in rows]
+
+
+def queued_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
+    """The runs submitted and not started yet (their row open, no record of them): a
+    worker of their workflow starts them; recovery, which sees only records, does not."""
+    with connect(url) as conn:
+        rows = conn.execute(
+            in_schema(
+                "SELECT r.run FROM {s}.runs r WHERE NOT r.done AND NOT EXISTS"
+                " (SELECT 1 FROM {s}.records c WHERE c.run = r.run) ORDER BY r.run",
+                schema,
+            )
         ).fetchall()
     return [str(run) for (run,) in rows]
 
