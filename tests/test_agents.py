@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,21 @@ def test_the_agent_session_prints_what_the_doc_shows(tmp_path: Path) -> None:
     """Each command of docs/agents.md, run in a fresh folder, prints the doc's output and exit code."""
     work, path = _folder(tmp_path)
     replay_session(DOC, work, path, EXIT_CODES)
+
+
+def test_the_doc_s_times_show_the_retry_waits_its_prose_gives() -> None:
+    """The session's comparison leaves times out, so they are checked here: the shown
+    `exchange_rate@4` attempts start a second and then two apart (the prose, and
+    `RetryPolicy`'s default backoff). A transcript once showed them in one millisecond."""
+    text = DOC.read_text()
+    step = text[text.index("  step exchange_rate@4\n") : text.index("  step think@5\n")]
+    created = [
+        datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ")
+        for stamp in re.findall(r"(\S+)  created\n", step)
+    ]  # fmt: skip
+    assert len(created) == 3
+    gaps = [(b - a).total_seconds() for a, b in zip(created, created[1:])]
+    assert 1.0 <= gaps[0] < 1.5 and 2.0 <= gaps[1] < 2.5, gaps
 
 
 def test_the_doc_quotes_lines_of_the_example_files() -> None:

@@ -175,15 +175,16 @@ def test_the_fake_context_example_tests_a_step_without_the_executor(
 
 
 def test_the_code_workflow_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    """docs/executor.md's code workflow runs and prints the positions its comment shows."""
+    """docs/executor.md's code workflow, run as a user's script, prints what its comments show."""
     doc = (README.parent / "docs" / "executor.md").read_text()
     block = block_with(doc, "async def think(")
-    exec(compile(block, "docs/executor.md", "exec"), {"__name__": "docs_example"})
+    exec(compile(block, "docs/executor.md", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out.splitlines()
     assert out == [
         "succeeded ['think@1', 'search@2', 'think@3', 'search@4', 'think@5']",
         "[{'hits': 3, 'query': 'q0'}, {'hits': 3, 'query': 'q1'}]",
     ]
+    assert f"    # {out[0]}\n    # {out[1]}\n" in block
 
 
 def test_executor_doc_observer_counts_final_states(tmp_path: Path) -> None:
