@@ -20,6 +20,7 @@ import pytest
 
 from attempt_kernel import (
     JSON,
+    AttemptCreated,
     Change,
     CorruptLine,
     Executor,
@@ -877,4 +878,29 @@ def test_a_wait_from_inside_a_step_or_after_the_run_is_refused(tmp_path: Path) -
     assert str(caught.value) == (
         "run.wait_for_signal('go') was called after run 'm-1' finished; a wait belongs to the"
         " run whose function calls it, while it runs"
+    )
+
+
+def test_signal_and_cancel_name_a_run_with_records_but_no_start_and_a_finished_one(tmp_path: Path) -> None:
+    """A log written by hand (as the README's examples/checkout.jsonl) can hold a run's
+    records with no `run_started`: `runs` and `show` list such a run, and `signal` and
+    `cancel` said there was no such run in the log."""
+    path = write_log(tmp_path / "log.jsonl", [AttemptCreated(step="s", attempt=1)], run="h-1")
+    with RunLogWriter(path) as log:
+        log.append("h-2", AttemptCreated(step="s", attempt=1))
+        log.append("h-2", RunFinished())
+    ledger = ledger_of(path)
+    no_start = (
+        r"run 'h-1' has records in the log but no start record \(`run_started`\), so no workflow"
+        r" of it is known and nothing would take the change in; nothing was written"
+    )
+    with pytest.raises(OperationRefused, match=no_start):
+        signal_change(ledger, "h-1", "go")
+    with pytest.raises(OperationRefused, match=no_start):
+        cancel_change(ledger, "h-1")
+    with pytest.raises(OperationRefused, match=r"run 'h-2' has finished \([a-z-]+\); nothing was written"):
+        signal_change(ledger, "h-2", "go")
+    assert refusal(ledger, "h-1", RunCancelRequested()) == (
+        "run 'h-1' has records in the log but no start record (`run_started`), so no workflow"
+        " of it is known and nothing would take the change in"
     )

@@ -132,13 +132,22 @@ def value_problem(value: JSON) -> str | None:
 
 def _open_run(ledger: Ledger, run: str, doing: str) -> RunView:
     view = ledger.runs.get(run)
-    if view is None or view.workflow is None:
+    if view is None:
         raise OperationRefused(f"{doing}: no run {run!r} in the log")
     if view.finished:
         raise OperationRefused(
             f"{doing}: run {run!r} has finished ({view.standing()}); nothing was written"
         )
+    if view.workflow is None:
+        raise OperationRefused(f"{doing}: {_NO_START.format(run=repr(run))}; nothing was written")
     return view
+
+
+# A run whose records have no start record: a log written by hand or by another program.
+_NO_START: Final = (
+    "run {run} has records in the log but no start record (`run_started`), so no"
+    " workflow of it is known and nothing would take the change in"
+)
 
 
 def signal_change(
@@ -264,8 +273,10 @@ def refusal(ledger: Ledger, run: str, change: Delivery) -> str | None:
     if bad is not None:
         return bad
     view = ledger.runs.get(run)
-    if view is None or view.workflow is None:
+    if view is None:
         return f"no run {run!r} in the log"
+    if view.workflow is None:
+        return _NO_START.format(run=repr(run))
     match change:
         case SignalSent():
             if view.finished:
