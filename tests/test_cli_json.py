@@ -82,6 +82,7 @@ def test_signal_then_recover_json(tmp_path: Path, capsys: pytest.CaptureFixture[
         "log": str(log),
         "changed_nothing": False,
         "left_alone": [],
+        "queued": [],
         "taken_in": [],
         "torn_tail": None,
         "asked": [],
