@@ -771,3 +771,68 @@ def test_recover_on_a_url_leaves_a_queued_runs_inbox_to_the_worker_that_starts_i
         ledger.feed(journal.read())
     assert ledger.runs["a-1"].standing() == "cancelled"
     assert inbox() == []
+
+
+# A CLI whose `deliver_pg` pauses right after it finds whether a process holds the run:
+# a slow sender (its transaction open, the run's send key taken). It writes what it
+# found to ./checked, and goes on once ./go-sender exists.
+_PAUSED_SENDER = """
+import sys, time
+from pathlib import Path
+from attempt_kernel.postgres import _deliver
+found = _deliver.held_by_a_process
+def paused(conn, schema, run):
+    held = found(conn, schema, run)
+    Path("checked").write_text(str(held))
+    while not Path("go-sender").exists():
+        time.sleep(0.02)
+    return held
+_deliver.held_by_a_process = paused
+from attempt_kernel.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_that_found_the_run_held_by_recover_is_taken_in_after_recover_lets_go(
+    db: str, tmp_path: Path
+) -> None:
+    """A sender that found a waiting run held by `recover URL` sends its signal to the
+    inbox. If recover let go of the run and read the inbox before that sender committed,
+    nobody ever read the row: the signal was accepted (exit 0) and the run waited for
+    ever. Recover now waits for such a sender to commit before its last read."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    with recover_paused_after_its_read(tmp_path, db, "waitflows:APPROVER") as recovering:
+        with subprocess.Popen(
+            [sys.executable, "-c", _PAUSED_SENDER, "signal", db, "a-1", "approve", "--payload", '"yes"'],
+            cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ) as sender:  # fmt: skip
+            deadline = time.monotonic() + 60  # no bound asserted: a safety net
+            while not (tmp_path / "checked").exists():
+                assert sender.poll() is None and time.monotonic() < deadline, sender.communicate()
+                time.sleep(0.02)
+            assert (tmp_path / "checked").read_text() == "True"  # recover holds the run
+            (tmp_path / "go").touch()
+            # Recover lets go of the run, then either ends (it did not wait for the
+            # sender) or waits on the sender's key: only then does the sender go on.
+            with psycopg.connect(db, autocommit=True) as conn:
+                while recovering.poll() is None and conn.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone() == (0,):
+                    assert time.monotonic() < deadline
+                    time.sleep(0.02)
+            (tmp_path / "go-sender").touch()
+            sent_out, sent_err = sender.communicate(timeout=60)
+        out, err = recovering.communicate(timeout=120)
+    assert sender.returncode == 0 and "inbox" in sent_out, sent_out + sent_err
+    assert recovering.returncode == 0, out + err
+    assert "recover: a-1: took in SignalSent from the inbox (recorded)\n" in out, out
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchone() == (0,)
+    assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"

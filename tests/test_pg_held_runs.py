@@ -88,17 +88,31 @@ def test_a_process_cannot_take_up_a_run_while_a_change_to_it_is_being_written(
 ) -> None:
     """The sender's check holds the run's key (shared) until it commits, so a process
     that comes to take the run up then cannot: it never reads the run's records without
-    a change that is about to be committed. It waits a moment for the key, then says the
-    run is held; once the sender is done, it may take it."""
+    a change that is about to be committed. It waits for the key, however long the
+    sender takes: it used to give up after ``take_wait`` and say the run was held, so
+    `recover` left an interrupted run alone, as if another process drove it, whenever a
+    sender's transaction outlasted a quarter of a second. Once the sender is done, it
+    takes the run."""
     PgJournal(pg_url, schema=schema).close()  # the tables
     with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=0.05) as holds:
+        taken: list[bool] = []
         with sender.transaction():
             got = sender.execute(
                 "SELECT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),)
             ).fetchone()
             assert got == (True,)
-            assert holds.take("r") is False
-        assert holds.take("r") is True
+            taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
+            taker.start()
+            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+            while sender.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone() != (1,):
+                assert time.monotonic() < deadline, "the take never waited for the key"
+                time.sleep(0.01)
+            time.sleep(0.5)  # ten times take_wait: the take asked again, and waits on
+            assert taken == []
+        taker.join()
+        assert taken == [True]
         assert holds.take("r") is True  # taken once: one unlock lets it go
         holds.let_go("r")
     with RunHolds(pg_url, schema=schema) as other:

@@ -27,8 +27,11 @@ Theory of operation:
   comes to take the run up meanwhile finds it held (and leaves it, as it
   leaves a run another process drives) rather than reading its records
   before the change is committed. Senders to one run go one at a time (an
-  advisory lock on another key of the run, for the transaction): a run
-  ``run URL`` started has no row to lock.
+  advisory lock on another key of the run, `send_key`, for the
+  transaction): a run ``run URL`` started has no row to lock. A process
+  that lets go of a run takes that key once before it reads the inbox a
+  last time (`RunHolds.let_go`), so a sender that found the run held has
+  committed by then and its change is read.
 - A queued run (its row not done, no record of it yet): a signal or a
   cancel, checked against the run as it will stand once started, goes to
   the ``inbox`` too (``queued`` True), until a worker starts the run: the
@@ -67,9 +70,9 @@ from ._journal import (
     PgJournalError,
     connect,
     held_by_a_process,
-    hold_key,
     in_schema,
     inbox_change,
+    send_key,
     summary_of,
     summary_upsert_after,
 )
@@ -136,7 +139,7 @@ def deliver_pg(
             with connect(url) as conn, conn.transaction():
                 conn.execute("SELECT set_config('synchronous_commit', 'on', true)")
                 row = conn.execute(in_schema(_LOCK, schema), (target,)).fetchone()
-                conn.execute(_ONE_SENDER, (hold_key(schema, target, purpose="attempt-kernel-send"),))
+                conn.execute(_ONE_SENDER, (send_key(schema, target),))
                 held = target not in held_here and held_by_a_process(conn, schema, target)
                 ledger = Ledger()
                 ledger.feed(journal.read_run_in(conn, target))

@@ -2258,6 +2258,13 @@ def hold_key(schema: str, run: str, *, purpose: str = "attempt-kernel") -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
 
 
+def send_key(schema: str, run: str) -> int:
+    """The advisory-lock key an operator's delivery to ``run`` holds for its transaction
+    (`deliver_pg`): senders to a run go one at a time, and `RunHolds.let_go` waits
+    for the one that found the run held."""
+    return hold_key(schema, run, purpose="attempt-kernel-send")
+
+
 def held_by_a_process(conn: psycopg.Connection[Any], schema: str, run: str) -> bool:
     """Does a process outside the workers (``attempt-kernel run URL`` or ``recover URL``,
     `RunHolds`) hold ``run``? A shared try of the run's key: when none does, it stays
@@ -2268,7 +2275,8 @@ def held_by_a_process(conn: psycopg.Connection[Any], schema: str, run: str) -> b
 
 
 TAKE_WAIT: Final = 0.25
-"""Seconds `RunHolds.take` waits for a run's key before it says that another process holds it."""
+"""Seconds `RunHolds.take` waits for a run's key before it asks again whether a process holds it
+for good (or only operators, each for a transaction)."""
 
 
 @final
@@ -2279,7 +2287,7 @@ class RunHolds:
     ``attempt-kernel run URL`` starts has no row, and ``recover URL`` resumes
     runs without taking one. Each holds the runs it drives here instead: a
     session-level advisory lock per run (``pg_advisory_lock`` on a key made
-    from the schema and the run id, waiting ``take_wait`` at most), on a
+    from the schema and the run id, waiting out operators that hold it for a transaction), on a
     connection of its own. The
     locks go when `close` is called, and when the process dies (the server
     ends its session when the connection drops). So a second ``run`` of the
@@ -2333,24 +2341,26 @@ class RunHolds:
     def take(self, run: str) -> bool:
         """Hold ``run`` (True), or say that another process, or a live worker, drives it now (False).
 
-        Waits up to ``take_wait`` seconds for the key while only operators
-        hold it: an operator sending a change to the run holds it, shared,
-        for as long as its transaction lasts (`deliver_pg`), where a process
-        that holds the run holds it exclusively, for good, and is answered
-        at once."""
+        Waits for the key while only operators hold it: an operator sending a
+        change to the run holds it, shared, for as long as its transaction
+        lasts (`deliver_pg`), where a process that holds the run holds it
+        exclusively, for good, and is answered at once. Every ``take_wait``
+        seconds of waiting it asks again which it is (one such process may
+        have come meanwhile)."""
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
         key = hold_key(self._schema, run)
-        row = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone()
-        if row != (True,):
+        taken = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (True,)
+        while not taken:
             unsigned = key & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks shows a bigint key as two oids
             held = self._conn.execute(self._held_for_good, (str(unsigned >> 32), str(unsigned & 0xFFFF_FFFF))).fetchone()
             if held != (False,):
                 return False
             try:
                 self._conn.execute("SELECT pg_advisory_lock(%s)", (key,))
+                taken = True
             except psycopg.errors.LockNotAvailable:
-                return False
+                pass  # only operators held it all along (a slow one): ask again
         # Held, then asked whether a live worker claimed the run meanwhile: a worker
         # claims first and then asks whether the run is held (`Worker`), so one of
         # the two always sees the other, and never do both drive the run.
@@ -2367,10 +2377,18 @@ class RunHolds:
 
     def let_go(self, run: str) -> None:
         """Stop holding ``run`` (held or not): another process may take it up from now on,
-        and an operator's change to it is written straight into the journal again."""
+        and an operator's change to it is written straight into the journal again.
+
+        Returns once every operator who found the run held has committed: such a
+        change goes to the inbox, and the sender holds the run's send key
+        (`send_key`) from before it looks to its commit. So a read of the inbox
+        after this sees each change sent while the run was held."""
         if run in self.held:
             self._conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(self._schema, run),))
             self.held.discard(run)
+            with self._conn.transaction():
+                self._conn.execute("SET LOCAL lock_timeout = 0")  # a sender's transaction may be long
+                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(self._schema, run),))
 
     def close(self) -> None:
         """Let every run go: unlocked before the connection closes (the server ends a
