@@ -187,3 +187,51 @@ def test_the_library_refuses_a_payload_or_result_as_the_command_line_does(
     with pytest.raises(OperationRefused, match=rf"^reconciliation of intent 'k-send': the result {why}"):
         reconcile_intent(reconcilable, "k-send", confirmed=True, result=value)
     assert listing(tmp_path) == before
+
+
+URL = "postgresql://app@127.0.0.1:1/db"  # nothing listens there: each refusal comes before a connection
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "cliflows:GREETER", "--log", URL, "--run", "a\udcffb"],
+        ["submit", URL, "cliflows:GREETER", "--run", "a\udcffb"],
+        ["signal", URL, "a\udcffb", "approve"],
+        ["cancel", URL, "a\udcffb"],
+        ["show", URL, "a\udcffb"],
+        ["resume", URL, "a\udcffb"],
+        ["export", URL, "--run", "a\udcffb"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_a_run_id_that_is_not_utf8_is_refused_for_a_postgresql_journal(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A byte the command line could not decode ($'a\\xffb' in bash) reaches Python as a
+    lone surrogate, which a file log can hold but PostgreSQL text cannot: every command
+    given a URL ended in a traceback from the database driver (exit 1)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"attempt-kernel {argv[0]}: error: run id 'a\\udcffb' is not valid UTF-8 (character 1 stands"
+        " for a byte the command line could not decode): a PostgreSQL journal holds only UTF-8 run ids\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["replay", ""], ["runs", ""], ["show", "", "r-1"], ["recover", ""], ["signal", "", "r-1", "go"], ["export", ""]],
+    ids=lambda argv: argv[0],
+)
+def test_an_empty_log_path_is_named_as_such(
+    argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`Path("")` is the current folder: the error named `.`, a path the user did not type."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"attempt-kernel {argv[0]}: error: the log path is empty: give a run log's file name"
+        " (or a postgresql:// URL)\n"
+    )
+    assert listing(tmp_path) == {}

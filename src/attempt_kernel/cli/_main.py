@@ -1965,9 +1965,13 @@ def _main(argv: Sequence[str] | None) -> int:
     if handler is None:  # argparse forbids it
         raise AssertionError(f"unhandled command {command!r}")
     try:
+        if command not in ("run", "demo") and getattr(args, "log", None) == "":
+            # Path("") is ".": the message would name a folder the user did not type
+            raise _Usage("the log path is empty: give a run log's file name (or a postgresql:// URL)")
         for journal in (getattr(args, "log", None), getattr(args, "url", None)):
             if isinstance(journal, str) and _is_url(journal) and command != "demo":
                 _needs_psycopg(journal)  # one message for every command given a URL without the extra
+                _utf8_run_ids(args)
         return handler(args)
     except (KeyboardInterrupt, _Terminated) as stop:
         # SIGINT or SIGTERM outside a run's own handling (which stops runs
@@ -1982,6 +1986,21 @@ def _main(argv: Sequence[str] | None) -> int:
         # One shape for every error found after parsing, as argparse's own last line:
         # `attempt-kernel CMD: error: MESSAGE` on stderr.
         return _error_exit(command, error)
+
+
+def _utf8_run_ids(args: argparse.Namespace) -> None:
+    """A PostgreSQL journal keeps run ids as text, which holds only UTF-8: a run id with
+    a byte the command line could not decode (``\\udcff``) is refused at the door."""
+    for field in ("run", "run_id"):
+        run = getattr(args, field, None)
+        if isinstance(run, str):
+            try:
+                run.encode("utf-8")
+            except UnicodeEncodeError as error:
+                raise _Usage(
+                    f"run id {run!r} is not valid UTF-8 (character {error.start} stands for a byte"
+                    " the command line could not decode): a PostgreSQL journal holds only UTF-8 run ids"
+                ) from None
 
 
 def _error_exit(command: str, error: AttemptKernelError) -> int:
