@@ -798,41 +798,80 @@ def test_a_signal_that_found_the_run_held_by_recover_is_taken_in_after_recover_l
 ) -> None:
     """A sender that found a waiting run held by `recover URL` sends its signal to the
     inbox. If recover let go of the run and read the inbox before that sender committed,
-    nobody ever read the row: the signal was accepted (exit 0) and the run waited for
-    ever. Recover now waits for such a sender to commit before its last read."""
-    from test_cli_waits import cli as waits_cli
+    nobody read the row: the signal was accepted (exit 0) and stayed in the inbox, unseen
+    by recover, which had just said the run only waits. Recover now waits for such a
+    sender to commit before its last read, and records the signal."""
+    from test_cli_waits import read_until, start
 
-    from attempt_kernel.postgres._worker import submit_run
-
+    where = "postgresql://postgres@" + db.partition("@")[2]
     shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
-    submit_run(db, "approver", "a-1")
-    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert released.returncode == 0, released.stdout + released.stderr
+    # A run `run URL` started (no worker takes it up), killed while it waits.
+    first = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1", WAIT_BOOK="book")
+    try:
+        read_until(first, f"run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal {where} a-1"
+                   " approve (add --payload JSON to send a value)\n")  # fmt: skip
+    finally:
+        first.kill()
+        first.communicate()
     with recover_paused_after_its_read(tmp_path, db, "waitflows:APPROVER") as recovering:
         with subprocess.Popen(
             [sys.executable, "-c", _PAUSED_SENDER, "signal", db, "a-1", "approve", "--payload", '"yes"'],
             cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ) as sender:  # fmt: skip
-            deadline = time.monotonic() + 60  # no bound asserted: a safety net
-            while not (tmp_path / "checked").exists():
-                assert sender.poll() is None and time.monotonic() < deadline, sender.communicate()
-                time.sleep(0.02)
-            assert (tmp_path / "checked").read_text() == "True"  # recover holds the run
-            (tmp_path / "go").touch()
-            # Recover lets go of the run, then either ends (it did not wait for the
-            # sender) or waits on the sender's key: only then does the sender go on.
-            with psycopg.connect(db, autocommit=True) as conn:
-                while recovering.poll() is None and conn.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                ).fetchone() == (0,):
-                    assert time.monotonic() < deadline
+            try:
+                deadline = time.monotonic() + 60  # no bound asserted: a safety net
+                while not (tmp_path / "checked").exists():
+                    assert sender.poll() is None and time.monotonic() < deadline, sender.communicate()
                     time.sleep(0.02)
-            (tmp_path / "go-sender").touch()
+                checked = (tmp_path / "checked").read_text()
+                (tmp_path / "go").touch()
+                # Recover lets go of the run, then either ends (it did not wait for the
+                # sender) or waits on the sender's key: only then does the sender go on.
+                with psycopg.connect(db, autocommit=True) as conn:
+                    while recovering.poll() is None and conn.execute(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    ).fetchone() == (0,):
+                        assert time.monotonic() < deadline
+                        time.sleep(0.02)
+            finally:
+                (tmp_path / "go").touch()
+                (tmp_path / "go-sender").touch()
             sent_out, sent_err = sender.communicate(timeout=60)
         out, err = recovering.communicate(timeout=120)
+    assert checked == "True"  # recover held the run
     assert sender.returncode == 0 and "inbox" in sent_out, sent_out + sent_err
     assert recovering.returncode == 0, out + err
     assert "recover: a-1: took in SignalSent from the inbox (recorded)\n" in out, out
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchone() == (0,)
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert [signal.name for signal in ledger.runs["a-1"].signals] == ["approve"]
+
+
+def test_recover_url_does_not_hold_a_submitted_waiting_run_it_leaves_to_the_workers(
+    db: str, tmp_path: Path
+) -> None:
+    """`recover URL` held every waiting run for the whole of its recovery, those it leaves
+    to the workers too: a signal to one waited in the inbox, and a worker found the run
+    held (by "another process (recover)") and let it be, until recovery ended, however
+    long its reconcilers took. Such a run is the workers' from the start now: a signal
+    sent while recovery goes on is recorded at once, waking the run."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    with recover_paused_after_its_read(tmp_path, db, "waitflows:APPROVER") as recovering:
+        sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        (tmp_path / "go").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout.endswith(f": recorded in {where}\n"), sent.stdout
+    assert recovering.returncode == 0, out + err
     assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"

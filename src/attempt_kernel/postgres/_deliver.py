@@ -302,13 +302,20 @@ def take_in_pg(
 
 def recoverable(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
     """The runs `attempt-kernel recover URL` may take up or write for, by their summaries:
-    those that stand ``interrupted`` (cut short, or reconciled since they ended needing it)
-    or ``waiting``. It holds them before it reads the journal (see `RunHolds`)."""
+    those that stand ``interrupted`` (cut short, or reconciled since they ended needing it),
+    and those that stand ``waiting`` that no worker takes up (``run URL`` started them,
+    never submitted; a submitted one is the workers'). It holds them before it reads the
+    journal (see `RunHolds`)."""
     with PgJournal(url, schema=schema):  # connects (naming the host) and migrates
         pass
     with connect(url) as conn:
         rows = conn.execute(
-            in_schema("SELECT run FROM {s}.summaries WHERE status IN ('interrupted', 'waiting') ORDER BY run", schema)
+            in_schema(
+                "SELECT s.run FROM {s}.summaries s WHERE s.status = 'interrupted' OR (s.status = 'waiting'"
+                " AND NOT EXISTS (SELECT 1 FROM {s}.runs r WHERE r.run = s.run AND r.workflow IS NOT NULL))"
+                " ORDER BY s.run",
+                schema,
+            )
         ).fetchall()
     return [str(run) for (run,) in rows]
 
