@@ -875,3 +875,31 @@ def test_recover_url_does_not_hold_a_submitted_waiting_run_it_leaves_to_the_work
     assert sent.stdout.endswith(f": recorded in {where}\n"), sent.stdout
     assert recovering.returncode == 0, out + err
     assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"
+
+
+def test_run_url_refuses_the_id_of_a_run_waiting_in_the_queue(db: str, shop: Path) -> None:
+    """`run --log URL --run ID` with the id of a submitted run that no worker has started
+    ran it outside the queue, leaving its queue row open for a worker to claim later (and
+    with a worker racing, both held it for a moment). It is the queue's: refused, nothing
+    written."""
+    from attempt_kernel.postgres._worker import submit_run
+
+    submit_run(db, "orders", "q-1")
+
+    def rows() -> list[tuple[object, ...]]:
+        with psycopg.connect(db, autocommit=True) as conn:
+            return conn.execute("SELECT run, workflow, owner, done FROM attempt_kernel.runs ORDER BY run").fetchall()
+
+    before = rows()
+    ran = cli(shop, "run", "flows:orders", "--log", db, "--run", "q-1", "--input", ORDER)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    assert ran.stderr == (
+        f"attempt-kernel run: error: run 'q-1' in {where} was submitted to its queue, where a worker"
+        " of workflow 'orders' starts it (`attempt-kernel worker URL --workflows MODULE:ATTR`);"
+        " nothing was written: pick another --run\n"
+    ), ran.stderr
+    assert ran.stdout == ""
+    with PgJournal(db) as journal:
+        assert list(journal.read()) == []
+    assert rows() == before

@@ -610,6 +610,13 @@ def _submitted(url: str) -> Callable[[Collection[str]], Collection[str]]:
     return lambda runs: submitted(url, runs)
 
 
+def _submitted_for(url: str, run: str) -> str | None:
+    """The workflow ``run`` was submitted for to the journal at ``url``'s queue, if it was."""
+    from ..postgres._deliver import submitted_for
+
+    return submitted_for(url, run)
+
+
 def _pg_journal(url: str) -> PgJournal:
     try:
         from ..postgres._journal import PgJournal
@@ -917,6 +924,13 @@ def _run(args: argparse.Namespace) -> int:
         ledger = Ledger()
         ledger.feed(log.read())
         known = ledger.run(run)
+        queued_for = _submitted_for(log_path, run) if known is None and _is_url(log_path) else None
+        if queued_for is not None:
+            raise _Usage(
+                f"run {run!r} in {_redacted(log_path)} was submitted to its queue, where a worker of"
+                f" workflow {queued_for!r} starts it (`attempt-kernel worker URL --workflows"
+                " MODULE:ATTR`); nothing was written: pick another --run"
+            )
         if known is not None:
             if not known.finished:
                 raise _Usage(

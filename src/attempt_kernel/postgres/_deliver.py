@@ -334,6 +334,15 @@ def queued_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
     return [str(run) for (run,) in rows]
 
 
+def submitted_for(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str | None:
+    """The workflow ``run`` was submitted for, if it is in the queue (None: not submitted)."""
+    with connect(url) as conn:
+        row = conn.execute(
+            in_schema("SELECT workflow FROM {s}.runs WHERE run = %s AND workflow IS NOT NULL", schema), (run,)
+        ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def submitted(url: str, runs: Collection[str], *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
     """Which of ``runs`` are in the queue, for a worker of their workflow to claim: the
     others (started by ``attempt-kernel run URL``, never submitted) no worker takes."""
