@@ -235,3 +235,35 @@ def test_an_empty_log_path_is_named_as_such(
         " (or a postgresql:// URL)\n"
     )
     assert listing(tmp_path) == {}
+
+
+def test_a_run_whose_log_fills_the_disk_says_how_to_go_on(tmp_path: Path) -> None:
+    """A write that fails mid-run (here the file size limit, as a full disk) ends `run`
+    with the writer's error (exit 2): it now also says the run stays unfinished and which
+    `recover` goes on with it, as a stop by a signal does. That recover finishes it."""
+    import resource
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    shutil.copy(Path(__file__).parent / "cliflows.py", tmp_path / "cliflows.py")
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (400, 400))  # the run's first records, not its end
+
+    argv = [sys.executable, "-m", "attempt_kernel", "run", "cliflows:GREETER", "--log", "g.jsonl", "--input", '"ada"']
+    ran = subprocess.run(argv, cwd=tmp_path, preexec_fn=limited, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 2, ran.stdout + ran.stderr
+    assert ran.stderr.startswith("attempt-kernel run: error: g.jsonl: the writer failed"), ran.stderr
+    assert ran.stderr.endswith(
+        "the disk is full); run 'greeter-1' stays unfinished: `attempt-kernel recover g.jsonl --workflows"
+        " cliflows:GREETER` goes on with it once the log can be written again\n"
+    ), ran.stderr
+    recovered = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "recover", "g.jsonl", "--workflows", "cliflows:GREETER"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "run status: succeeded" in recovered.stdout, recovered.stdout

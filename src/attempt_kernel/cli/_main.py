@@ -42,7 +42,7 @@ from .._executor import Job, RunsStopped, Stopper, recorded_report, run_jobs
 from .._history import run_history
 from .._ledger import Ledger
 from .._observe import utc
-from .._logfile import FileLog, RunLogWriter, open_regular
+from .._logfile import FileLog, LogWriteFailed, RunLogWriter, open_regular
 from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
 from .._inbox import inbox_path, inbox_size, settle_inbox
 from .._operate import (
@@ -844,6 +844,13 @@ def _orphans_json(recovery: Recovery) -> list[dict[str, object]]:
     ]  # fmt: skip
 
 
+def _failed_writing(error: RunLogError) -> bool:
+    """Did the log fail as it was written (a log file's write or fsync, a PostgreSQL
+    journal's append or connection), rather than refuse what it was given?"""
+    journal = sys.modules.get(_PG_JOURNAL)  # loaded if a URL was opened (psycopg is optional)
+    return isinstance(error, LogWriteFailed) or (journal is not None and isinstance(error, journal.PgJournalError))
+
+
 def _stopped(command: str, error: RunsStopped, resume: str) -> int:
     runs = ", ".join(shown(r.run) for r in error.reports) or "none"
     name = signal.Signals(error.signal).name
@@ -972,6 +979,14 @@ def _run(args: argparse.Namespace) -> int:
         except RunsStopped as error:
             resume = _suggested("recover", _redacted(log_path), "--workflows", target)
             return _hold_lost("run", lost, error, resume) if lost else _stopped("run", error, resume)
+        except RunLogError as error:
+            if not _failed_writing(error):
+                raise
+            resume = _suggested("recover", _redacted(log_path), "--workflows", target)
+            raise _Usage(
+                f"{error}; run {run!r} stays unfinished: `{resume}` goes on with it once the log"
+                " can be written again"
+            ) from error
     if as_json:
         _print_json({"log": _redacted(log_path), "ran": True, **_run_json(report)})
     else:
