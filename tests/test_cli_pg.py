@@ -422,6 +422,21 @@ LEFT = (
 )
 
 
+def run_url_killed_while_it_waits(tmp_path: Path, db: str, run: str) -> None:
+    """`run waitflows:APPROVER --log DB --run RUN`, killed (SIGKILL) once its run waits for
+    its signal: a run no worker takes up (never submitted), left waiting, held by no one."""
+    from test_cli_waits import read_until, start
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    first = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", run, WAIT_BOOK="book")
+    try:
+        read_until(first, f"run {run} waits for signal 'approve'; end the wait with: attempt-kernel signal {where} {run}"
+                   " approve (add --payload JSON to send a value)\n")  # fmt: skip
+    finally:
+        first.kill()
+        first.communicate()
+
+
 def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_signal_is_sent(
     db: str, tmp_path: Path
 ) -> None:
@@ -430,17 +445,11 @@ def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_s
     even once its signal was sent (saying every run had finished): a dead end. Now recover
     says it waits and what takes it up, writes nothing while it cannot go on, and once
     its signal is sent takes it up and finishes it, the card charged once."""
-    from test_cli_waits import book, read_until, start
+    from test_cli_waits import book
     from test_cli_waits import cli as waits_cli
 
     where = "postgresql://postgres@" + db.partition("@")[2]
-    first = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1", WAIT_BOOK="book")
-    try:
-        read_until(first, f"run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal {where} a-1"
-                   " approve (add --payload JSON to send a value)\n")  # fmt: skip
-    finally:
-        first.kill()
-        first.communicate()
+    run_url_killed_while_it_waits(tmp_path, db, "a-1")
     with PgJournal(db) as journal:
         before = list(journal.read())
     left = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
@@ -801,18 +810,8 @@ def test_a_signal_that_found_the_run_held_by_recover_is_taken_in_after_recover_l
     nobody read the row: the signal was accepted (exit 0) and stayed in the inbox, unseen
     by recover, which had just said the run only waits. Recover now waits for such a
     sender to commit before its last read, and records the signal."""
-    from test_cli_waits import read_until, start
-
-    where = "postgresql://postgres@" + db.partition("@")[2]
     shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
-    # A run `run URL` started (no worker takes it up), killed while it waits.
-    first = start(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1", WAIT_BOOK="book")
-    try:
-        read_until(first, f"run a-1 waits for signal 'approve'; end the wait with: attempt-kernel signal {where} a-1"
-                   " approve (add --payload JSON to send a value)\n")  # fmt: skip
-    finally:
-        first.kill()
-        first.communicate()
+    run_url_killed_while_it_waits(tmp_path, db, "a-1")
     with recover_paused_after_its_read(tmp_path, db, "waitflows:APPROVER") as recovering:
         with subprocess.Popen(
             [sys.executable, "-c", _PAUSED_SENDER, "signal", db, "a-1", "approve", "--payload", '"yes"'],

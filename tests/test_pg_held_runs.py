@@ -119,28 +119,6 @@ def test_a_process_cannot_take_up_a_run_while_a_change_to_it_is_being_written(
         assert other.take("r") is True
 
 
-def test_taking_a_run_waits_out_a_senders_transaction_rather_than_skipping_the_run(
-    pg_url: str, schema: str
-) -> None:
-    """A sender's transaction is short: `take` waits for it (up to ``take_wait``), so a
-    `recover` that meets one does not leave the run alone as if another process drove it."""
-    PgJournal(pg_url, schema=schema).close()  # the tables
-    with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=60) as holds:
-        taken: list[bool] = []
-        with sender.transaction():
-            sender.execute("SELECT pg_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),))
-            taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
-            taker.start()
-            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
-            while sender.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone() != (1,):
-                assert time.monotonic() < deadline, "the take never waited for the key"
-                time.sleep(0.01)
-        taker.join()
-        assert taken == [True]
-
-
 def test_take_in_hands_each_rows_change_to_deliver_and_deletes_what_it_took(
     pg_url: str, schema: str
 ) -> None:
