@@ -902,3 +902,73 @@ def test_run_url_refuses_the_id_of_a_run_waiting_in_the_queue(db: str, shop: Pat
     with PgJournal(db) as journal:
         assert list(journal.read()) == []
     assert rows() == before
+
+
+def test_recover_url_leaves_a_submitted_waiting_run_to_the_workers_while_its_reconcilers_run(
+    db: str, tmp_path: Path
+) -> None:
+    """Not held before recovery read the journal, a submitted waiting run was still held
+    once recovery came to it, for as long as recovery lasted (here a reconciler of another
+    run that never answers): a signal to it waited in the inbox of a process that never
+    takes it in, and stayed there once that process was stopped. It is the workers'
+    throughout now: the signal is recorded at once, and a worker finishes the run."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    for flows in ("recoveryflows.py", "waitflows.py"):
+        shutil.copy(Path(__file__).parent / flows, tmp_path / flows)
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    env = {**os.environ, "CRASH_IN_EFFECT": "1"}
+    crashed = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "run", "recoveryflows:charges", "--log", db, "--run", "c-1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert crashed.returncode == 70, crashed.stdout + crashed.stderr
+    asked = tmp_path / "asked"
+    recover = ["recover", db, "--workflows", "waitflows:APPROVER", "--workflows", "recoveryflows:charges"]
+    with subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", *recover],
+        cwd=tmp_path, env={**os.environ, "RECOVERY_READY": str(asked)},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60  # no bound asserted: a safety net
+            while not asked.exists():  # recovery came to the waiting run, and asks c-1's reconciler
+                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+                time.sleep(0.02)
+            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        finally:
+            recovering.terminate()
+        recovering.communicate(timeout=60)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout.endswith(f": recorded in {where}\n"), sent.stdout
+    assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"
+
+
+def test_a_change_a_holder_never_took_in_wakes_the_submitted_run_for_the_workers(
+    db: str, tmp_path: Path
+) -> None:
+    """A process holds a submitted waiting run (as `recover URL` holds the runs it drives)
+    and goes away without taking in the signal sent to it meanwhile (stopped, say). The
+    signal waited in the inbox, and the run's row still said to wait for ever: no worker
+    claimed it. The sender wakes the run too, so a worker claims it and takes the signal in."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._journal import RunHolds
+    from attempt_kernel.postgres._worker import submit_run
+
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert released.returncode == 0, released.stdout + released.stderr
+    with RunHolds(db) as holds:
+        assert holds.take("a-1")
+        sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        assert sent.returncode == 0, sent.stdout + sent.stderr
+        assert sent.stdout.endswith(HANDED), sent.stdout
+    assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchone() == (0,)

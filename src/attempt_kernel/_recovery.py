@@ -190,13 +190,20 @@ def recover(
     # else drives its waiting runs) or when named in ``only_runs`` (a worker
     # that claimed it again): it is handed back, or closed if its cancel was
     # decided meanwhile. Elsewhere (``recover URL``) it is left to the workers.
-    waiting = [
+    # One that ``claimable`` names is the workers' and is not asked of
+    # ``skip_runs`` (asking takes hold of a run, `recover URL`'s `RunHolds`,
+    # which would keep workers and operators' changes off it meanwhile).
+    candidates = [
         view.run
         for view in ledger.runs.values()
         if view.standing() == "waiting" and not include_waiting and only_runs is None
-        and view.run not in skip_runs
     ]  # fmt: skip
-    others = set(waiting if claimable is None or not waiting else claimable(waiting))
+    if claimable is None:
+        waiting = [run for run in candidates if run not in skip_runs]
+        others = set(waiting)
+    else:
+        others = set(claimable(candidates)) if candidates else set()
+        waiting = [run for run in candidates if run in others or run not in skip_runs]
     now_us = time.time_ns() // 1000
     ready = {run for run in waiting if run not in others and ledger.runs[run].can_go_on(now_us)}
     left_waiting = tuple(run for run in waiting if run not in ready)

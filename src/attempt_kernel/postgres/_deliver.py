@@ -22,7 +22,11 @@ Theory of operation:
   (``attempt-kernel run URL`` or ``recover URL``, `RunHolds`: an exclusive
   advisory lock on the run's key): the change goes to the ``inbox`` too,
   since that process numbers the run's records; it takes the change in
-  within about a second (`PgJournal.take_in`). ``recorded`` is False. The
+  within about a second (`PgJournal.take_in`). ``recorded`` is False. A
+  submitted run is woken as well (``wake_at`` cleared): a worker that
+  claims it while it is held leaves it for a second at a time, and once
+  the process lets go (or is stopped) one claims it and takes the change
+  in. The
   check takes the same key shared for the transaction, so a process that
   comes to take the run up meanwhile finds it held (and leaves it, as it
   leaves a run another process drives) rather than reading its records
@@ -157,6 +161,11 @@ def deliver_pg(
                 if held or (row is not None and row[1] is True):
                     if inbox:
                         conn.execute(in_schema(_TO_INBOX, schema), (target, line))
+                        if held and row is not None:
+                            # A submitted run a process holds: should that process let go
+                            # without taking the change in (stopped, say), a worker claims
+                            # the run once it is free, and takes the change in.
+                            conn.execute(in_schema(_WAKE, schema), (target,))
                     return Delivered(run=target, change=change, recorded=False)
                 # The run's records and this one: what its summary says now.
                 number = ledger.records + 1
