@@ -202,7 +202,7 @@ def recover(
         waiting = [run for run in candidates if run not in skip_runs]
         others = set(waiting)
     else:
-        others = set(claimable(candidates)) if candidates else set()
+        others = set(claimable(candidates)) if candidates else set[str]()
         waiting = [run for run in candidates if run in others or run not in skip_runs]
     now_us = time.time_ns() // 1000
     ready = {run for run in waiting if run not in others and ledger.runs[run].can_go_on(now_us)}
