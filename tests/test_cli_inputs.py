@@ -258,8 +258,9 @@ def test_a_run_whose_log_fills_the_disk_says_how_to_go_on(tmp_path: Path) -> Non
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert ran.stderr.startswith("attempt-kernel run: error: g.jsonl: the writer failed"), ran.stderr
     assert ran.stderr.endswith(
-        "the disk is full); run 'greeter-1' stays unfinished: `attempt-kernel recover g.jsonl --workflows"
-        " cliflows:GREETER` goes on with it once the log can be written again\n"
+        "the disk is full); what was written of run 'greeter-1' stays unfinished: `attempt-kernel recover"
+        " g.jsonl --workflows cliflows:GREETER` goes on with it once the log can be written again (or says"
+        " there is nothing to do)\n"
     ), ran.stderr
     recovered = subprocess.run(
         [sys.executable, "-m", "attempt_kernel", "recover", "g.jsonl", "--workflows", "cliflows:GREETER"],

@@ -972,3 +972,15 @@ def test_a_change_a_holder_never_took_in_wakes_the_submitted_run_for_the_workers
     assert a_worker_charges_once(db, tmp_path).runs["a-1"].standing() == "succeeded"
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchone() == (0,)
+
+
+def test_run_url_picks_an_id_no_submitted_run_has(db: str, shop: Path) -> None:
+    """`run --log URL` without `--run` numbered its run from the journal's records alone:
+    with `orders-1` submitted (and not started), it picked `orders-1`, and then refused
+    its own choice, telling the user to pick another `--run` they never gave."""
+    from attempt_kernel.postgres._worker import submit_run
+
+    submit_run(db, "orders", "orders-1")
+    ran = cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("starting run orders-2 of workflow orders,"), ran.stdout

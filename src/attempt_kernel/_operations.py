@@ -205,11 +205,12 @@ def reconcile_intent(
 
 
 
-def next_run_id(ledger: Ledger, workflow: str) -> str:
-    """``<workflow>-<n>``: one more than the runs of that workflow in the log, skipping ids taken."""
+def next_run_id(ledger: Ledger, workflow: str, also_taken: Callable[[str], bool] | None = None) -> str:
+    """``<workflow>-<n>``: one more than the runs of that workflow in the log, skipping ids
+    taken (in the log, or, with ``also_taken``, those it says are: a journal's queue)."""
     taken = set(ledger.runs)
     n = 1 + sum(1 for view in ledger.runs.values() if view.workflow == workflow)
-    while f"{workflow}-{n}" in taken:
+    while f"{workflow}-{n}" in taken or (also_taken is not None and also_taken(f"{workflow}-{n}")):
         n += 1
     return f"{workflow}-{n}"
 

@@ -917,7 +917,8 @@ def _run(args: argparse.Namespace) -> int:
         raise _Usage("--run needs a non-empty id")
     stopper, lost = Stopper(), list[str]()
     with _journal(log_path, create=True) as log, contextlib.ExitStack() as holding:
-        run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name)
+        queued = (lambda run: _submitted_for(log_path, run) is not None) if _is_url(log_path) else None
+        run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name, queued)
         if _is_url(log_path):
             # README, "Many workers on PostgreSQL": no other run or recover drives it meanwhile
             holds = holding.enter_context(_run_holds(log_path))
@@ -936,7 +937,8 @@ def _run(args: argparse.Namespace) -> int:
             raise _Usage(
                 f"run {run!r} in {_redacted(log_path)} was submitted to its queue, where a worker of"
                 f" workflow {queued_for!r} starts it (`attempt-kernel worker URL --workflows"
-                " MODULE:ATTR`); nothing was written: pick another --run"
+                " MODULE:ATTR`); nothing was written: "
+                + ("pick another --run" if args.run_id is not None else "run again, or pick an id with --run")
             )
         if known is not None:
             if not known.finished:
@@ -984,8 +986,8 @@ def _run(args: argparse.Namespace) -> int:
                 raise
             resume = _suggested("recover", _redacted(log_path), "--workflows", target)
             raise _Usage(
-                f"{error}; run {run!r} stays unfinished: `{resume}` goes on with it once the log"
-                " can be written again"
+                f"{error}; what was written of run {run!r} stays unfinished: `{resume}` goes on"
+                " with it once the log can be written again (or says there is nothing to do)"
             ) from error
     if as_json:
         _print_json({"log": _redacted(log_path), "ran": True, **_run_json(report)})
