@@ -917,8 +917,12 @@ def _run(args: argparse.Namespace) -> int:
         raise _Usage("--run needs a non-empty id")
     stopper, lost = Stopper(), list[str]()
     with _journal(log_path, create=True) as log, contextlib.ExitStack() as holding:
-        queued = (lambda run: _submitted_for(log_path, run) is not None) if _is_url(log_path) else None
-        run: str = args.run_id if args.run_id is not None else next_run_id(_folded(log), workflow.name, queued)
+        def queued(run: str) -> bool:
+            return _submitted_for(log_path, run) is not None
+
+        run: str = args.run_id if args.run_id is not None else next_run_id(
+            _folded(log), workflow.name, queued if _is_url(log_path) else None
+        )
         if _is_url(log_path):
             # README, "Many workers on PostgreSQL": no other run or recover drives it meanwhile
             holds = holding.enter_context(_run_holds(log_path))
