@@ -23,7 +23,7 @@ from attempt_kernel._operate import Build, Delivery
 from attempt_kernel._records import Record, RunCancelRequested, RunStarted, SignalSent
 from attempt_kernel.postgres import PgJournal, PgJournalError
 from attempt_kernel.postgres._deliver import deliver_pg
-from attempt_kernel.postgres._journal import RunHolds, hold_key
+from attempt_kernel.postgres._journal import RunHolds, hold_key, send_key
 
 pytestmark = pytest.mark.postgres
 
@@ -241,3 +241,41 @@ def test_a_run_another_process_holds_is_answered_at_once_not_after_the_wait(pg_u
         thread.join()
         assert taken == [False]
         assert holder.held == {"r"}
+
+
+@pytest.mark.parametrize("waiting_in", ["take", "let_go"])
+def test_a_holder_whose_session_ends_while_it_waits_for_a_sender_says_so(
+    pg_url: str, schema: str, waiting_in: str
+) -> None:
+    """`take` and `let_go` wait for a sender's transaction; should the holder's own session
+    end meanwhile (a server restart, a terminated backend), the driver's error came out as
+    it was (a traceback from `recover`). It is a `PgJournalError` naming the run now."""
+    PgJournal(pg_url, schema=schema).close()  # the tables
+    with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=0.05) as holds:
+        if waiting_in == "let_go":
+            assert holds.take("r")
+        raised: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                holds.take("r") if waiting_in == "take" else holds.let_go("r")
+            except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+                raised.append(error)
+
+        with sender.transaction():
+            if waiting_in == "take":
+                sender.execute("SELECT pg_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),))
+            else:
+                sender.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(schema, "r"),))
+            waiter = threading.Thread(target=wait)
+            waiter.start()
+            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+            while (row := sender.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone()) is None:  # fmt: skip
+                assert time.monotonic() < deadline, "the holder never waited for the key"
+                time.sleep(0.01)
+            sender.execute("SELECT pg_terminate_backend(%s)", row)
+            waiter.join(timeout=60)
+        assert [type(error) for error in raised] == [PgJournalError]
+        assert "run 'r'" in str(raised[0]), raised

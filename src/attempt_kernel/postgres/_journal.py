@@ -2346,7 +2346,13 @@ class RunHolds:
         lasts (`deliver_pg`), where a process that holds the run holds it
         exclusively, for good, and is answered at once. Every ``take_wait``
         seconds of waiting it asks again which it is (one such process may
-        have come meanwhile)."""
+        have come meanwhile). Raises `PgJournalError` when this session fails."""
+        try:
+            return self._take(run)
+        except psycopg.Error as error:
+            raise PgJournalError(f"holding run {run!r} failed: {_reason(error)}") from error
+
+    def _take(self, run: str) -> bool:
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
         key = hold_key(self._schema, run)
@@ -2384,11 +2390,14 @@ class RunHolds:
         (`send_key`) from before it looks to its commit. So a read of the inbox
         after this sees each change sent while the run was held."""
         if run in self.held:
-            self._conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(self._schema, run),))
             self.held.discard(run)
-            with self._conn.transaction():
-                self._conn.execute("SET LOCAL lock_timeout = 0")  # a sender's transaction may be long
-                self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(self._schema, run),))
+            try:
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(self._schema, run),))
+                with self._conn.transaction():
+                    self._conn.execute("SET LOCAL lock_timeout = 0")  # a sender's transaction may be long
+                    self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(self._schema, run),))
+            except psycopg.Error as error:  # the session, and every lock of it, is gone
+                raise PgJournalError(f"letting go of run {run!r} failed: {_reason(error)}") from error
 
     def close(self) -> None:
         """Let every run go: unlocked before the connection closes (the server ends a
