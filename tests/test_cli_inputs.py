@@ -221,7 +221,10 @@ def test_a_run_id_that_is_not_utf8_is_refused_for_a_postgresql_journal(
 
 @pytest.mark.parametrize(
     "argv",
-    [["replay", ""], ["runs", ""], ["show", "", "r-1"], ["recover", ""], ["signal", "", "r-1", "go"], ["export", ""]],
+    [
+        ["replay", ""], ["runs", ""], ["show", "", "r-1"], ["recover", ""], ["signal", "", "r-1", "go"], ["export", ""],
+        ["worker", "", "--workflows", "cliflows:GREETER"],
+    ],
     ids=lambda argv: argv[0],
 )
 def test_an_empty_log_path_is_named_as_such(
@@ -268,3 +271,26 @@ def test_a_run_whose_log_fills_the_disk_says_how_to_go_on(tmp_path: Path) -> Non
     )  # fmt: skip
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert "run status: succeeded" in recovered.stdout, recovered.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["runs", URL, "--workflow", "\udcff"],
+        ["pool", URL, "p\udcff", "--slots", "2"],
+        ["signal", URL, "r-1", "go\udcff"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_any_argument_that_is_not_utf8_is_refused_for_a_postgresql_journal(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not only run ids: a workflow filter or a pool name with a byte the command line
+    could not decode ended `runs` in the driver's traceback and `pool` in its codec error."""
+    assert main(argv) == 2
+    bad = next(arg for arg in argv if "\udcff" in arg)
+    assert capsys.readouterr().err == (
+        f"attempt-kernel {argv[0]}: error: the argument {bad!r} is not valid UTF-8 (character"
+        f" {bad.index(chr(0xDCFF))} stands for a byte the command line could not decode): a PostgreSQL"
+        " journal holds only UTF-8 text\n"
+    )

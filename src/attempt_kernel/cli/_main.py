@@ -2000,7 +2000,7 @@ def _main(argv: Sequence[str] | None) -> int:
     if handler is None:  # argparse forbids it
         raise AssertionError(f"unhandled command {command!r}")
     try:
-        if command not in ("run", "demo") and getattr(args, "log", None) == "":
+        if (command not in ("run", "demo") and getattr(args, "log", None) == "") or getattr(args, "url", None) == "":
             # Path("") is ".": the message would name a folder the user did not type
             raise _Usage("the log path is empty: give a run log's file name (or a postgresql:// URL)")
         for journal in (getattr(args, "log", None), getattr(args, "url", None)):
@@ -2024,17 +2024,21 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _utf8_run_ids(args: argparse.Namespace) -> None:
-    """A PostgreSQL journal keeps run ids as text, which holds only UTF-8: a run id with
-    a byte the command line could not decode (``\\udcff``) is refused at the door."""
-    for field in ("run", "run_id"):
-        run = getattr(args, field, None)
-        if isinstance(run, str):
+    """A PostgreSQL journal keeps run ids, workflow and pool names as text, which holds
+    only UTF-8: an argument with a byte the command line could not decode (``\\udcff``)
+    is refused at the door."""
+    for field, value in sorted(vars(args).items()):
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
             try:
-                run.encode("utf-8")
+                text.encode("utf-8")
             except UnicodeEncodeError as error:
+                what = "run id" if field in ("run", "run_id") else "the argument"
                 raise _Usage(
-                    f"run id {run!r} is not valid UTF-8 (character {error.start} stands for a byte"
-                    " the command line could not decode): a PostgreSQL journal holds only UTF-8 run ids"
+                    f"{what} {text!r} is not valid UTF-8 (character {error.start} stands for a byte"
+                    f" the command line could not decode): a PostgreSQL journal holds only UTF-8"
+                    f" {'run ids' if what == 'run id' else 'text'}"
                 ) from None
 
 
