@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from typing_extensions import assert_never, final
 
@@ -2023,14 +2023,22 @@ def _main(argv: Sequence[str] | None) -> int:
         return _error_exit(command, error)
 
 
+def _texts(value: object) -> list[str]:
+    """An argument's text: itself if it is one, the texts of a list (a repeated flag)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        items: list[object] = [*cast("list[object]", value)]
+        return [item for item in items if isinstance(item, str)]
+    return []
+
+
 def _utf8_run_ids(args: argparse.Namespace) -> None:
     """A PostgreSQL journal keeps run ids, workflow and pool names as text, which holds
     only UTF-8: an argument with a byte the command line could not decode (``\\udcff``)
     is refused at the door."""
     for field, value in sorted(vars(args).items()):
-        for text in value if isinstance(value, list) else [value]:
-            if not isinstance(text, str):
-                continue
+        for text in _texts(value):
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as error:
