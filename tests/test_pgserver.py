@@ -91,23 +91,21 @@ def killed_readme_session(tmp: Path) -> None:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", test],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp,
     ) as run:  # fmt: skip
-        pids: list[Path] = []
         try:
             deadline = time.monotonic() + 120  # waits for the event; bounds nothing
-            while not (pids := list(tmp.glob("ak-pg-readme-*/data/postmaster.pid"))):
+            while len(lines := started(tmp)) < 4:  # the server's pid file, up to its port
                 assert run.poll() is None, "the README test ended before its server started"
                 assert time.monotonic() < deadline, "the README test's server did not start"
                 time.sleep(0.1)
+            [folder] = tmp.glob("ak-pg-readme-*")  # read now: once the test is killed, it goes
+            url = f"postgresql://postgres@127.0.0.1:{lines[3]}/postgres"
             time.sleep(2)  # into the session: its workers start
             os.kill(run.pid, signal.SIGKILL)
             run.wait(timeout=60)
         finally:
             run.kill()
-        [pid] = pids
-        port = pid.read_text().splitlines()[3]
-        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         deadline = time.monotonic() + 60
-        while not gone(url, pid.parent.parent):
+        while not gone(url, folder):
             assert time.monotonic() < deadline, f"the README session's server still runs at {url}"
             time.sleep(0.1)
     left = subprocess.run(["pgrep", "-f", str(tmp)], capture_output=True, text=True).stdout.split()
@@ -117,3 +115,13 @@ def killed_readme_session(tmp: Path) -> None:
     [outputs] = tmp.glob("pytest-of-*/pytest-[0-9]*/*[0-9]/outputs")
     last = sum(len(block) for block in session_blocks()) - 1
     assert any(outputs.iterdir()) and not (outputs / str(last)).exists()
+
+
+def started(tmp: Path) -> list[str]:
+    """The lines of the README session's server pid file under ``tmp`` so far (none yet: [])."""
+    for pid in tmp.glob("ak-pg-readme-*/data/postmaster.pid"):
+        try:
+            return pid.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+    return []
