@@ -240,6 +240,7 @@ def test_an_empty_log_path_is_named_as_such(
     assert listing(tmp_path) == {}
 
 
+@pytest.mark.slow  # a subprocess
 def test_a_run_whose_log_fills_the_disk_says_how_to_go_on(tmp_path: Path) -> None:
     """A write that fails mid-run (here the file size limit, as a full disk) ends `run`
     with the writer's error (exit 2): it now also says the run stays unfinished and which
