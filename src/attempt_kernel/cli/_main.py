@@ -2006,7 +2006,7 @@ def _main(argv: Sequence[str] | None) -> int:
         for journal in (getattr(args, "log", None), getattr(args, "url", None)):
             if isinstance(journal, str) and _is_url(journal) and command != "demo":
                 _needs_psycopg(journal)  # one message for every command given a URL without the extra
-                _utf8_run_ids(args)
+                _utf8_arguments(args)
         return handler(args)
     except (KeyboardInterrupt, _Terminated) as stop:
         # SIGINT or SIGTERM outside a run's own handling (which stops runs
@@ -2033,7 +2033,7 @@ def _texts(value: object) -> list[str]:
     return []
 
 
-def _utf8_run_ids(args: argparse.Namespace) -> None:
+def _utf8_arguments(args: argparse.Namespace) -> None:
     """A PostgreSQL journal keeps run ids, workflow and pool names as text, which holds
     only UTF-8: an argument with a byte the command line could not decode (``\\udcff``)
     is refused at the door."""

@@ -2356,10 +2356,11 @@ class RunHolds:
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
         key = hold_key(self._schema, run)
+        unsigned = key & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks shows a bigint key as two oids
+        oids = (str(unsigned >> 32), str(unsigned & 0xFFFF_FFFF))
         taken = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (True,)
         while not taken:
-            unsigned = key & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks shows a bigint key as two oids
-            held = self._conn.execute(self._held_for_good, (str(unsigned >> 32), str(unsigned & 0xFFFF_FFFF))).fetchone()
+            held = self._conn.execute(self._held_for_good, oids).fetchone()
             if held != (False,):
                 return False
             try:
