@@ -90,6 +90,7 @@ def test_signal_then_recover_json(tmp_path: Path, capsys: pytest.CaptureFixture[
         "closed": [],
         "resumed": [{"run": RUN, "workflow": "approver"}],
         "left_waiting": [],
+        "can_go_on": [],
         "reports": [
             {
                 "run": RUN,

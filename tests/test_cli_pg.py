@@ -461,12 +461,43 @@ def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_s
         assert list(journal.read()) == before  # nothing written
     sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
     assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout == (
+        f"signal: signal 'approve' for run a-1 with payload \"yes\": recorded in {where}\n"
+        "  no process drives run a-1 now, and no worker takes it up (`attempt-kernel run` started it,"
+        f" never submitted): `attempt-kernel recover {where} --workflows MODULE:ATTR` goes on with it\n"
+    )
     recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert recovered.stdout.startswith(f"recover: {where}\n  resuming run a-1 (workflow approver)\n")
     assert 'run result: {"answer":"yes","charged":{"charged":40}}' in recovered.stdout, recovered.stdout
     assert "unfinished runs: 0\n" in recovered.stdout
     assert len(book(tmp_path / "book")) == 1
+
+
+def test_a_cancel_recorded_for_a_run_no_worker_takes_says_what_ends_it(db: str, tmp_path: Path) -> None:
+    """A cancel written straight into the journal for a waiting run that `run URL` started
+    said only "recorded": no process drives such a run and no worker takes it up, so
+    nothing ends it until an operator runs `recover`. It now says so, naming the command;
+    that recover closes the run cancelled, nothing charged."""
+    from test_cli_waits import book
+    from test_cli_waits import cli as waits_cli
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    run_url_killed_while_it_waits(tmp_path, db, "a-1")
+    cancelled = cli(tmp_path, "cancel", db, "a-1", "--reason", "no longer wanted")
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    assert cancelled.stdout == (
+        f"cancel: the cancel of run a-1: recorded in {where}\n"
+        "  no process drives run a-1 now, and no worker takes it up (`attempt-kernel run` started it,"
+        f" never submitted): `attempt-kernel recover {where} --workflows MODULE:ATTR` ends it\n"
+    )
+    recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.runs["a-1"].standing() == "cancelled"
+    assert book(tmp_path / "book") == []
 
 
 def a_worker_charges_once(db: str, tmp_path: Path) -> Ledger:
@@ -727,6 +758,149 @@ def test_recover_on_a_url_lets_go_of_a_run_that_comes_to_wait(db: str, tmp_path:
     assert book(tmp_path / "book") == []
     sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
     assert sent.returncode == 0, sent.stdout + sent.stderr
+    again = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in again.stdout, again.stdout
+    assert len(book(tmp_path / "book")) == 1
+
+
+# The command line, saying when a run it drives is let go while it waits: ./let-go holds
+# that run's id.
+_NOTED_LET_GO = """
+import sys
+from pathlib import Path
+from attempt_kernel import _coderun
+checked = _coderun.CodeRun._check_quiet
+async def noted(self):
+    await checked(self)
+    if self.quiet():
+        Path("let-go").write_text(self._run)
+_coderun.CodeRun._check_quiet = noted
+from attempt_kernel.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_sent_once_recover_url_let_go_of_its_run_takes_the_run_up_again(
+    db: str, tmp_path: Path
+) -> None:
+    """`recover URL` takes up a run `run URL` started (no worker ever will) and lets go of
+    it once it only waits, while it goes on driving another run. A signal sent then went
+    to the inbox (recover still held the run) and was recorded, but the run was never
+    taken up again: recover ended saying it waited for that very signal. Now a change
+    recorded for a run let go takes the run up again: it is charged once and succeeds."""
+    from test_cli_waits import book
+
+    from attempt_kernel import RunStarted
+
+    env = blocked_env(tmp_path)
+    gate = tmp_path / "gate"
+    with PgJournal(db) as journal:
+        journal.append("a-1", RunStarted(workflow="approver", nonce="n-1", code=True))
+        journal.flush()
+    # A run for recover to drive for as long as the gate is shut: cut short in its step.
+    with at_gate(tmp_path, env, "run", "waitflows:STALLED", "--log", db, "--run", "s-1") as cut:
+        cut.kill()
+    (gate / "waiting").unlink()
+    recover = ("recover", db, "--workflows", "waitflows:APPROVER", "--workflows", "waitflows:STALLED")
+    with subprocess.Popen(
+        [sys.executable, "-c", _NOTED_LET_GO, *recover],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        try:
+            at_the_gate(recovering, gate)  # it drives s-1
+            deadline = time.monotonic() + 60  # no bound asserted: a safety net
+            while not (tmp_path / "let-go").exists():
+                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+                time.sleep(0.02)
+            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        finally:
+            (gate / "open").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert (tmp_path / "let-go").read_text() == "a-1"
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert "waits in the journal's inbox" in sent.stdout, sent.stdout  # recover held the run
+    assert recovering.returncode == 0, out + err
+    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in out, out
+    assert len(book(tmp_path / "book")) == 1
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert (ledger.runs["a-1"].standing(), ledger.runs["s-1"].standing()) == ("succeeded", "succeeded")
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
+
+
+# The command line, paused once its runs are driven (`drive_jobs` returned) until ./go
+# appears; ./driven says it got there.
+_PAUSED_AFTER_DRIVING = """
+import sys, time
+from pathlib import Path
+from attempt_kernel import _resume
+drive = _resume.drive_jobs
+def paused(*args, **kwargs):
+    done = drive(*args, **kwargs)
+    Path("driven").touch()
+    while not Path("go").exists():
+        time.sleep(0.02)
+    return done
+_resume.drive_jobs = paused
+from attempt_kernel.cli import main
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_signal_sent_as_recover_url_ends_is_recorded_and_recover_says_what_goes_on(
+    db: str, tmp_path: Path, as_json: bool
+) -> None:
+    """`recover URL` held the runs it drove until it exited, its inbox taken in no more: a
+    signal sent to a run it had let go waited in the inbox, told that the process
+    driving the run takes it in within about a second, and sat there unseen once
+    recover exited. Recover now lets go of such a run as soon as it is done driving,
+    records what came for it meanwhile, and says the run can go on and what goes on
+    with it; the next recover finishes it."""
+    from test_cli_waits import book
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel import RunStarted
+
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    with PgJournal(db) as journal:
+        journal.append("a-1", RunStarted(workflow="approver", nonce="n-1", code=True))
+        journal.flush()
+    env = {**os.environ, "WAIT_BOOK": str(tmp_path / "book")}
+    with subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_AFTER_DRIVING, "recover", db, "--workflows", "waitflows:APPROVER",
+         *(["--json"] if as_json else [])],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60  # no bound asserted: a safety net
+            while not (tmp_path / "driven").exists():
+                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+                time.sleep(0.02)
+            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        finally:
+            (tmp_path / "go").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert "waits in the journal's inbox" in sent.stdout, sent.stdout  # recover held the run
+    assert recovering.returncode == 0, out + err
+    if as_json:
+        reported = json.loads(out)
+        assert (reported["taken_in"], reported["can_go_on"]) == (
+            ["a-1: took in SignalSent from the inbox (recorded)"], ["a-1"]
+        ), out
+    else:
+        assert (
+            "recover: a-1: took in SignalSent from the inbox (recorded)\n"
+            f"recover: run a-1 can go on now, with what came for it as this recover ended;"
+            f" `attempt-kernel recover {where} --workflows waitflows:APPROVER` goes on with it\n"
+        ) in out, out
+    with psycopg.connect(db, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
     again = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
     assert again.returncode == 0, again.stdout + again.stderr
     assert 'run result: {"answer":"yes","charged":{"charged":40}}' in again.stdout, again.stdout

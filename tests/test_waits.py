@@ -430,6 +430,36 @@ def test_a_run_let_go_while_it_waits_writes_nothing_more_and_resumes(tmp_path: P
     assert kinds(path).count("step_called") == 1  # "ask" was not asked again
 
 
+def test_can_go_on_says_whether_a_run_let_go_would_go_on_with_what_its_log_holds(tmp_path: Path) -> None:
+    """`Executor.can_go_on`: False for a run let go that only waits, for a signal it does
+    not wait for, for a run the executor does not know, for one it drives and for one that
+    finished; True once the signal it waits for is recorded."""
+    path = tmp_path / "log.jsonl"
+    time = FakeTime(hold=True)  # the wait's wake time (an hour) never comes
+    seen: list[bool] = []
+
+    async def main() -> tuple[RunReport, RunReport]:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(log, clock=time.clock, sleep=time.sleep, let_go_after=1.0)
+            first = await executor.run(approver, "a-1")
+            seen.append(executor.can_go_on("a-1"))
+            assert executor.deliver("a-1", signal("other", {}, "s0")) is None
+            seen.append(executor.can_go_on("a-1"))
+            seen.append(executor.can_go_on("b-1"))
+            assert executor.deliver("a-1", signal("approve", "ok", "s1")) is None
+            seen.append(executor.can_go_on("a-1"))
+            again = asyncio.ensure_future(executor.run(approver, "a-1", prior={}))
+            await asyncio.sleep(0)
+            seen.append(executor.can_go_on("a-1"))  # driven here now
+            second = await again
+            seen.append(executor.can_go_on("a-1"))
+            return first, second
+
+    first, second = asyncio.run(main())
+    assert (first.status, second.status, second.result) == ("waiting", "succeeded", {"approved": "ok"})
+    assert seen == [False, False, False, True, False, False]
+
+
 def test_a_sleep_due_soon_is_not_let_go(tmp_path: Path) -> None:
     @workflow("short-nap")
     async def short(run: RunContext) -> JSON:

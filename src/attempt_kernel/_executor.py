@@ -973,6 +973,16 @@ class Executor:
             )
         return asked
 
+    def can_go_on(self, run: str) -> bool:
+        """Could ``run``, unfinished and driven by no one here (a code run let go while
+        it waited: status ``waiting``), go on now, by this executor's log: its cancel was
+        decided, or one of its open waits ends at once (a signal it waits for was taken
+        in, a wake time passed)? False for a run this executor drives or does not know."""
+        view = self._ledger.runs.get(run)
+        if view is None or view.finished or run in self._controls:
+            return False
+        return view.can_go_on(int(self._clock() * 1_000_000))
+
     def deliver(self, run: str, change: Delivery) -> str | None:
         """Record an operator's change for ``run`` in this executor's log, now.
 
@@ -1709,20 +1719,24 @@ INBOX_POLL: Final = 0.2
 
 
 def _take_inbox(
-    executor: Executor, log: RunLogWriter, progress: Callable[[str], None] | None, *, block: bool
+    deliver: _Deliver, log: RunLogWriter, progress: Callable[[str], None] | None, *, block: bool
 ) -> None:
     """Take in what operators left in the inbox of ``log`` (see `_inbox`), through
-    `Executor.deliver`; a corrupt inbox is reported and left as it is."""
+    ``deliver`` (`Executor.deliver`'s); a corrupt inbox is reported and left as it is."""
     try:
         with locked_inbox(log.path, create=False, block=block) as inbox:
             if inbox is not None and inbox.size() > 0:
-                inbox.take_in(executor.deliver, progress)
+                inbox.take_in(deliver, progress)
     except (RunLogError, OSError) as error:  # a corrupt inbox, a directory in its place
         if progress is not None:
             progress(f"the inbox was not taken in: {error}")
 
 
-async def _pump(executor: Executor, log: RunLogWriter, progress: Callable[[str], None] | None) -> None:
+_Deliver: TypeAlias = Callable[[str, Delivery], Union[str, None]]
+"""`Executor.deliver`, or what stands in for it (records a change; None, or why not)."""
+
+
+async def _pump(deliver: _Deliver, log: RunLogWriter, progress: Callable[[str], None] | None) -> None:
     """Take the inbox in at once, then whenever it grows (a ``stat`` every `INBOX_POLL`)."""
     corrupt_at = -1  # the size at which it could not be taken in: said once, not every poll
     while True:
@@ -1731,7 +1745,7 @@ async def _pump(executor: Executor, log: RunLogWriter, progress: Callable[[str],
             try:
                 with locked_inbox(log.path, create=False, block=False) as inbox:
                     if inbox is not None:  # None: a sender holds it; next time
-                        inbox.take_in(executor.deliver, progress)
+                        inbox.take_in(deliver, progress)
             except (RunLogError, OSError) as error:  # a corrupt inbox, a directory in its place
                 corrupt_at = size
                 if progress is not None:
@@ -1748,11 +1762,11 @@ class _TakesIn(Protocol):
 
 
 async def _pump_journal(
-    executor: Executor, journal: _TakesIn, runs: Collection[str], progress: Callable[[str], None] | None
+    deliver: _Deliver, journal: _TakesIn, runs: Collection[str], progress: Callable[[str], None] | None
 ) -> None:
     """Take in what waits for ``runs`` in ``journal``'s inbox at once, then every `INBOX_POLL`."""
     while True:
-        _say_each(journal.take_in(runs, executor.deliver), progress)
+        _say_each(journal.take_in(runs, deliver), progress)
         await asyncio.sleep(INBOX_POLL)
 
 
@@ -1926,6 +1940,7 @@ def drive_jobs(
     reports: list[RunReport | WorkflowDiverged] = []
     runs = [job.run for job in jobs]
     journal = log if isinstance(log, _TakesIn) else None  # its inbox: taken in for `runs`
+    by_run = {job.run: job for job in jobs}
 
     async def main() -> None:
         # Returns None: on 3.11, asyncio.run formats its main task (result
@@ -1958,27 +1973,74 @@ def drive_jobs(
         with handling:
             if stopper is not None:
                 stopper._attach(from_thread)  # pyright: ignore[reportPrivateUsage]
+            # The runs' tasks, by run; a run that ended leaves it for `ended`.
+            driving = {job.run: asyncio.ensure_future(drive(executor, job)) for job in jobs}
+            ended: dict[str, RunReport | WorkflowDiverged] = {}
+            news = loop.create_future()  # set once a run let go is taken up again
+
+            def deliver(run: str, change: Delivery) -> str | None:
+                why = executor.deliver(run, change)
+                # A code run let go while it waited (``let_go_after``) is still this
+                # process's to drive: a change taken in for it (its signal, its
+                # cancel) that lets it go on takes it up again, here, at once.
+                # Left alone, the change would be recorded and the run would wait
+                # on for whoever drives it next, though the wait it reported had
+                # ended.
+                done = ended.get(run)
+                if (
+                    why is None
+                    and isinstance(done, RunReport)
+                    and done.status == "waiting"
+                    and not (caught or executor.stopping)
+                    and executor.can_go_on(run)
+                ):
+                    job = by_run[run]
+                    del ended[run]
+                    # A resume: the run's records are in this executor's log already.
+                    again = Job(
+                        workflow=job.workflow, run=run, prior=job.prior or {}, supervise=job.supervise,
+                        input=job.input,
+                    )  # fmt: skip
+                    driving[run] = asyncio.ensure_future(drive(executor, again))
+                    if not news.done():
+                        news.set_result(None)
+                return why
+
             pump: asyncio.Task[None] | None = None
             try:
-                tasks = [asyncio.ensure_future(drive(executor, job)) for job in jobs]
-                # Made after the runs' tasks, so its first take-in finds them driven.
-                if isinstance(log, RunLogWriter):
-                    pump = asyncio.ensure_future(_pump(executor, log, progress))
-                elif journal is not None:
-                    pump = asyncio.ensure_future(_pump_journal(executor, journal, runs, progress))
-                reports.extend([await task for task in tasks])
+                while driving:
+                    # Made after the runs' tasks, so its first take-in finds them driven.
+                    if isinstance(log, RunLogWriter):
+                        pump = asyncio.ensure_future(_pump(deliver, log, progress))
+                    elif journal is not None:
+                        pump = asyncio.ensure_future(_pump_journal(deliver, journal, runs, progress))
+                    while driving:
+                        await asyncio.wait([*driving.values(), news], return_when=asyncio.FIRST_COMPLETED)
+                        if news.done():
+                            news = loop.create_future()
+                        for run, task in list(driving.items()):
+                            if task.done():
+                                del driving[run]
+                                ended[run] = task.result()
+                    if pump is not None:
+                        pump.cancel()
+                        await asyncio.gather(pump, return_exceptions=True)
+                        pump = None
+                        # Once more: for a file, waiting for the inbox's lock, just before
+                        # the writer is let go (its owner then calls `settle_inbox`); for
+                        # a journal, what came since the last look (a stopped run's
+                        # change is recorded now, rather than at its next recovery). A
+                        # run this takes up again is driven, and the inbox looked at,
+                        # again.
+                        if isinstance(log, RunLogWriter):
+                            _take_inbox(deliver, log, progress, block=True)
+                        elif journal is not None:
+                            _say_each(journal.take_in(runs, deliver), progress)
+                reports.extend(ended[job.run] for job in jobs)
             finally:
                 if pump is not None:
                     pump.cancel()
                     await asyncio.gather(pump, return_exceptions=True)
-                    # Once more: for a file, waiting for the inbox's lock, just before
-                    # the writer is let go (its owner then calls `settle_inbox`); for
-                    # a journal, what came since the last look (a stopped run's
-                    # change is recorded now, rather than at its next recovery).
-                    if isinstance(log, RunLogWriter):
-                        _take_inbox(executor, log, progress, block=True)
-                    elif journal is not None:
-                        _say_each(journal.take_in(runs, executor.deliver), progress)
                 if stopper is not None:
                     stopper._detach(from_thread)  # pyright: ignore[reportPrivateUsage]
 

@@ -1097,6 +1097,31 @@ def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery)
     return take_in_pg(url, skip=frozenset(), only=rest)
 
 
+def _let_go_of_the_driven(url: str, elsewhere: _HeldElsewhere, runs: list[str]) -> tuple[TakenIn, list[str]]:
+    """Let go of ``runs``, which `recover URL` drove until each only waited, as soon as it
+    is done driving; record what was sent to them meanwhile, and return that with the
+    runs that can go on now.
+
+    Driven, a run's changes are taken in by the executor, which takes up again a
+    run it let go once a change lets it go on; once the runs are done, nothing
+    here takes in what comes for them, so held until this process exits, a
+    change would wait in the inbox unseen. Let go, a change is recorded at once.
+    A run whose change came between the executor's last look and the let-go can
+    go on, and nothing here drives it now: the caller says what goes on with it."""
+    from ..postgres._deliver import take_in_pg
+
+    elsewhere.let_go(runs)
+    late = take_in_pg(url, skip=frozenset(), only=runs)
+    if not late.recorded:
+        return late, []
+    ledger = Ledger()
+    with _pg_journal(url) as journal:
+        for run in runs:
+            ledger.feed(journal.read_run(run))
+    now_us = time.time_ns() // 1000
+    return late, [run for run in runs if (view := ledger.runs.get(run)) is not None and view.can_go_on(now_us)]
+
+
 def _recover(args: argparse.Namespace) -> int:
     with contextlib.ExitStack() as holding:
         return _recover_holding(args, holding)
@@ -1218,6 +1243,21 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
         return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
+    ready: list[str] = []  # runs let go here that can go on, with what came as recover ended
+    if elsewhere is not None:
+        waiting = [r.run for r in resumed.reports if r.status == "waiting" and r.run in elsewhere.held_here]
+        if waiting:
+            late, ready = _let_go_of_the_driven(log_path, elsewhere, waiting)
+            taken_in.extend(late.lines)
+            if not as_json:
+                for line in late.lines:
+                    print(f"recover: {shown(line)}")
+                again = _suggested("recover", _redacted(log_path), *extra)
+                for run in ready:
+                    print(
+                        f"recover: run {shown(run)} can go on now, with what came for it as this recover"
+                        f" ended; `{shown(again)}` goes on with it"
+                    )
     if as_json:
         recovery = resumed.recovery
         tail = recovery.torn_tail
@@ -1237,6 +1277,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             "closed": list(recovery.closed),
             "resumed": [{"run": r.run, "workflow": r.workflow} for r in recovery.runs],
             "left_waiting": list(recovery.left_waiting),
+            "can_go_on": ready,
             "reports": [_run_json(report) for report in resumed.reports],
             "diverged": [{"run": d.run, "error": str(d)} for d in resumed.diverged],
             "replay": checked,
@@ -1401,7 +1442,25 @@ def _signal(args: argparse.Namespace) -> int:
     if delivered.recorded and not _is_url(log):
         workflow = ledger.runs[run].workflow
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, workflow)} goes on with it")
+    elif delivered.recorded and _unsubmitted(log, run):
+        print(f"  {_unsubmitted_hint(log, run)} goes on with it")
     return EXIT_OK
+
+
+def _unsubmitted(url: str, run: str) -> bool:
+    """Was ``run`` of the journal at ``url`` started by `run URL`, never submitted, so that
+    no worker takes it up?"""
+    from ..postgres._deliver import submitted_for
+
+    return submitted_for(url, run) is None
+
+
+def _unsubmitted_hint(url: str, run: str) -> str:
+    return (
+        f"no process drives run {shown(run)} now, and no worker takes it up (`attempt-kernel run`"
+        f" started it, never submitted): `attempt-kernel recover {shown(_redacted(url))}"
+        " --workflows MODULE:ATTR`"
+    )
 
 
 def _cancel(args: argparse.Namespace) -> int:
@@ -1414,6 +1473,8 @@ def _cancel(args: argparse.Namespace) -> int:
     print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered, ledger.runs[run].workflow)}")
     if delivered.recorded and not _is_url(log):
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
+    elif delivered.recorded and _unsubmitted(log, run):
+        print(f"  {_unsubmitted_hint(log, run)} ends it")
     return EXIT_OK
 
 
