@@ -90,8 +90,10 @@ def test_a_bad_payload_exits_2_and_writes_nothing(
         (["signal", "{log}", "a-9", "approve"], "no run 'a-9' in the log"),
         (["cancel", "{log}", "a-9"], "cancel of run 'a-9': no run 'a-9' in the log"),
         (["signal", "{log}", RUN, "ap\x1bprove"], "holds a control character at index 2"),
+        # a byte that is not UTF-8, as Python hands it from the command line
+        (["signal", "{log}", RUN, "ap\udcffprove"], "is not UTF-8: byte 0xff at index 2; send a UTF-8 name"),
     ],
-    ids=["signal-unknown", "cancel-unknown", "control-character"],
+    ids=["signal-unknown", "cancel-unknown", "control-character", "not-utf8"],
 )
 @pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
 def test_a_refused_change_exits_2_with_the_files_byte_identical(

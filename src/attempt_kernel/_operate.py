@@ -90,6 +90,11 @@ def check_signal_name(name: object, where: str) -> str:
             f"{where}: a signal name has at most {MAX_SIGNAL_NAME} characters, got {len(name)}"
         )
     for index, char in enumerate(name):
+        if "\udc80" <= char <= "\udcff":  # a byte that is not UTF-8, as the command line hands it over
+            raise OperationRefused(
+                f"{where}: signal name {name!r} is not UTF-8: byte 0x{ord(char) - 0xDC00:02x} at"
+                f" index {index}; send a UTF-8 name"
+            )
         if not char.isprintable():
             raise OperationRefused(
                 f"{where}: signal name {name!r} holds a control character at index {index}"
