@@ -244,3 +244,42 @@ def test_run_that_only_started_is_resumed_from_scratch(tmp_path: Path) -> None:
         [report] = run_jobs(writer, [Job(workflow=world.workflow(), run="r", prior=run.steps)])
     assert report.status == "succeeded" and world.calls == {"a": 1, "pay": 1, "flaky": 2, "z": 1}
     assert replay(path).valid
+
+
+_QUEUED = (
+    "run(s) q-1 are queued, for a worker of their workflow to start (anything sent to them"
+    " waits in the journal's inbox for it)"
+)
+_LEFT = (
+    "once its signal is sent or its wake time passes, a worker takes up a submitted run,"
+    " and `attempt-kernel recover` one that `attempt-kernel run` started"
+)
+
+
+def test_recovery_text_names_the_queued_runs_beside_runs_left_waiting() -> None:
+    """A journal with a run that only waits and a queued one: both are named (the queued
+    one was left out of the "left waiting" sentence)."""
+    from attempt_kernel import _report
+    from attempt_kernel._recovery import Recovery
+
+    recovery = Recovery(torn_tail=None, side_file=None, orphans=(), runs=(), left_waiting=("w-1",))
+    assert _report.recovery_text(recovery, "DB", queued=["q-1"]) == (
+        f"recover: nothing to do: no run in DB was cut short; run(s) w-1 only wait, left waiting"
+        f" ({_LEFT}); {_QUEUED}; the log was not changed\n"
+    )
+
+
+def test_recovery_text_names_the_queued_runs_beside_runs_it_resumes() -> None:
+    """A journal with a run to resume and a queued one: the queued one is named on a line
+    of its own (it was left out of the account of what recovery did)."""
+    from attempt_kernel import _report
+    from attempt_kernel._recovery import RecoveredRun, Recovery
+
+    resumed = RecoveredRun(run="c-1", workflow="orders", steps={})
+    recovery = Recovery(torn_tail=None, side_file=None, orphans=(), runs=(resumed,), left_waiting=("w-1",))
+    assert _report.recovery_text(recovery, "DB", queued=["q-1"]) == (
+        "recover: DB\n"
+        "  resuming run c-1 (workflow orders)\n"
+        f"  left waiting: run(s) w-1 ({_LEFT})\n"
+        f"  queued: {_QUEUED}\n"
+    )

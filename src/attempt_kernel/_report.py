@@ -209,9 +209,10 @@ def recovery_text(recovery: Recovery, source: str, *, queued: Sequence[str] = ()
     and not started yet (recovery sees no record of them)."""
     waiting = ", ".join(shown(run) for run in recovery.left_waiting)
     if recovery.changed_nothing and waiting:
+        also = f"; {queued_clause(queued)}" if queued else ""
         return (
             f"recover: nothing to do: no run in {shown(source)} was cut short; run(s) {waiting}"
-            f" only wait, left waiting ({_LEFT_WAITING}); the log was not changed\n"
+            f" only wait, left waiting ({_LEFT_WAITING}){also}; the log was not changed\n"
         )
     if recovery.changed_nothing and queued:
         return (
@@ -237,6 +238,8 @@ def recovery_text(recovery: Recovery, source: str, *, queued: Sequence[str] = ()
         out.append(f"  resuming run {shown(r.run)} (workflow {shown(r.workflow)})")
     if waiting:
         out.append(f"  left waiting: run(s) {waiting} ({_LEFT_WAITING})")
+    if queued:
+        out.append(f"  queued: {queued_clause(queued)}")
     return "\n".join(out) + "\n"
 
 
