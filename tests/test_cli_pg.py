@@ -1148,6 +1148,32 @@ def test_a_change_a_holder_never_took_in_wakes_the_submitted_run_for_the_workers
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchone() == (0,)
 
 
+def test_run_url_of_a_submitted_run_that_waits_names_the_workers_not_recover(db: str, tmp_path: Path) -> None:
+    """`run --log URL --run ID` of a submitted run a worker started and let go while it
+    waits was refused pointing at `recover`, which leaves such a run to the workers and
+    does nothing. It now says the run waits, and that a worker of its workflow takes it
+    up once its signal is sent; nothing is written."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel.postgres._worker import submit_run
+
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    submit_run(db, "approver", "a-1")
+    released = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle")
+    assert released.returncode == 0, released.stdout + released.stderr
+    before = journal_records(db)
+    refused = cli(tmp_path, "run", "waitflows:APPROVER", "--log", db, "--run", "a-1")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert refused.stderr == (
+        f"attempt-kernel run: error: run 'a-1' in {where} was submitted to its queue and waits"
+        " (for signal 'approve'): a worker of workflow 'approver' takes it up once its signal is"
+        " sent or its wake time passes (`attempt-kernel worker URL --workflows MODULE:ATTR`);"
+        " nothing was written: pick another --run\n"
+    ), refused.stderr
+    assert journal_records(db) == before
+
+
 def test_run_url_picks_an_id_no_submitted_run_has(db: str, shop: Path) -> None:
     """`run --log URL` without `--run` numbered its run from the journal's records alone:
     with `orders-1` submitted (and not started), it picked `orders-1`, and then refused

@@ -945,6 +945,18 @@ def _run(args: argparse.Namespace) -> int:
                 + ("pick another --run" if args.run_id is not None else "run again, or pick an id with --run")
             )
         if known is not None:
+            submitted = _submitted_for(log_path, run) if _is_url(log_path) and not known.finished else None
+            if submitted is not None and known.standing() == "waiting":
+                # `recover` leaves such a run to the workers: it would do nothing
+                waits = ", ".join(
+                    "a sleep" if w.signal is None else f"signal {w.signal!r}" for w in known.open_waits()
+                )
+                raise _Usage(
+                    f"run {run!r} in {_redacted(log_path)} was submitted to its queue and waits (for"
+                    f" {waits}): a worker of workflow {submitted!r} takes it up once its signal is sent"
+                    " or its wake time passes (`attempt-kernel worker URL --workflows MODULE:ATTR`);"
+                    " nothing was written: pick another --run"
+                )
             if not known.finished:
                 raise _Usage(
                     f"run {run!r} is already in {_redacted(log_path)} and has not finished; resume it"
