@@ -781,14 +781,16 @@ raise SystemExit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.parametrize("change", ["signal", "cancel"])
 def test_a_signal_sent_once_recover_url_let_go_of_its_run_takes_the_run_up_again(
-    db: str, tmp_path: Path
+    db: str, tmp_path: Path, change: str
 ) -> None:
     """`recover URL` takes up a run `run URL` started (no worker ever will) and lets go of
     it once it only waits, while it goes on driving another run. A signal sent then went
     to the inbox (recover still held the run) and was recorded, but the run was never
     taken up again: recover ended saying it waited for that very signal. Now a change
-    recorded for a run let go takes the run up again: it is charged once and succeeds."""
+    recorded for a run let go takes the run up again: with its signal it is charged once
+    and succeeds; with a cancel it is closed, cancelled, nothing charged."""
     from test_cli_waits import book
 
     from attempt_kernel import RunStarted
@@ -813,7 +815,10 @@ def test_a_signal_sent_once_recover_url_let_go_of_its_run_takes_the_run_up_again
             while not (tmp_path / "let-go").exists():
                 assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
                 time.sleep(0.02)
-            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+            if change == "signal":
+                sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+            else:
+                sent = cli(tmp_path, "cancel", db, "a-1", "--reason", "not wanted")
         finally:
             (gate / "open").touch()
         out, err = recovering.communicate(timeout=120)
@@ -821,12 +826,18 @@ def test_a_signal_sent_once_recover_url_let_go_of_its_run_takes_the_run_up_again
     assert sent.returncode == 0, sent.stdout + sent.stderr
     assert "waits in the journal's inbox" in sent.stdout, sent.stdout  # recover held the run
     assert recovering.returncode == 0, out + err
-    assert 'run result: {"answer":"yes","charged":{"charged":40}}' in out, out
-    assert len(book(tmp_path / "book")) == 1
     with PgJournal(db) as journal:
         ledger = Ledger()
         ledger.feed(journal.read())
-    assert (ledger.runs["a-1"].standing(), ledger.runs["s-1"].standing()) == ("succeeded", "succeeded")
+    if change == "signal":
+        assert 'run result: {"answer":"yes","charged":{"charged":40}}' in out, out
+        assert len(book(tmp_path / "book")) == 1
+        assert ledger.runs["a-1"].standing() == "succeeded"
+    else:
+        assert "run a-1 (workflow approver):\n  ask@1  Succeeded     attempts 1\nrun status: cancelled\n" in out, out
+        assert book(tmp_path / "book") == []
+        assert ledger.runs["a-1"].standing() == "cancelled"
+    assert ledger.runs["s-1"].standing() == "succeeded"
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchall() == [(0,)]
 

@@ -460,6 +460,35 @@ def test_can_go_on_says_whether_a_run_let_go_would_go_on_with_what_its_log_holds
     assert seen == [False, False, False, True, False, False]
 
 
+def test_a_run_resumed_after_its_cancel_was_recorded_ends_cancelled(tmp_path: Path) -> None:
+    """A run let go while it waits, then cancelled (recorded), then resumed by the same
+    executor: it ends cancelled at once, the decision recorded once; it was let go again,
+    waiting, as if nothing had been decided."""
+    path = tmp_path / "log.jsonl"
+    time = FakeTime(hold=True)
+
+    async def main() -> tuple[RunReport, RunReport]:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(log, clock=time.clock, sleep=time.sleep, let_go_after=1.0)
+            first = await executor.run(approver, "a-1")
+            assert executor.deliver("a-1", cancel_change(executor_ledger(path), "a-1", "no longer wanted")) is None
+            second = await executor.run(approver, "a-1", prior={})
+            return first, second
+
+    first, second = asyncio.run(main())
+    assert (first.status, second.status) == ("waiting", "cancelled")
+    assert kinds(path)[-3:] == ["run_cancel_requested", "run_resumed", "run_finished"]
+    [decided] = of_type(path, "run_cancel_requested")
+    assert decided["reason"] == "no longer wanted"
+    assert replay(FileLog(path)).valid
+
+
+def executor_ledger(path: Path) -> Ledger:
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    return ledger
+
+
 def test_a_sleep_due_soon_is_not_let_go(tmp_path: Path) -> None:
     @workflow("short-nap")
     async def short(run: RunContext) -> JSON:

@@ -1301,7 +1301,10 @@ class Executor:
         moment. ``prior`` (from recovery) resumes a run already in the log:
         ``run_resumed`` is written, succeeded steps are not run again (their
         logged results feed their dependents), other steps continue their
-        attempt numbering. Cancelling the task that awaits this coroutine
+        attempt numbering; a run resumed once its cancel is recorded ends
+        cancelled (recovery closes such runs before they get here; a run
+        let go while it waited and cancelled since may be resumed by the
+        executor that let it go). Cancelling the task that awaits this coroutine
         also cancels the run (the decision and the run's end are logged
         first).
 
@@ -1319,6 +1322,11 @@ class Executor:
         control = control if control is not None else RunControl()
         if run in self._controls:
             raise RunRefused(f"run {run!r} is being driven by this executor already")
+        view = self._ledger.runs.get(run)
+        if prior is not None and view is not None and view.cancel_requested and not view.finished:
+            # docs/contracts.md, "Decisions are records": a resumed run whose cancel
+            # was decided ends cancelled (the decision is not written twice)
+            control.cancel("its cancel was decided before it was resumed")
         self._controls[run] = control
         try:
             if workflow.function is not None:
