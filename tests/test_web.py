@@ -849,6 +849,16 @@ def test_a_query_that_is_not_utf8_is_a_400_naming_it(approvals: Path) -> None:
     assert "the query holds bytes that are not UTF-8; nothing was listed." in page
 
 
+def test_a_limit_of_thousands_of_digits_is_a_400_naming_it(approvals: Path) -> None:
+    """Past 4300 digits ``int()`` raises ValueError: the page still names the limit, the
+    connection is not dropped."""
+    with serving(str(approvals)) as url:
+        status, page = Client(url).get("/?limit=" + "9" * 5000)
+    assert status == 400
+    assert "is not a number from 1 to 500" in page
+
+
+
 ODD_WORKFLOWS = ("w\x1b[31m", "w\r\nx", "a&b=c+d%20", "\u202eright")
 
 
@@ -1049,3 +1059,10 @@ def test_a_get_of_an_action_is_405_allowing_post(approvals: Path) -> None:
     assert (status, headers.get("Allow")) == (405, "POST")
     assert "GET is not served here: an action is a form&#39;s POST." in page
     assert headers["X-Frame-Options"] == "DENY"
+
+
+def test_a_content_length_of_thousands_of_digits_is_a_413(approvals: Path) -> None:
+    """``int()`` refuses more than 4300 digits: such a length is too large, not a dropped connection."""
+    with serving(str(approvals)) as url:
+        answered, _ = raw_answer(url, "POST", "/runs/a-1/signal", {"Content-Length": "9" * 5000})
+    assert answered == 413

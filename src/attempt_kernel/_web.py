@@ -221,6 +221,16 @@ def _parse_time(text: str, field: str) -> int | None:
     return int(moment.timestamp() * 1_000_000)
 
 
+def _ascii_number(text: str, most: int) -> int | None:
+    """``text`` as a number when it is ASCII digits, else None; any number above ``most`` as
+    ``most + 1`` (``int`` refuses a text of more than 4300 digits, and none is needed)."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    if len(text.lstrip("0")) > len(str(most)):
+        return most + 1
+    return int(text)
+
+
 def _action(name: str) -> Action | None:
     for action in ACTIONS:
         if action == name:
@@ -528,8 +538,9 @@ class WebView:
             until, until_text = None, ""
         limit = DEFAULT_LIMIT
         if limit_text:
-            if limit_text.isascii() and limit_text.isdigit() and 1 <= int(limit_text) <= MAX_LIMIT:
-                limit = int(limit_text)
+            number = _ascii_number(limit_text, MAX_LIMIT)
+            if number is not None and 1 <= number <= MAX_LIMIT:
+                limit = number
             else:
                 problems.append(f"limit: {limit_text!r} is not a number from 1 to {MAX_LIMIT}")
         # What `attempt-kernel runs` lists and how it filters: one function for both.
@@ -912,7 +923,7 @@ class _Handler(BaseHTTPRequestHandler):
         server = self.server
         assert isinstance(server, _Server)
         length_text = self.headers.get("Content-Length", "0")
-        length = int(length_text) if length_text.isascii() and length_text.isdigit() else 0
+        length = _ascii_number(length_text, MAX_BODY) or 0
         if length > MAX_BODY:
             self.send_error(413, "the form is too large")
             return
