@@ -858,6 +858,19 @@ def test_a_limit_of_thousands_of_digits_is_a_400_naming_it(approvals: Path) -> N
     assert "is not a number from 1 to 500" in page
 
 
+@pytest.mark.parametrize("path", ["/runs/%FFa-1", "/runs/a-1%FF/signal"], ids=["page", "action"])
+def test_a_path_that_is_not_utf8_is_a_400_naming_it_and_writes_nothing(approvals: Path, path: str) -> None:
+    """No run id holds such bytes (a log's JSON cannot): the request is refused, not dropped."""
+    before = approvals.read_bytes()
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        token = client.token("a-1")
+        fields = {"csrf": token, "name": "approve"} if path.endswith("/signal") else None
+        status, _, page = client.request(path, fields)
+    assert status == 400
+    assert "the path holds bytes that are not UTF-8; nothing was done." in page
+    assert nothing_written(approvals, before)
+
 
 ODD_WORKFLOWS = ("w\x1b[31m", "w\r\nx", "a&b=c+d%20", "\u202eright")
 

@@ -450,7 +450,12 @@ class WebView:
                 "This server answers to its loopback address only (127.0.0.1 or localhost).",
             )  # fmt: skip
         split = urlsplit(request.target)
-        parts = [unquote(p, errors="surrogatepass") for p in split.path.split("/")[1:]]
+        try:
+            parts = [unquote(p, errors="surrogatepass") for p in split.path.split("/")[1:]]
+        except UnicodeDecodeError:  # no run id holds such bytes (`_quoted`)
+            return self._message(
+                session, 400, "Bad request", "the path holds bytes that are not UTF-8; nothing was done."
+            )
         if len(parts) in (2, 3) and parts[0] == "runs" and parts[1] == "" and split.query:
             # /runs/?id=RUN and /runs//ACTION?id=RUN: a run id no path can carry (`_run_href`)
             try:
