@@ -765,6 +765,46 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
     assert "<td>not taken yet</td>" in page
 
 
+def end_other_sessions(url: str) -> None:
+    """End every session of ``url``'s database but this one, as a server restart or a
+    proxy's idle timeout ends them."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_on_postgresql_serve_reads_a_run_page_again_once_its_session_was_ended(db: str, tmp_path: Path) -> None:
+    """The page that met the lost session says so; the next one reads on a new session
+    (every run page was a 500, 'the connection is closed', until serve was restarted)."""
+    from attempt_kernel.postgres import PgJournal
+
+    async def go() -> None:
+        with PgJournal(db) as journal:
+            report = await Executor(journal, let_go_after=0).run(APPROVER, "p-1")
+            assert report.status == "waiting"
+
+    asyncio.run(go())
+    process, url = start_serve(tmp_path, db, "--port", "0")
+    try:
+        client = Client(url)
+        assert client.get("/runs/p-1")[0] == 200
+        end_other_sessions(db)
+        lost_status, lost_page = client.get("/runs/p-1")
+        status, page = client.get("/runs/p-1")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=TIMEOUT)
+    assert lost_status == 500
+    assert "terminating connection due to administrator command" in lost_page
+    assert status == 200
+    assert "<td>open: waiting</td>" in page
+
 # --------------------------------------------------------------------------
 # Values the log may hold, however odd
 # --------------------------------------------------------------------------

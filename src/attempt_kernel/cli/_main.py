@@ -1904,7 +1904,8 @@ def _serve(args: argparse.Namespace) -> int:
     if _is_url(log):
         journal = _pg_journal(log)
         source: LogSource = journal
-        one_run: Callable[[str], Iterable[LogItem]] | None = journal.read_run
+        # On the reading connection, which a lost session does not close for good.
+        one_run: Callable[[str], Iterable[LogItem]] | None = journal.read_run_snapshot
     else:
         source, one_run = _source(log), None
     view = WebView(

@@ -1174,6 +1174,21 @@ class PgJournal:
         numbering = _Numbering(self._per_run_after, journal=False)
         return self._rows(conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
 
+    def read_run_snapshot(self, run: str) -> list[LogItem]:
+        """One run's records as `read_run` numbers them, in one snapshot of the reading
+        connection, leaving this journal's own numbering of the run as it was.
+
+        For a reader that outlives sessions (`serve`'s run pages): a session
+        the server ended fails this read with `PgJournalError`, and the next
+        read opens a new one, where `read_run`'s connection stays closed.
+        """
+        reader = self._reading()
+        try:
+            with reader.transaction():
+                return list(self.read_run_in(reader, run))
+        except psycopg.Error as error:  # the snapshot's end (commit) failed
+            raise PgJournalError(f"reading run {run!r} failed: {_reason(error)}") from error
+
     def read(self) -> Iterator[LogItem]:
         """Yield every record of the journal in ``pos`` order (a `Record` or `CorruptLine`).
 
