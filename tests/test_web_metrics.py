@@ -11,11 +11,12 @@ from collections.abc import Generator
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 
-from attempt_kernel._metrics import metrics_app
+from attempt_kernel._metrics import CONTENT_TYPE, journal_registry, metrics_app
 from attempt_kernel._operations import cancel_run, resume_run
 from test_metrics import script
-from test_web import Client, add_waiting_runs, serving
+from test_web import Client, add_waiting_runs, end_other_sessions, serving
 from waitflows import APPROVER
 
 STATUSES = ("running", "waiting", "interrupted", "needs-reconciliation", "succeeded", "failed", "cancelled")
@@ -162,3 +163,30 @@ def test_a_control_character_in_the_log_name_is_escaped_in_the_journal_label(tmp
     assert status == 200
     assert "\x1b" not in text
     assert f'attempt_kernel_runs{{journal="{tmp_path}/odd\\\\x1bname.jsonl",status="waiting"}} 1.0\n' in text
+
+
+@pytest.mark.postgres
+def test_on_postgresql_a_scrape_that_meets_a_lost_session_is_a_503_and_the_next_reads_again(db: str) -> None:
+    """A session PostgreSQL ended (a restart, an idle timeout) is said as the log that
+    cannot be read, as a FIFO is: the driver's error dropped the connection unanswered."""
+    from attempt_kernel.postgres import PgJournal
+
+    with PgJournal(db):
+        pass  # the tables
+    registry, collector = journal_registry(db)
+    try:
+        with serving(db, metrics=lambda: (generate_latest(registry), CONTENT_TYPE)) as url:
+            client = Client(url)
+            assert client.get("/metrics")[0] == 200
+            end_other_sessions(db)
+            lost = client.request("/metrics")
+            status, text = client.get("/metrics")
+    finally:
+        collector.close()
+    assert (lost[0], lost[1]["Content-Type"]) == (503, "text/plain; charset=utf-8")
+    assert lost[2] == (
+        "The log cannot be read: reading the journal's gauges failed:"
+        " terminating connection due to administrator command\n"
+    )
+    assert status == 200
+    assert f'attempt_kernel_queue_depth{{journal="{db}"}} 0.0\n' in text

@@ -440,7 +440,23 @@ class _PgSource:
         self.slots: dict[str, int] = {}
 
     def scrape(self, workers: Sequence[str], apply: Callable[[list[Record | CorruptLine]], None]) -> None:
-        """One snapshot: new rows (handed to ``apply`` in batches), held runs, queue, slots."""
+        """One snapshot: new rows (handed to ``apply`` in batches), held runs, queue, slots.
+
+        `PgJournalError` when the database fails the read (a session it ended, say).
+        """
+        import psycopg
+
+        from .postgres._journal import PgJournalError
+
+        try:
+            self._read(workers, apply)
+        except psycopg.Error as error:
+            said = "; ".join(part.strip() for part in str(error).splitlines() if part.strip())
+            raise PgJournalError(
+                f"reading the journal's gauges failed: {said or type(error).__name__}"
+            ) from error
+
+    def _read(self, workers: Sequence[str], apply: Callable[[list[Record | CorruptLine]], None]) -> None:
         conn = self._conn
         with conn.transaction():
             row = conn.execute(self._state, (list(workers),)).fetchone()
