@@ -57,6 +57,7 @@ def test_without_prometheus_client_the_flag_exits_2_naming_the_extra(tmp_path: P
         'raise ImportError("No module named \'prometheus_client\'")\n'
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(TESTS)])}
+    (tmp_path / "log").touch()  # a log that exists: the extra is what is missing
     done = subprocess.run(
         [sys.executable, "-m", "attempt_kernel", "worker", str(tmp_path / "log"),
          "--workflows", "waitflows:BLOCKED", "--metrics-port", "0"],
@@ -64,7 +65,7 @@ def test_without_prometheus_client_the_flag_exits_2_naming_the_extra(tmp_path: P
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "install attempt-kernel[metrics]" in done.stderr, done.stderr
-    assert not (tmp_path / "log").exists()  # nothing was served, nothing written
+    assert (tmp_path / "log").read_bytes() == b""  # nothing was served, nothing written
 
 
 @pytest.mark.slow
@@ -107,3 +108,29 @@ def test_replay_metrics_writes_a_control_character_in_the_log_name_escaped(tmp_p
     assert done.returncode == 0, done.stderr
     assert "\x1b" not in done.stdout
     assert f'attempt_kernel_log_records{{journal="{tmp_path}/odd\\\\x1b\\"q\\\\.jsonl"}} 1\n' in done.stdout
+
+
+@pytest.mark.parametrize("what", ["missing", "fifo", "no-such-workflow"])
+def test_a_file_worker_refused_with_metrics_asked_prints_nothing_and_serves_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], what: str
+) -> None:
+    """Refused before a word, as without the flag: 'metrics: serving ...' was printed (and a
+    server started) before the log or the workflows were looked at."""
+    log = tmp_path / "a.jsonl"
+    target = "waitflows:APPROVER"
+    if what == "fifo":
+        os.mkfifo(log)
+    elif what == "no-such-workflow":
+        log.touch()
+        target = "waitflows:NO_SUCH"
+    code = main(["worker", str(log), "--workflows", target, "--metrics-port", "0"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert captured.out == ""
+    last = captured.err.splitlines()[-1]
+    assert last == {
+        "missing": f"attempt-kernel worker: error: {log}: no such file",
+        "fifo": f"attempt-kernel worker: error: {log}: is a FIFO (named pipe), not a run log"
+        " (a run log is a regular file)",
+        "no-such-workflow": "attempt-kernel worker: error: module 'waitflows' has no attribute 'NO_SUCH'",
+    }[what]

@@ -1654,11 +1654,10 @@ def _left(log: str, names: set[str], skip: set[str]) -> list[tuple[str, bool]]:
     ]  # fmt: skip
 
 
-def _worker_file(args: argparse.Namespace) -> int:
+def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
     """`worker LOG`: serve every unfinished run of a log file, in this process."""
     log: str = args.url
     targets: list[str] = args.workflows
-    workflows = [load_target(t) for t in targets]
     names = {w.name for w in workflows}
     if len(names) < len(workflows):
         raise _Usage("two of the --workflows have the same name")
@@ -1808,10 +1807,13 @@ def _worker(args: argparse.Namespace) -> int:
         # during a scrape (two threads importing one package can each see
         # the other's half-initialized module).
         importlib.import_module("attempt_kernel.postgres")
+    else:
+        os.close(open_regular(Path(url), os.O_RDONLY, "for reading"))  # a missing file or a FIFO
+    # Refused (a log, a workflow) before --metrics-port serves or says a word.
+    workflows = [load_target(t) for t in args.workflows]
     exposition = _metrics_served(args)
     if not _is_url(url):
-        return _worker_file(args)
-    workflows = [load_target(t) for t in args.workflows]
+        return _worker_file(args, workflows)
     from ..postgres._worker import WorkerDeclaredDead, run_worker
 
     try:
