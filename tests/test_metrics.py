@@ -238,10 +238,18 @@ def test_metrics_app_serves_the_journal_gauges_only(tmp_path: Path) -> None:
         ("postgresql://ak:s3cret@db.example:5432/jobs", "postgresql://ak@db.example:5432/jobs"),
         ("postgres://ak@db/jobs", "postgres://ak@db/jobs"),
         ("/var/log/runs.log", "/var/log/runs.log"),
+        # libpq takes any connection parameter in the query, the password among them
+        ("postgresql://ak@db/jobs?password=s3cret", "postgresql://ak@db/jobs"),
+        (
+            "postgresql:///jobs?host=/run/pg&password=s3cret&sslmode=disable&sslpassword=k3y",
+            "postgresql:///jobs?host=/run/pg&sslmode=disable",
+        ),
+        ("postgresql://ak:s3cret@db/jobs?password=s3cret", "postgresql://ak@db/jobs"),
+        ("postgresql://db/jobs?password=p@ss", "postgresql://db/jobs"),
     ],
 )
 def test_the_journal_label_never_carries_a_password(journal: str, label: str) -> None:
-    """A URL's password is removed; a path is kept as given."""
+    """A URL's password is removed, in its user part or as a query parameter; a path is kept as given."""
     assert journal_label(journal) == label
 
 

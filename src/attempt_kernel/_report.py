@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -41,14 +42,27 @@ def shown(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword"})
+"""The connection parameters a URL's query may carry that hold a secret (libpq reads any
+parameter there): the password, and the passphrase of the client's key."""
+
+
 def redacted(url: str) -> str:
-    """A URL without its password, for messages and labels; a path as it is."""
+    """A URL without its password (after the user's name, or a ``password`` or
+    ``sslpassword`` parameter in its query), for messages and labels; a path as it is."""
     head, at, tail = url.rpartition("@")
-    if not at or "://" not in head:
+    if at and "://" in head:
+        scheme, _, credentials = head.partition("://")
+        user = credentials.split(":", 1)[0]
+        url = f"{scheme}://{user}@{tail}"
+    base, question, query = url.partition("?")
+    if not question or "://" not in base:
         return url
-    scheme, _, credentials = head.partition("://")
-    user = credentials.split(":", 1)[0]
-    return f"{scheme}://{user}@{tail}"
+    kept = [
+        part for part in query.split("&")
+        if urllib.parse.unquote(part.partition("=")[0]).strip() not in SECRET_PARAMETERS
+    ]  # fmt: skip
+    return base + ("?" + "&".join(kept) if kept else "")
 
 
 def _attempt_line(entry: OpenAttempt) -> str:
