@@ -134,3 +134,36 @@ def test_a_file_worker_refused_with_metrics_asked_prints_nothing_and_serves_noth
         " (a run log is a regular file)",
         "no-such-workflow": "attempt-kernel worker: error: module 'waitflows' has no attribute 'NO_SUCH'",
     }[what]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_the_metrics_address_on_ipv6_is_printed_as_a_url_that_answers(tmp_path: Path) -> None:
+    """``http://::1:PORT/metrics`` is no URL (a client reads ``::1:PORT`` as the host):
+    the address is bracketed, as `serve` prints its own."""
+    log = tmp_path / "a.jsonl"
+    log.touch()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "worker", str(log), "--workflows", "waitflows:APPROVER",
+         "--metrics-port", "0", "--metrics-host", "::1"],
+        cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        found = re.fullmatch(r"metrics: serving (http://\[::1\]:[0-9]+/metrics)\n", first)
+        assert found is not None, first
+        with urllib.request.urlopen(found.group(1), timeout=60) as answer:
+            assert answer.status == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)

@@ -1755,7 +1755,8 @@ def _metrics_served(args: argparse.Namespace) -> _metrics.WorkerExposition | Non
             f"--metrics-port {port}: cannot listen on {host}:{port}"
             f" ({error.strerror or error}); choose another port (0: any free one)"
         ) from None
-    print(f"metrics: serving http://{bound_host}:{bound_port}/metrics", flush=True)
+    authority = f"[{bound_host}]" if ":" in bound_host else bound_host  # an IPv6 address
+    print(f"metrics: serving http://{authority}:{bound_port}/metrics", flush=True)
     return exposition
 
 
