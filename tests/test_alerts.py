@@ -69,3 +69,24 @@ def test_promtool_unit_tests_pass(unit: Path) -> None:
         timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+EXAMPLE_LOG = TESTS.parent / "examples" / "checkout.jsonl"
+
+
+def test_promtool_accepts_what_replay_metrics_and_the_gauges_page_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`promtool check metrics` reads the Prometheus text format, as node_exporter's textfile
+    collector does: a counter's TYPE and HELP name its samples (``..._total``), or the
+    counter is read as an untyped series with no help."""
+    from attempt_kernel._metrics import metrics_app
+    from attempt_kernel.cli._main import main
+
+    assert main(["replay", "--metrics", str(EXAMPLE_LOG)]) == 0
+    pages = {"replay --metrics": capsys.readouterr().out, "/metrics": metrics_app(str(EXAMPLE_LOG))()[0].decode()}
+    for name, page in pages.items():
+        checked = subprocess.run(
+            [promtool(), "check", "metrics"], input=page, capture_output=True, text=True, timeout=60
+        )
+        assert (name, checked.returncode, checked.stdout + checked.stderr) == (name, 0, "")

@@ -306,11 +306,12 @@ def test_cli_replay_json(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_replay_metrics(capsys: pytest.CaptureFixture[str]) -> None:
-    """`replay --metrics` prints OpenMetrics text ending in # EOF, counters as _total, a journal label."""
+    """`replay --metrics` prints the Prometheus text format ending in # EOF, counters as _total
+    (their TYPE too), a journal label."""
     assert main(["replay", "--metrics", str(EXAMPLE)]) == 0
     out = capsys.readouterr().out.splitlines()
     where = f'journal="{EXAMPLE}"'
-    assert "# TYPE attempt_kernel_log_attempts counter" in out
+    assert "# TYPE attempt_kernel_log_attempts_total counter" in out
     assert f'attempt_kernel_log_attempts_total{{{where},state="Indeterminate"}} 1' in out
     assert f'attempt_kernel_log_attempts_total{{{where},state="Succeeded"}} 2' in out
     assert not [line for line in out if 'state="Pending"' in line or 'state="Running"' in line]

@@ -151,7 +151,9 @@ def _label(value: str) -> str:
 
 
 def as_metrics(report: ReplayReport, journal: str) -> str:
-    """OpenMetrics text exposition of a log, for a scraper reading a file (a textfile collector).
+    """The log in the Prometheus text format, for a scraper reading a file (node_exporter's
+    textfile collector, which reads that format: a counter's TYPE names its ``_total``
+    samples). The last line, ``# EOF``, a comment there, shows the file is whole.
 
     The two gauges a live worker serves under the same names
     (``attempt_kernel_indeterminate_attempts``, ``attempt_kernel_outstanding_intents``)
@@ -163,8 +165,8 @@ def as_metrics(report: ReplayReport, journal: str) -> str:
     # The name as the rest of the output shows it (an ESC as the text \x1b), then escaped for the format.
     where = f'journal="{_label(shown(journal))}"'
     out = [
-        "# TYPE attempt_kernel_log_attempts counter",
-        "# HELP attempt_kernel_log_attempts Attempts in the run log that reached a final state, by state.",
+        "# TYPE attempt_kernel_log_attempts_total counter",
+        "# HELP attempt_kernel_log_attempts_total Attempts in the run log that reached a final state, by state.",
     ]
     for state, n in report.final_states.items():
         if is_terminal(state):

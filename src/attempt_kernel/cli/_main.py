@@ -123,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     output.add_argument("--json", action="store_true", help=_JSON_HELP)
     output.add_argument(
         "--metrics", action="store_true",
-        help="print OpenMetrics text for a scraper, every sample labelled journal=LOG",
+        help="print the Prometheus text format for a scraper, every sample labelled journal=LOG",
     )
     demo = commands.add_parser(
         "demo",
