@@ -1119,3 +1119,15 @@ def test_a_content_length_of_thousands_of_digits_is_a_413(approvals: Path) -> No
     with serving(str(approvals)) as url:
         answered, _ = raw_answer(url, "POST", "/runs/a-1/signal", {"Content-Length": "9" * 5000})
     assert answered == 413
+
+
+def test_the_docs_exit_codes_of_serve_are_those_it_exits_with(capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreachable database exits 3 (as every command given a URL), and a stop during a
+    resume 130 or 143: docs/web.md's list of exit codes said 0 and 2 only."""
+    assert main(["serve", "postgresql://ak@127.0.0.1:1/jobs", "--port", "0"]) == 3
+    assert "cannot connect to PostgreSQL at 127.0.0.1:1, database jobs" in capsys.readouterr().err
+    doc = (TESTS.parent / "docs" / "web.md").read_text()
+    said = " ".join(doc.partition("\nExit codes: ")[2].partition("\n\n")[0].split())
+    assert said.startswith("0 when stopped, 2 for a usage or I/O error"), said
+    assert "3 when the database of a postgresql:// URL cannot be reached" in said, said
+    assert "130 (SIGINT) or 143 (SIGTERM)" in said, said
