@@ -53,7 +53,7 @@ EXPECTED_PUBLIC = {
     "StepFailed", "WorkflowDiverged",
     # runs that wait, and operators' actions
     "WaitStarted", "WaitEnded", "SignalSent", "OperationRefused", "Delivered",
-    "send_signal", "cancel_run", "reconcile_intent", "resume_run", "RunObserver",
+    "send_signal", "cancel_run", "reconcile_intent", "resume_run", "RunObserver", "ReleaseObserver",
     # traces (the otel extra)
     "Spans",
 }  # fmt: skip
@@ -61,7 +61,7 @@ EXPECTED_PUBLIC = {
 # the error family's bases, the error a user's effect raises, and protocols.
 OPEN_CLASSES = {
     "AttemptKernelError", "RunLogError", "UnencodableRecord", "EffectRejected", "DispatchRefused",
-    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext", "RunObserver",
+    "StepContext", "LogSource", "RunLog", "Journal", "PoolAdmission", "RunContext", "RunObserver", "ReleaseObserver",
     "GroupCommitLog", "DispatchGate",
 }  # fmt: skip
 STATES_AND_CAUSES = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ from opentelemetry.util.types import AttributeValue
 from attempt_kernel import (
     JSON,
     AttemptCreated,
+    LogItem,
+    LogWriteFailed,
     AttemptTransitioned,
     Change,
     Executor,
@@ -42,6 +45,7 @@ from attempt_kernel import (
     RunLogWriter,
     RunResumed,
     RunStopRequested,
+    SignalSent,
     Spans,
     Step,
     StepContext,
@@ -262,6 +266,107 @@ def test_a_code_workflows_steps_are_named_by_their_call_position(tmp_path: Path)
         ("run coded", None, T(0), T(14),
          {**run, "attempt_kernel.workflow": "coded", "attempt_kernel.run.status": "succeeded"}, ok),
     ]  # fmt: skip
+
+
+@workflow("asker")
+async def asker(run: RunContext) -> JSON:
+    await run.step("greet", greet)
+    return await run.wait_for_signal("go")
+
+
+def test_a_run_let_go_while_it_waits_ends_its_spans_as_waiting_and_its_resume_opens_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """A run an executor lets go of while it waits writes nothing more: its run span stayed
+    open for as long as the process lived, never exported, and kept in memory. It ends at
+    the let-go, status ``waiting``; the executor that takes the run up again opens a
+    ``run resumed`` span, as a new process would."""
+    # records: 0 RunStarted, 1 StepCalled, greet@1 2-5 (1-3 and 4-5 written in one go),
+    # 6 WaitStarted; let go at 7; 7 SignalSent, 8 RunResumed, 9 WaitEnded, 10 RunFinished.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen = Seen()
+    let_go: list[list[str]] = []
+
+    async def main() -> None:
+        with RunLogWriter(tmp_path / "log") as log:
+            executor = Executor(
+                log,
+                observers=[seen, Spans(provider.get_tracer("tests"))],
+                clock=lambda: 1000.0 + len(seen.changes),
+                let_go_after=1.0,
+            )
+            first = await executor.run(asker, "r-1")
+            assert first.status == "waiting"
+            let_go.append([span.name for span in exporter.get_finished_spans()])
+            assert executor.deliver("r-1", SignalSent(name="go", payload="yes", id="s-1")) is None
+            second = await executor.run(asker, "r-1", prior={})
+            assert second.status == "succeeded"
+
+    asyncio.run(main())
+    assert let_go == [["attempt greet@1#1", "step greet@1", "run asker"]]
+    run, ok = {"attempt_kernel.run": "r-1"}, StatusCode.OK
+    assert summary(exporter.get_finished_spans()) == [
+        ("attempt greet@1#1", "step greet@1", T(1), T(4),
+         {**run, "attempt_kernel.step": "greet@1", "attempt_kernel.attempt": 1,
+          "attempt_kernel.attempt.state": "Succeeded"}, ok),
+        ("step greet@1", "run asker", T(1), T(4),
+         {**run, "attempt_kernel.step": "greet@1", "attempt_kernel.attempt.state": "Succeeded"}, ok),
+        ("run asker", None, T(0), T(7),
+         {**run, "attempt_kernel.workflow": "asker", "attempt_kernel.run.status": "waiting"}, StatusCode.UNSET),
+        ("run resumed", None, T(8), T(10), {**run, "attempt_kernel.run.resumed": True}, StatusCode.UNSET),
+    ]  # fmt: skip
+
+
+class FailingAt:
+    """A run log whose ``fail_at``-th append (1-based) fails, as a full disk would fail it."""
+
+    def __init__(self, writer: RunLogWriter, fail_at: int) -> None:
+        self._writer = writer
+        self._left = fail_at
+
+    def read(self) -> Iterator[LogItem]:
+        return self._writer.read()
+
+    def append(self, run: str, change: Change) -> int:
+        self._left -= 1
+        if self._left == 0:
+            raise LogWriteFailed("write failed: the disk is full")
+        return self._writer.append(run, change)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+
+def test_a_run_whose_log_fails_under_it_ends_its_spans_as_interrupted(tmp_path: Path) -> None:
+    """The log fails at the step's result (record 4): the run is cut off with no record
+    to say so, and its spans end then (they stayed open for the process's life), the
+    run's status ``interrupted``. This log writes records one by one (no ``append_all``),
+    so each has its own time: the attempt starts at record 2."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen = Seen()
+
+    async def main() -> None:
+        with RunLogWriter(tmp_path / "log") as writer:
+            executor = Executor(
+                FailingAt(writer, 5),
+                observers=[seen, Spans(provider.get_tracer("tests"))],
+                clock=lambda: 1000.0 + len(seen.changes),
+            )
+            with pytest.raises(LogWriteFailed):
+                await executor.run(asker, "r-1")
+
+    asyncio.run(main())
+    got = [(name, parent, start, end, attrs.get("attempt_kernel.run.status"))
+           for name, parent, start, end, attrs, _ in summary(exporter.get_finished_spans())]  # fmt: skip
+    assert got == [
+        ("attempt greet@1#1", "step greet@1", T(2), T(4), None),
+        ("step greet@1", "run asker", T(2), T(4), None),
+        ("run asker", None, T(0), T(4), "interrupted"),
+    ]
 
 
 def _fed(changes: list[Change]) -> InMemorySpanExporter:

@@ -117,6 +117,7 @@ from ._records import WaitEnded as WaitEnded
 from ._records import WaitStarted as WaitStarted
 from ._operate import Delivered as Delivered
 from ._operate import OperationRefused as OperationRefused
+from ._observe import ReleaseObserver as ReleaseObserver
 from ._observe import RunObserver as RunObserver
 from ._tracing import Spans as Spans
 from ._operations import cancel_run as cancel_run
@@ -207,6 +208,7 @@ __all__ = [
     "Delivered",
     "send_signal",
     "cancel_run",
+    "ReleaseObserver",
     "RunObserver",
     "resume_run",
     "reconcile_intent",

@@ -45,7 +45,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Final, Protocol, TypeVar, Union, runtime_checkable
+from typing import Final, Literal, Protocol, TypeVar, Union, runtime_checkable
 
 from typing_extensions import TypeAlias, assert_never, final
 
@@ -108,7 +108,7 @@ from ._records import (
 )
 from ._inbox import inbox_size, locked_inbox
 from ._logfile import RunLogWriter
-from ._observe import UNLOGGED, LogRecords, ProgressLines, RunObserver, tell
+from ._observe import UNLOGGED, LogRecords, ProgressLines, RunObserver, tell, tell_released
 from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
@@ -1335,6 +1335,11 @@ class Executor:
         finally:
             del self._controls[run]
             self._code_runs.pop(run, None)
+            released = self._ledger.runs.get(run)
+            if self._observers and released is not None and not released.finished:
+                # let go, stopped or cut off by its log: no record says this process is done with it
+                status: Literal["waiting", "interrupted"] = "waiting" if released.is_waiting() else "interrupted"
+                tell_released(self._observers, run, status, int(self._clock() * 1_000_000))
 
     async def _run_dag(
         self,

@@ -20,7 +20,7 @@ from __future__ import annotations
 import datetime
 import logging
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol, runtime_checkable
+from typing import Final, Literal, Protocol, runtime_checkable
 
 from typing_extensions import assert_never, final
 
@@ -63,6 +63,31 @@ class RunObserver(Protocol):
     def record_written(self, run: str, change: Change, time_us: int) -> None:
         """``change`` was appended for ``run``; ``time_us``: the executor's clock, in microseconds."""
         ...
+
+
+@runtime_checkable
+class ReleaseObserver(Protocol):
+    """A `RunObserver` also told when an executor stops driving a run that has not finished
+    and writes no record to say so: a code run let go while it waits (``let_go_after``:
+    ``waiting``), or one whose log failed under it, a lost lease say (``interrupted``).
+    Whoever takes the run up next writes ``run_resumed``. `Spans` is one: it ends the
+    run's spans there."""
+
+    def run_released(self, run: str, status: Literal["waiting", "interrupted"], time_us: int) -> None:
+        """This executor no longer drives ``run``, which stands ``status``; ``time_us``: its clock."""
+        ...
+
+
+def tell_released(
+    observers: Sequence[RunObserver], run: str, status: Literal["waiting", "interrupted"], time_us: int
+) -> None:
+    """Tell each `ReleaseObserver` among ``observers`` that ``run`` was released (as `tell`)."""
+    for observer in observers:
+        if isinstance(observer, ReleaseObserver):
+            try:
+                observer.run_released(run, status, time_us)
+            except Exception:  # an observer never stops a run (module doc)
+                LOGGER.exception("observer %r failed on the release of run %r", observer, run)
 
 
 def tell(observers: Sequence[RunObserver], run: str, change: Change, time_us: int) -> None:

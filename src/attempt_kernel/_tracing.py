@@ -335,6 +335,16 @@ class Spans:
             case _:
                 assert_never(change)
 
+    def run_released(self, run: str, status: Literal["waiting", "interrupted"], time_us: int) -> None:
+        """End the spans of ``run``, which the executor no longer drives though it has not
+        finished (`ReleaseObserver`): let go while it waits, or cut off by its log. Its run
+        span ends at ``time_us`` with that ``status`` (none for a run resumed here: its
+        steps before the resume were never seen); whoever takes the run up next opens a
+        ``run resumed`` span."""
+        state = self._runs.get(run)
+        if state is not None:
+            self._end_run(run, state, time_us, status if state.started_here else None)
+
     def _attempt(self, state: _Run | None, step: str, number: int) -> _Attempt | None:
         """The open attempt's spans, or None (a run or attempt not opened here)."""
         if state is None:
