@@ -70,9 +70,14 @@ def test_a_signal_while_a_command_loads_its_workflow_exits_with_one_line(
     tmp_path: Path, sig: signal.Signals, code: int, args: list[str]
 ) -> None:
     ready = tmp_path / "ready"
+    kept = []
+    if args[0] == "worker":  # it refuses a missing log before it loads a workflow
+        (tmp_path / "w.jsonl").touch()
+        kept = ["w.jsonl"]
     done = _signal_when(ready, sig, args, tmp_path, _env(STARTUP_READY=str(ready)))
     assert done == (code, "", f"attempt-kernel {args[0]}: interrupted by {sig.name}\n")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready"]  # no log was made
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", *kept]  # no log was made
+    assert all((tmp_path / name).stat().st_size == 0 for name in kept)  # nor written
 
 
 def _states(log: Path) -> dict[tuple[str, int], str]:
