@@ -138,7 +138,8 @@ def drive(
     """Run (or resume) ``run`` on the log at ``path``; ``meanwhile`` plays the operator."""
 
     async def main() -> RunReport:
-        with RunLogWriter(path, create=True) as log:
+        # The log stamps records with the executor's clock, as docs/executor.md asks.
+        with RunLogWriter(path, create=True, clock=lambda: int(time.now * 1_000_000)) as log:
             executor = Executor(
                 log, clock=time.clock, sleep=time.sleep, let_go_after=let_go_after
             )
@@ -487,6 +488,41 @@ def executor_ledger(path: Path) -> Ledger:
     ledger = Ledger()
     ledger.feed(FileLog(path).read())
     return ledger
+
+
+def test_a_signal_sent_after_the_timeout_while_nobody_drove_the_run_is_not_taken(
+    tmp_path: Path,
+) -> None:
+    # The wait's timeout came while no process drove the run (it was let go,
+    # as after a crash); the approval was sent after it. A process that had
+    # been up then would have ended the wait with None: so must the resumed one.
+    path = tmp_path / "log.jsonl"
+    report = drive(path, approver, "a-1", FakeTime(hold=True), let_go_after=1.0)
+    assert report.status == "waiting"
+    [started] = of_type(path, "wait_started")
+    assert started["wake_us"] == 1_003_600_000_000  # START + 3600 s
+    with RunLogWriter(path, clock=lambda: 1_003_660_000_000) as log:  # a minute late
+        log.append("a-1", SignalSent(name="approve", payload="yes", id="late"))
+    report = drive(path, approver, "a-1", FakeTime(START + 3_700), resume=True)
+    assert report.result == "timed out"
+    [ended] = of_type(path, "wait_ended")
+    assert "signal" not in ended  # it ended by its time
+    view = ledger_of(path).runs["a-1"]
+    assert [(s.id, s.taken_at) for s in view.signals] == [("late", None)]
+    assert replay(FileLog(path)).valid
+
+
+def test_a_signal_sent_before_the_timeout_while_nobody_drove_the_run_is_taken(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.jsonl"
+    drive(path, approver, "a-1", FakeTime(hold=True), let_go_after=1.0)
+    with RunLogWriter(path, clock=lambda: 1_003_599_000_000) as log:  # a second early
+        log.append("a-1", SignalSent(name="approve", payload="yes", id="early"))
+    report = drive(path, approver, "a-1", FakeTime(START + 3_700), resume=True)
+    assert report.result == {"approved": "yes"}
+    [ended] = of_type(path, "wait_ended")
+    assert ended["signal"] == 1
 
 
 def test_a_sleep_due_soon_is_not_let_go(tmp_path: Path) -> None:

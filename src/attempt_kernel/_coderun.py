@@ -164,6 +164,12 @@ def _duration(value: object, what: str) -> float:
     return seconds
 
 
+def _came_late(sent_us: int | None, wake_us: int | None) -> bool:
+    """Was a signal recorded at ``sent_us`` (None: taken in by this process, just now)
+    at or after a wait's wake time, when its timeout had ended it already?"""
+    return sent_us is not None and wake_us is not None and sent_us >= wake_us
+
+
 def arguments_digest(name: str, args: Sequence[object]) -> tuple[str, list[JSON]]:
     """The digest of a step call's arguments, and the arguments as JSON decodes them.
 
@@ -552,6 +558,11 @@ class CodeRun:
             while not future.done():
                 view = self._ledger.runs[self._run]
                 taken = None if signal is None else view.untaken(signal)
+                if taken is not None and _came_late(taken.sent_us, wake):
+                    # Recorded after the timeout, while no process drove the run
+                    # (a crash, a run let go): one that had driven it would have
+                    # ended the wait by its time first. It stays for a later wait.
+                    taken = None
                 now = self._now_us()
                 if taken is not None or (wake is not None and now >= wake):
                     if not self._may_start():
