@@ -8,6 +8,7 @@ bytes as they were.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import psycopg
@@ -16,11 +17,17 @@ from psycopg import sql
 from typing_extensions import LiteralString
 
 from attempt_kernel import (
+    JSON,
+    Executor,
     OperationRefused,
+    RunContext,
     RunLogWriter,
+    StepContext,
     read_log,
+    reconcile_intent,
     resume_run,
     send_signal,
+    workflow,
 )
 from attempt_kernel.cli._main import main
 from attempt_kernel._ledger import Ledger
@@ -47,6 +54,42 @@ def test_a_signalled_run_that_no_process_drives_is_resumed_to_its_end(tmp_path: 
     said = resume_run(log, "a-1", [APPROVER])
     assert said == "run 'a-1' was resumed and ended succeeded"
     assert _ledger(log).runs["a-1"].status == "succeeded"
+
+
+async def _pay_without_an_answer(ctx: StepContext) -> JSON:
+    async def perform(key: str) -> JSON:
+        raise TimeoutError("the bank did not answer")  # sent, maybe: the intent stays Dispatched
+
+    return await ctx.effect("pay", perform)
+
+
+@workflow("unsure")
+async def _unsure(run: RunContext) -> JSON:
+    return await run.step("pay", _pay_without_an_answer)
+
+
+def test_resume_leaves_alone_another_run_reconciled_since_it_ended(tmp_path: Path) -> None:
+    """Another run that ended needing reconciliation and was reconciled since is
+    unfinished again (`recover` resumes it): `resume_run` of one run leaves it as
+    it is, though its workflow was not given."""
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+
+    async def go() -> None:
+        with RunLogWriter(log) as writer:
+            report = await Executor(writer).run(_unsure, "u-1")
+            assert report.status == "needs-reconciliation"
+
+    asyncio.run(go())
+    [key] = _ledger(log).runs["u-1"].outstanding()
+    reconcile_intent(log, key, confirmed=True, result={"paid": True})
+    assert _ledger(log).runs["u-1"].standing() == "interrupted"
+    send_signal(log, "a-1", "approve", {"ok": True})
+    before = [item for item in read_log(log) if getattr(item, "run", None) == "u-1"]
+    said = resume_run(log, "a-1", [APPROVER])
+    assert said == "run 'a-1' was resumed and ended succeeded"
+    after = [item for item in read_log(log) if getattr(item, "run", None) == "u-1"]
+    assert after == before
+    assert _ledger(log).runs["u-1"].standing() == "interrupted"
 
 
 def test_a_finished_run_is_refused_and_the_log_is_unchanged(tmp_path: Path) -> None:

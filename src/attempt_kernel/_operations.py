@@ -314,7 +314,9 @@ def resume_run(
             f" with `attempt-kernel recover {shlex.quote(str(path))} --workflows MODULE:ATTR`;"
             " nothing was written"
         )
-    others = {name for name, other in ledger.runs.items() if name != run and not other.finished}
+    # Every other run, finished ones too: one that ended needing reconciliation and
+    # was reconciled since is unfinished again, and recovery would resume it.
+    others = {name for name in ledger.runs if name != run}
     try:
         resumed = resume_log(
             path, [workflow], skip_runs=others, stop_on_signals=stop_on_signals, grace=grace,
