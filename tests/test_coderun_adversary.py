@@ -900,6 +900,56 @@ def test_a_function_that_raises_fails_the_run_with_its_error_recorded(tmp_path: 
     assert len(of_type(log, "run_finished")) == 1
 
 
+def test_a_function_that_calls_sys_exit_fails_the_run_and_records_no_cancel(tmp_path: Path) -> None:
+    """sys.exit() in the function is its error: before, SystemExit broke out of the
+    event loop, whose teardown cancelled the run for good ("the task driving the run
+    was cancelled", a decision nobody made) and ended the process without a word."""
+
+    @workflow("exits")
+    async def flow(run: RunContext) -> JSON:
+        await run.step("a", noop)
+        sys.exit(3)
+
+    log = tmp_path / LOG
+    report = execute(log, flow, "f-1")
+    error = (
+        "WorkflowError: the workflow function called sys.exit(3) (SystemExit); a run"
+        " ends when its function returns or raises an Exception"
+    )
+    assert (report.status, report.error) == ("failed", error)
+    assert of_type(log, "run_cancel_requested") == []
+    [end] = of_type(log, "run_finished")
+    assert (end["ok"], end["error"]) == (False, error)
+
+
+def test_a_function_that_calls_sys_exit_at_replay_diverges_and_writes_nothing(tmp_path: Path) -> None:
+    exiting: list[bool] = []
+
+    @workflow("exits-later")
+    async def flow(run: RunContext) -> JSON:
+        await run.step("a", noop)
+        if exiting:
+            sys.exit("no configuration")
+        return await run.step("b", noop)
+
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, flow, "f-1")
+    # a crash right after b@2 was called (started, a: called, created, admitted, result,
+    # succeeded; b: called)
+    log = crash_after(clean, 7, tmp_path / "crashed.jsonl")
+    before = log.read_bytes()
+    exiting.append(True)
+    resumed = resume_log(log, [flow])
+    [diverged] = resumed.diverged
+    assert str(diverged) == (
+        "run 'f-1' diverged at position 2: the log holds step 'b' (arguments"
+        " sha256:4f53cda18c2baa0c) there, but the code raised WorkflowError before asking for"
+        " it; nothing was written for this run and nothing was sent. Run it with the code it"
+        " started with, or leave it unfinished"
+    )
+    assert log.read_bytes() == before
+
+
 # --------------------------------------------------------------------------
 # Cancel while a code step's effect is in flight
 # --------------------------------------------------------------------------

@@ -705,6 +705,14 @@ class CodeRun:
         _CURRENT.set(self)
         try:
             return await function(self)
+        except SystemExit as exit:
+            # Out of a task, SystemExit breaks the event loop, whose teardown
+            # would cancel the run for good (a decision nobody made) and end
+            # the process without a word: it is the function's error instead.
+            raise WorkflowError(
+                f"the workflow function called sys.exit({exit.code!r}) (SystemExit); a run"
+                " ends when its function returns or raises an Exception"
+            ) from None
         finally:
             self._closed = True
 
