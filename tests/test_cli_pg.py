@@ -422,6 +422,14 @@ LEFT = (
 )
 
 
+# What `signal` and `cancel` add when they recorded a change to run a-1, which `run URL`
+# started and nothing drives now.
+NO_DRIVER = (
+    "no process drives run a-1 now, and no worker takes it up (`attempt-kernel run` started it,"
+    " never submitted): `attempt-kernel recover {where} --workflows MODULE:ATTR`"
+)
+
+
 def run_url_killed_while_it_waits(tmp_path: Path, db: str, run: str) -> None:
     """`run waitflows:APPROVER --log DB --run RUN`, killed (SIGKILL) once its run waits for
     its signal: a run no worker takes up (never submitted), left waiting, held by no one."""
@@ -463,8 +471,7 @@ def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_s
     assert sent.returncode == 0, sent.stdout + sent.stderr
     assert sent.stdout == (
         f"signal: signal 'approve' for run a-1 with payload \"yes\": recorded in {where}\n"
-        "  no process drives run a-1 now, and no worker takes it up (`attempt-kernel run` started it,"
-        f" never submitted): `attempt-kernel recover {where} --workflows MODULE:ATTR` goes on with it\n"
+        f"  {NO_DRIVER.format(where=where)} goes on with it\n"
     )
     recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
@@ -487,9 +494,7 @@ def test_a_cancel_recorded_for_a_run_no_worker_takes_says_what_ends_it(db: str, 
     cancelled = cli(tmp_path, "cancel", db, "a-1", "--reason", "no longer wanted")
     assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
     assert cancelled.stdout == (
-        f"cancel: the cancel of run a-1: recorded in {where}\n"
-        "  no process drives run a-1 now, and no worker takes it up (`attempt-kernel run` started it,"
-        f" never submitted): `attempt-kernel recover {where} --workflows MODULE:ATTR` ends it\n"
+        f"cancel: the cancel of run a-1: recorded in {where}\n  {NO_DRIVER.format(where=where)} ends it\n"
     )
     recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
