@@ -33,6 +33,7 @@ from attempt_kernel import (
     EffectHappened,
     EffectUnknown,
     Executor,
+    Failed,
     FileLog,
     Job,
     RecoveryError,
@@ -43,12 +44,14 @@ from attempt_kernel import (
     RunLogWriter,
     RunReport,
     RunStarted,
+    Step,
     StepCalled,
     StepContext,
     StepFailed,
     Workflow,
     WorkflowDiverged,
     WorkflowError,
+    load_workflow,
     recover_log,
     replay,
     resume_log,
@@ -920,6 +923,36 @@ def test_a_function_that_calls_sys_exit_fails_the_run_and_records_no_cancel(tmp_
     assert of_type(log, "run_cancel_requested") == []
     [end] = of_type(log, "run_finished")
     assert (end["ok"], end["error"]) == (False, error)
+
+
+async def exits(ctx: StepContext) -> JSON:
+    sys.exit(3)
+
+
+@pytest.mark.parametrize("kind", ["code", "dag"])
+def test_a_step_that_calls_sys_exit_fails_its_attempt_and_records_no_cancel(tmp_path: Path, kind: str) -> None:
+    """sys.exit() in a step is the attempt's error. Before, SystemExit broke out of the
+    event loop, whose teardown recorded the run's cancel ("the task driving the run was
+    cancelled", a decision nobody made, which recovery then keeps for good), left the
+    attempt Running and ended the process with a traceback."""
+
+    @workflow("exits-in-a-step")
+    async def flow(run: RunContext) -> JSON:
+        return await run.step("quit", exits)
+
+    dag = load_workflow("exits-in-a-step", [Step(name="quit", run=exits)])
+    log = tmp_path / LOG
+    report = execute(log, flow if kind == "code" else dag, "f-1")
+    error = (
+        "StepExited: the step called sys.exit(3) (SystemExit); a step ends when it"
+        " returns or raises an Exception"
+    )
+    assert report.status == "failed"
+    [step] = report.steps
+    assert (step.state, step.attempts, step.error) == (Failed(), 1, error)
+    assert of_type(log, "run_cancel_requested") == []
+    assert [r["error"] for r in of_type(log, "result")] == [error]
+    assert replay(FileLog(log)).valid
 
 
 def test_a_function_that_calls_sys_exit_at_replay_diverges_and_writes_nothing(tmp_path: Path) -> None:

@@ -373,6 +373,21 @@ _DISPATCH: Final = Dispatch()
 _PLANNED: Final = Planned()
 
 
+@final
+class StepExited(Exception):
+    """A step called ``sys.exit()``: its attempt's error (see `_exited`)."""
+
+
+def _exited(exit: SystemExit) -> StepExited:
+    """A step's ``sys.exit()`` as its error. Out of a task, SystemExit would break the
+    event loop, whose teardown cancels every run it drives (a cancel recorded, that
+    nobody decided) and ends the process mid-attempt."""
+    return StepExited(
+        f"the step called sys.exit({exit.code!r}) (SystemExit); a step ends when it returns"
+        " or raises an Exception"
+    )
+
+
 async def _guarded(awaitable: Awaitable[JSON]) -> _StepOutput:
     # The step's own exceptions (even a TimeoutError it raises) become values,
     # so that a TimeoutError out of wait_for can only mean the step deadline.
@@ -380,6 +395,8 @@ async def _guarded(awaitable: Awaitable[JSON]) -> _StepOutput:
         return _Ok(await awaitable)
     except Exception as error:  # noqa: BLE001  # a step may raise anything
         return _Raised(error)
+    except SystemExit as exit:
+        return _Raised(_exited(exit))
 
 
 if sys.version_info >= (3, 11):
@@ -521,6 +538,8 @@ if sys.version_info >= (3, 11):
             output: _StepOutput = _Ok(await awaitable)
         except Exception as error:  # noqa: BLE001  # a step may raise anything
             output = _Raised(error)
+        except SystemExit as exit:
+            output = _Raised(_exited(exit))
         except BaseException as interrupt:
             if deadlines.end(deadline) and type(interrupt) is asyncio.CancelledError:
                 raise TimeoutError from interrupt
