@@ -43,9 +43,11 @@ from attempt_kernel import (
     WorkflowError,
     replay,
     resume_log,
+    send_signal,
     workflow,
 )
 from attempt_kernel._codec import encode_record
+from attempt_kernel._executor import Job, drive_jobs
 from attempt_kernel._ledger import Ledger
 from attempt_kernel._operate import cancel_change, refusal, signal_change
 from logs import write_log
@@ -481,6 +483,42 @@ def test_a_run_resumed_after_its_cancel_was_recorded_ends_cancelled(tmp_path: Pa
     assert kinds(path)[-3:] == ["run_cancel_requested", "run_resumed", "run_finished"]
     [decided] = of_type(path, "run_cancel_requested")
     assert decided["reason"] == "no longer wanted"
+    assert replay(FileLog(path)).valid
+
+
+def test_a_signal_taken_in_as_its_run_is_let_go_takes_the_run_up_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drive_jobs with ``let_go_after``: the signal the run waits for is taken in from the
+    inbox after the executor decided to let the run go, but before its report is in
+    (the let-go's flush is awaited). The run goes on with it, in the same call; it was
+    reported waiting for the very signal its log held, and nobody drove it again."""
+    path = tmp_path / "log.jsonl"
+    flush = Executor._durable  # pyright: ignore[reportPrivateUsage]
+    sent: list[bool] = []
+
+    def durable(self: Executor, run: str) -> Awaitable[None]:
+        done = flush(self, run)
+        view = self._ledger.runs[run]  # pyright: ignore[reportPrivateUsage]
+        if sent or not view.is_waiting():
+            return done
+
+        async def signalled_meanwhile() -> None:
+            await done
+            sent.append(not send_signal(path, run, "approve", "ok").recorded)  # to the inbox
+            while not view.signals:  # taken in by drive_jobs's pump
+                await asyncio.sleep(0.05)
+
+        return signalled_meanwhile()
+
+    monkeypatch.setattr(Executor, "_durable", durable)
+    with RunLogWriter(path, create=True) as log:
+        [report] = drive_jobs(log, [Job(workflow=approver, run="a-1")], let_go_after=0)
+    assert sent == [True]
+    assert isinstance(report, RunReport)
+    assert (report.status, report.result) == ("succeeded", {"approved": "ok"})
+    assert kinds(path).count("signal_sent") == 1
+    assert kinds(path).count("step_called") == 1
     assert replay(FileLog(path)).valid
 
 

@@ -2010,32 +2010,35 @@ def drive_jobs(
             ended: dict[str, RunReport | WorkflowDiverged] = {}
             news = loop.create_future()  # set once a run let go is taken up again
 
-            def deliver(run: str, change: Delivery) -> str | None:
-                why = executor.deliver(run, change)
+            def take_up_again(run: str) -> bool:
                 # A code run let go while it waited (``let_go_after``) is still this
-                # process's to drive: a change taken in for it (its signal, its
-                # cancel) that lets it go on takes it up again, here, at once.
-                # Left alone, the change would be recorded and the run would wait
-                # on for whoever drives it next, though the wait it reported had
-                # ended.
+                # process's to drive: once its log lets it go on (a change taken in
+                # for it, its signal or its cancel), it is taken up again, here, at
+                # once. Left alone, the change would be recorded and the run would
+                # wait on for whoever drives it next, though the wait it reported
+                # had ended.
                 done = ended.get(run)
-                if (
-                    why is None
-                    and isinstance(done, RunReport)
+                if not (
+                    isinstance(done, RunReport)
                     and done.status == "waiting"
                     and not (caught or executor.stopping)
                     and executor.can_go_on(run)
                 ):
-                    job = by_run[run]
-                    del ended[run]
-                    # A resume: the run's records are in this executor's log already.
-                    again = Job(
-                        workflow=job.workflow, run=run, prior=job.prior or {}, supervise=job.supervise,
-                        input=job.input,
-                    )  # fmt: skip
-                    driving[run] = asyncio.ensure_future(drive(executor, again))
-                    if not news.done():
-                        news.set_result(None)
+                    return False
+                job = by_run[run]
+                del ended[run]
+                # A resume: the run's records are in this executor's log already.
+                again = Job(
+                    workflow=job.workflow, run=run, prior=job.prior or {}, supervise=job.supervise,
+                    input=job.input,
+                )  # fmt: skip
+                driving[run] = asyncio.ensure_future(drive(executor, again))
+                return True
+
+            def deliver(run: str, change: Delivery) -> str | None:
+                why = executor.deliver(run, change)
+                if why is None and take_up_again(run) and not news.done():
+                    news.set_result(None)
                 return why
 
             pump: asyncio.Task[None] | None = None
@@ -2054,6 +2057,10 @@ def drive_jobs(
                             if task.done():
                                 del driving[run]
                                 ended[run] = task.result()
+                                # A change taken in as the run was let go (its report
+                                # not in yet, or the executor still finishing the let-go)
+                                # was recorded with no one to take the run up again.
+                                take_up_again(run)
                     if pump is not None:
                         pump.cancel()
                         await asyncio.gather(pump, return_exceptions=True)
