@@ -923,6 +923,53 @@ def test_a_signal_sent_as_recover_url_ends_is_recorded_and_recover_says_what_goe
     assert len(book(tmp_path / "book")) == 1
 
 
+def test_a_submitted_run_recover_url_let_go_that_can_go_on_is_named_for_the_workers(
+    db: str, tmp_path: Path
+) -> None:
+    """A submitted run whose worker died is resumed by `recover URL` until it waits; its
+    signal comes as recover ends and is recorded there. Recover said that a later
+    `recover` goes on with the run, where a later recover leaves a submitted run to the
+    workers (it said so: left waiting); a worker of its workflow takes it up."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel import RunStarted
+    from attempt_kernel.postgres._worker import submit_run
+
+    shutil.copy(Path(__file__).parent / "waitflows.py", tmp_path / "waitflows.py")
+    submit_run(db, "approver", "a-1")
+    with PgJournal(db) as journal:  # its worker started it, and died
+        journal.append("a-1", RunStarted(workflow="approver", nonce="n-1", code=True))
+        journal.flush()
+    env = {**os.environ, "WAIT_BOOK": str(tmp_path / "book")}
+    with subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_AFTER_DRIVING, "recover", db, "--workflows", "waitflows:APPROVER"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60  # no bound asserted: a safety net
+            while not (tmp_path / "driven").exists():
+                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+                time.sleep(0.02)
+            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        finally:
+            (tmp_path / "go").touch()
+        out, err = recovering.communicate(timeout=120)
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert recovering.returncode == 0, out + err
+    assert (
+        "recover: a-1: took in SignalSent from the inbox (recorded)\n"
+        "recover: run a-1 can go on now, with what came for it as this recover ended; a worker of"
+        " workflow 'approver' takes it up (`attempt-kernel worker URL --workflows MODULE:ATTR`)\n"
+    ) in out, out
+    assert "goes on with it" not in out, out
+    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    with PgJournal(db) as journal:
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert ledger.runs["a-1"].standing() == "succeeded"
+
+
 def test_recover_on_a_url_leaves_a_queued_runs_inbox_to_the_worker_that_starts_it(
     db: str, tmp_path: Path
 ) -> None:

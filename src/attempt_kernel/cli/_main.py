@@ -1266,9 +1266,16 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
                     print(f"recover: {shown(line)}")
                 again = _suggested("recover", _redacted(log_path), *extra)
                 for run in ready:
+                    # A later recover leaves a submitted run to the workers (claimable).
+                    submitted = _submitted_for(log_path, run)
+                    then = (
+                        f"`{shown(again)}` goes on with it" if submitted is None else
+                        f"a worker of workflow {submitted!r} takes it up"
+                        " (`attempt-kernel worker URL --workflows MODULE:ATTR`)"
+                    )  # fmt: skip
                     print(
                         f"recover: run {shown(run)} can go on now, with what came for it as this recover"
-                        f" ended; `{shown(again)}` goes on with it"
+                        f" ended; {then}"
                     )
     if as_json:
         recovery = resumed.recovery
