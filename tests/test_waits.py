@@ -522,6 +522,31 @@ def test_a_signal_taken_in_as_its_run_is_let_go_takes_the_run_up_again(
     assert replay(FileLog(path)).valid
 
 
+def test_a_run_resumed_after_its_cancel_was_recorded_is_not_said_to_wait(tmp_path: Path) -> None:
+    """``on_wait`` for a run let go while it waits, cancelled, then resumed by the same
+    executor (drive_jobs takes such a run up again): its wait ends at once with the run,
+    cancelled, and is not said to go on; the command line printed "run a-1 waits for
+    signal 'approve'; end the wait with: ..." for a run that was ending cancelled."""
+    path = tmp_path / "log.jsonl"
+    time = FakeTime(hold=True)
+    said: list[tuple[str, str | None]] = []
+
+    async def main() -> tuple[RunReport, RunReport]:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(
+                log, clock=time.clock, sleep=time.sleep, let_go_after=1.0,
+                on_wait=lambda run, wait: said.append((run, wait.signal)),
+            )  # fmt: skip
+            first = await executor.run(approver, "a-1")
+            assert executor.deliver("a-1", cancel_change(executor_ledger(path), "a-1", "no longer wanted")) is None
+            second = await executor.run(approver, "a-1", prior={})
+            return first, second
+
+    first, second = asyncio.run(main())
+    assert (first.status, second.status) == ("waiting", "cancelled")
+    assert said == [("a-1", "approve")]  # when it began to wait, and not again
+
+
 def executor_ledger(path: Path) -> Ledger:
     ledger = Ledger()
     ledger.feed(FileLog(path).read())

@@ -1512,8 +1512,11 @@ class Executor:
 
     def _say_resumed_waits(self, run: str, on_wait: Callable[[str, WaitStarted], None]) -> None:
         """``on_wait`` for each wait a resumed run is in, but one that ends at once
-        (its signal came already, its wake time passed)."""
+        (its signal came already, its wake time passed, its run's cancel is recorded:
+        `run` ends it cancelled)."""
         view = self._ledger.runs[run]
+        if view.cancel_requested:
+            return
         now_us = int(self._clock() * 1_000_000)
         for wait in view.open_waits():
             if view.ends_now(wait, now_us):
