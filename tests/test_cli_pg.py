@@ -481,6 +481,30 @@ def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_s
     assert len(book(tmp_path / "book")) == 1
 
 
+def test_a_signal_a_run_no_worker_takes_does_not_wait_for_says_the_run_still_waits(
+    db: str, tmp_path: Path
+) -> None:
+    """A signal the run does not wait for, recorded for a waiting run that `run URL`
+    started: signal said that `recover URL` goes on with the run, where recover leaves it
+    waiting (its wait for 'approve' goes on) and writes nothing. It now says that the run
+    still waits and takes the signal when it waits for that name."""
+    from test_cli_waits import cli as waits_cli
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    run_url_killed_while_it_waits(tmp_path, db, "a-1")
+    sent = cli(tmp_path, "signal", db, "a-1", "other")
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert sent.stdout == (
+        f"signal: signal 'other' for run a-1 with payload {{}}: recorded in {where}\n"
+        "  run a-1 still waits (for signal 'approve'), and takes this signal when it waits for 'other'\n"
+    )
+    left = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    assert left.returncode == 0, left.stdout + left.stderr
+    assert left.stdout.startswith(
+        f"recover: nothing to do: no run in {where} was cut short; run(s) a-1 only wait, " + LEFT
+    ), left.stdout
+
+
 def test_a_cancel_recorded_for_a_run_no_worker_takes_says_what_ends_it(db: str, tmp_path: Path) -> None:
     """A cancel written straight into the journal for a waiting run that `run URL` started
     said only "recorded": no process drives such a run and no worker takes it up, so

@@ -1462,8 +1462,27 @@ def _signal(args: argparse.Namespace) -> int:
         workflow = ledger.runs[run].workflow
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, workflow)} goes on with it")
     elif delivered.recorded and _unsubmitted(log, run):
-        print(f"  {_unsubmitted_hint(log, run)} goes on with it")
+        waits = _still_waits(log, run)
+        if waits is None:
+            print(f"  {_unsubmitted_hint(log, run)} goes on with it")
+        else:  # `recover` would leave it waiting, and write nothing
+            print(
+                f"  run {shown(run)} still waits (for {waits}), and takes this signal when it waits"
+                f" for {shown(repr(name))}"
+            )
     return EXIT_OK
+
+
+def _still_waits(url: str, run: str) -> str | None:
+    """What ``run`` of the journal at ``url`` waits for, if it only waits and cannot go on
+    with what its records hold (a signal sent for another name); else None."""
+    ledger = Ledger()
+    with _pg_journal(url) as journal:
+        ledger.feed(journal.read_run(run))
+    view = ledger.runs.get(run)
+    if view is None or not view.is_waiting() or view.can_go_on(time.time_ns() // 1000):
+        return None
+    return ", ".join("a sleep" if w.signal is None else f"signal {shown(repr(w.signal))}" for w in view.open_waits())
 
 
 def _unsubmitted(url: str, run: str) -> bool:
