@@ -15,6 +15,7 @@ import tempfile
 import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from time import time as wall_clock
 
 import pytest
 
@@ -545,6 +546,43 @@ def test_a_run_resumed_after_its_cancel_was_recorded_is_not_said_to_wait(tmp_pat
     first, second = asyncio.run(main())
     assert (first.status, second.status) == ("waiting", "cancelled")
     assert said == [("a-1", "approve")]  # when it began to wait, and not again
+
+
+def test_a_run_let_go_whose_wake_time_passes_while_others_are_driven_is_taken_up_again(
+    tmp_path: Path,
+) -> None:
+    """drive_jobs with ``let_go_after``: a run let go at a sleep whose wake time comes
+    while the call still drives another run goes on then, in the same call. It was left
+    waiting though its wake time had passed (`recover URL` printed that it went on by
+    itself then, and nothing took it up: `run URL` started it, so no worker would)."""
+    path = tmp_path / "log.jsonl"
+
+    @workflow("short-sleeper")
+    async def sleeper(run: RunContext) -> JSON:
+        await run.sleep(0.3)
+        return "rested"
+
+    async def outlast(ctx: StepContext) -> JSON:
+        # until the sleeper's wake time has passed, however slow the machine
+        while not (started := of_type(path, "wait_started")):
+            await asyncio.sleep(0.02)
+        wake = int(str(started[0]["wake_us"])) / 1_000_000
+        while wall_clock() < wake + 0.3:
+            await asyncio.sleep(0.02)
+        return "done"
+
+    @workflow("outlaster")
+    async def outlaster(run: RunContext) -> JSON:
+        return await run.step("outlast", outlast)
+
+    with RunLogWriter(path, create=True) as log:
+        reports = drive_jobs(
+            log, [Job(workflow=sleeper, run="s-1"), Job(workflow=outlaster, run="o-1")], let_go_after=0
+        )
+    assert [(r.run, r.status, r.result) for r in reports if isinstance(r, RunReport)] == [
+        ("s-1", "succeeded", "rested"), ("o-1", "succeeded", "done"),
+    ]  # fmt: skip
+    assert replay(FileLog(path)).valid
 
 
 def executor_ledger(path: Path) -> Ledger:

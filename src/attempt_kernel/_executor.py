@@ -1002,6 +1002,17 @@ class Executor:
             return False
         return view.can_go_on(int(self._clock() * 1_000_000))
 
+    def wakes_at(self, run: str) -> float | None:
+        """When ``run``, unfinished and driven by no one here (a code run let go while it
+        waited), comes to the soonest wake time of its open waits, in seconds since the
+        epoch (this executor's clock); None when no open wait of it has one, or for a
+        run this executor drives or does not know."""
+        view = self._ledger.runs.get(run)
+        if view is None or view.finished or run in self._controls:
+            return None
+        wakes = [wait.wake_us for wait in view.open_waits() if wait.wake_us is not None]
+        return min(wakes) / 1_000_000 if wakes else None
+
     def deliver(self, run: str, change: Delivery) -> str | None:
         """Record an operator's change for ``run`` in this executor's log, now.
 
@@ -2044,6 +2055,22 @@ def drive_jobs(
                     news.set_result(None)
                 return why
 
+            # A run let go at a wait with a wake time is taken up again at that time,
+            # if this call still drives other runs then (nothing else would: a run
+            # `run URL` started is no worker's).
+            timers: list[asyncio.TimerHandle] = []
+
+            def wake_later(run: str) -> None:
+                at = executor.wakes_at(run)
+                if at is not None:
+                    timers.append(loop.call_later(max(at - time.time(), 0.0), on_wake, run, at))
+
+            def on_wake(run: str, at: float) -> None:
+                if time.time() < at:  # the loop's clock ran ahead of the log's
+                    timers.append(loop.call_later(at - time.time() + 0.01, on_wake, run, at))
+                elif take_up_again(run) and not news.done():
+                    news.set_result(None)
+
             pump: asyncio.Task[None] | None = None
             try:
                 while driving:
@@ -2063,7 +2090,8 @@ def drive_jobs(
                                 # A change taken in as the run was let go (its report
                                 # not in yet, or the executor still finishing the let-go)
                                 # was recorded with no one to take the run up again.
-                                take_up_again(run)
+                                if not take_up_again(run) and isinstance(ended[run], RunReport):
+                                    wake_later(run)
                     if pump is not None:
                         pump.cancel()
                         await asyncio.gather(pump, return_exceptions=True)
@@ -2080,6 +2108,8 @@ def drive_jobs(
                             _say_each(journal.take_in(runs, deliver), progress)
                 reports.extend(ended[job.run] for job in jobs)
             finally:
+                for timer in timers:
+                    timer.cancel()
                 if pump is not None:
                     pump.cancel()
                     await asyncio.gather(pump, return_exceptions=True)
