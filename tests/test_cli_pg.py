@@ -505,6 +505,30 @@ def test_a_signal_a_run_no_worker_takes_does_not_wait_for_says_the_run_still_wai
     ), left.stdout
 
 
+def test_recover_url_says_what_goes_on_with_a_sleeping_run_it_let_go_that_no_worker_takes(
+    db: str, tmp_path: Path
+) -> None:
+    """`recover URL` resumes a run that `run URL` started (never submitted) until it sleeps
+    for an hour, and lets it go. It said that the run goes on by itself then, and ended
+    there: nothing takes such a run up at its wake time but a later recover. It now says
+    so as it lets the run go."""
+    from test_cli_waits import cli as waits_cli
+
+    from attempt_kernel import RunStarted
+
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    with PgJournal(db) as journal:
+        journal.append("n-1", RunStarted(workflow="napper", nonce="n-1", code=True))
+        journal.flush()
+    recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:NAPPER")
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert (
+        "recover: run n-1 still waits (for a sleep) and no worker takes it up (`attempt-kernel run`"
+        f" started it, never submitted): `attempt-kernel recover {where} --workflows waitflows:NAPPER`"
+        " goes on with it once its wake time passes\n"
+    ) in recovered.stdout, recovered.stdout
+
+
 def test_a_cancel_recorded_for_a_run_no_worker_takes_says_what_ends_it(db: str, tmp_path: Path) -> None:
     """A cancel written straight into the journal for a waiting run that `run URL` started
     said only "recorded": no process drives such a run and no worker takes it up, so

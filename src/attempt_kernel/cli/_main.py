@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Final, cast
@@ -1109,10 +1110,25 @@ def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery)
     return take_in_pg(url, skip=frozenset(), only=rest)
 
 
-def _let_go_of_the_driven(url: str, elsewhere: _HeldElsewhere, runs: list[str]) -> tuple[TakenIn, list[str]]:
+@final
+@dataclass(frozen=True)
+class _StillWaits:
+    """A run `recover URL` let go that only waits, and that no worker takes up."""
+
+    run: str
+    waits: str
+    """What it waits for: ``signal 'approve'``, ``a sleep``."""
+    until: str
+    """When it can go on: ``its signal is sent``, ``its wake time passes``."""
+
+
+def _let_go_of_the_driven(
+    url: str, elsewhere: _HeldElsewhere, runs: list[str]
+) -> tuple[TakenIn, list[str], list[_StillWaits]]:
     """Let go of ``runs``, which `recover URL` drove until each only waited, as soon as it
     is done driving; record what was sent to them meanwhile, and return that with the
-    runs that can go on now.
+    runs that can go on now, and those that still only wait that `run URL` started
+    (no worker takes them up: a later recover goes on with them).
 
     Driven, a run's changes are taken in by the executor, which takes up again a
     run it let go once a change lets it go on; once the runs are done, nothing
@@ -1122,16 +1138,33 @@ def _let_go_of_the_driven(url: str, elsewhere: _HeldElsewhere, runs: list[str]) 
     go on, and nothing here drives it now: the caller says what goes on with it."""
     from ..postgres._deliver import take_in_pg
 
+    from ..postgres._deliver import submitted
+
     elsewhere.let_go(runs)
     late = take_in_pg(url, skip=frozenset(), only=runs)
-    if not late.recorded:
-        return late, []
     ledger = Ledger()
     with _pg_journal(url) as journal:
         for run in runs:
             ledger.feed(journal.read_run(run))
     now_us = time.time_ns() // 1000
-    return late, [run for run in runs if (view := ledger.runs.get(run)) is not None and view.can_go_on(now_us)]
+    views = [view for run in runs if (view := ledger.runs.get(run)) is not None]
+    ready = [view.run for view in views if view.can_go_on(now_us)] if late.recorded else []
+    workers = submitted(url, runs)
+    still: list[_StillWaits] = []
+    for view in views:
+        if view.run in workers or not view.is_waiting() or view.can_go_on(now_us):
+            continue
+        waits = view.open_waits()
+        ends = [
+            *(["its signal is sent"] if any(w.signal is not None for w in waits) else []),
+            *(["its wake time passes"] if any(w.wake_us is not None for w in waits) else []),
+        ]  # fmt: skip
+        still.append(_StillWaits(
+            run=view.run,
+            waits=", ".join("a sleep" if w.signal is None else f"signal {shown(repr(w.signal))}" for w in waits),
+            until=" or ".join(ends),
+        ))  # fmt: skip
+    return late, ready, still
 
 
 def _recover(args: argparse.Namespace) -> int:
@@ -1259,7 +1292,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     if elsewhere is not None:
         waiting = [r.run for r in resumed.reports if r.status == "waiting" and r.run in elsewhere.held_here]
         if waiting:
-            late, ready = _let_go_of_the_driven(log_path, elsewhere, waiting)
+            late, ready, still = _let_go_of_the_driven(log_path, elsewhere, waiting)
             taken_in.extend(late.lines)
             if not as_json:
                 for line in late.lines:
@@ -1276,6 +1309,12 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
                     print(
                         f"recover: run {shown(run)} can go on now, with what came for it as this recover"
                         f" ended; {then}"
+                    )
+                for left in still:  # `_announce_waits` said it would go on by itself at its wake time
+                    print(
+                        f"recover: run {shown(left.run)} still waits (for {left.waits}) and no worker takes"
+                        " it up (`attempt-kernel run` started it, never submitted):"
+                        f" `{shown(again)}` goes on with it once {left.until}"
                     )
     if as_json:
         recovery = resumed.recovery
