@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -43,6 +44,7 @@ from attempt_kernel import (
     RunControl,
     RunFinished,
     RunLogWriter,
+    RunRefused,
     RunResumed,
     RunStopRequested,
     SignalSent,
@@ -317,6 +319,37 @@ def test_a_run_let_go_while_it_waits_ends_its_spans_as_waiting_and_its_resume_op
          {**run, "attempt_kernel.workflow": "asker", "attempt_kernel.run.status": "waiting"}, StatusCode.UNSET),
         ("run resumed", None, T(8), T(10), {**run, "attempt_kernel.run.resumed": True}, StatusCode.UNSET),
     ]  # fmt: skip
+
+
+class Releases:
+    """Keeps each run an executor said it released (`ReleaseObserver`)."""
+
+    def __init__(self) -> None:
+        self.released: list[tuple[str, str]] = []
+
+    def record_written(self, run: str, change: Change, time_us: int) -> None:
+        pass
+
+    def run_released(self, run: str, status: Literal["waiting", "interrupted"], time_us: int) -> None:
+        self.released.append((run, status))
+
+
+def test_a_run_refused_is_not_said_to_be_released(tmp_path: Path) -> None:
+    """A fresh start of a run the log holds unfinished is refused: this executor never
+    drove it, so its observers are not told it let the run go (a `Spans` shared with the
+    executor that does drive it would end that run's spans under it)."""
+    path = tmp_path / "log"
+    releases = Releases()
+
+    async def main() -> None:
+        with RunLogWriter(path) as log:
+            first = await Executor(log, let_go_after=1.0, observers=[releases]).run(asker, "r-1")
+            assert first.status == "waiting"
+            with pytest.raises(RunRefused):
+                await Executor(log, observers=[releases]).run(asker, "r-1")
+
+    asyncio.run(main())
+    assert releases.released == [("r-1", "waiting")]
 
 
 class FailingAt:

@@ -1358,15 +1358,19 @@ class Executor:
             # was decided ends cancelled (the decision is not written twice)
             control.cancel("its cancel was decided before it was resumed")
         self._controls[run] = control
+        refused = False
         try:
             if workflow.function is not None:
                 return await self._run_code(workflow, run, control, prior is not None, input)
             return await self._run_dag(workflow, run, control, prior, input)
+        except RunRefused:
+            refused = True  # never driven here: whoever drives it is not released
+            raise
         finally:
             del self._controls[run]
             self._code_runs.pop(run, None)
             released = self._ledger.runs.get(run)
-            if self._observers and released is not None and not released.finished:
+            if self._observers and not refused and released is not None and not released.finished:
                 # let go, stopped or cut off by its log: no record says this process is done with it
                 status: Literal["waiting", "interrupted"] = "waiting" if released.is_waiting() else "interrupted"
                 tell_released(self._observers, run, status, int(self._clock() * 1_000_000))
