@@ -914,6 +914,27 @@ raise SystemExit(main(sys.argv[1:]))
 """
 
 
+def signalled_after_driving(tmp_path: Path, db: str, *flags: str) -> tuple[subprocess.CompletedProcess[str], str, str, int]:
+    """`recover DB --workflows waitflows:APPROVER FLAGS` paused once its runs are driven
+    (`_PAUSED_AFTER_DRIVING`), run a-1 signalled then; the signal's outcome, and recover's
+    output and exit once it went on."""
+    env = {**os.environ, "WAIT_BOOK": str(tmp_path / "book")}
+    with subprocess.Popen(
+        [sys.executable, "-c", _PAUSED_AFTER_DRIVING, "recover", db, "--workflows", "waitflows:APPROVER", *flags],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60  # no bound asserted: a safety net
+            while not (tmp_path / "driven").exists():
+                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
+                time.sleep(0.02)
+            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
+        finally:
+            (tmp_path / "go").touch()
+        out, err = recovering.communicate(timeout=120)
+    return sent, out, err, recovering.returncode
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
 def test_a_signal_sent_as_recover_url_ends_is_recorded_and_recover_says_what_goes_on(
     db: str, tmp_path: Path, as_json: bool
@@ -934,24 +955,10 @@ def test_a_signal_sent_as_recover_url_ends_is_recorded_and_recover_says_what_goe
     with PgJournal(db) as journal:
         journal.append("a-1", RunStarted(workflow="approver", nonce="n-1", code=True))
         journal.flush()
-    env = {**os.environ, "WAIT_BOOK": str(tmp_path / "book")}
-    with subprocess.Popen(
-        [sys.executable, "-c", _PAUSED_AFTER_DRIVING, "recover", db, "--workflows", "waitflows:APPROVER",
-         *(["--json"] if as_json else [])],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as recovering:  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60  # no bound asserted: a safety net
-            while not (tmp_path / "driven").exists():
-                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-                time.sleep(0.02)
-            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
-        finally:
-            (tmp_path / "go").touch()
-        out, err = recovering.communicate(timeout=120)
+    sent, out, err, code = signalled_after_driving(tmp_path, db, *(["--json"] if as_json else []))
     assert sent.returncode == 0, sent.stdout + sent.stderr
     assert "waits in the journal's inbox" in sent.stdout, sent.stdout  # recover held the run
-    assert recovering.returncode == 0, out + err
+    assert code == 0, out + err
     if as_json:
         reported = json.loads(out)
         assert (reported["taken_in"], reported["can_go_on"]) == (
@@ -988,22 +995,9 @@ def test_a_submitted_run_recover_url_let_go_that_can_go_on_is_named_for_the_work
     with PgJournal(db) as journal:  # its worker started it, and died
         journal.append("a-1", RunStarted(workflow="approver", nonce="n-1", code=True))
         journal.flush()
-    env = {**os.environ, "WAIT_BOOK": str(tmp_path / "book")}
-    with subprocess.Popen(
-        [sys.executable, "-c", _PAUSED_AFTER_DRIVING, "recover", db, "--workflows", "waitflows:APPROVER"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ) as recovering:  # fmt: skip
-        try:
-            deadline = time.monotonic() + 60  # no bound asserted: a safety net
-            while not (tmp_path / "driven").exists():
-                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-                time.sleep(0.02)
-            sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
-        finally:
-            (tmp_path / "go").touch()
-        out, err = recovering.communicate(timeout=120)
+    sent, out, err, code = signalled_after_driving(tmp_path, db)
     assert sent.returncode == 0, sent.stdout + sent.stderr
-    assert recovering.returncode == 0, out + err
+    assert code == 0, out + err
     assert (
         "recover: a-1: took in SignalSent from the inbox (recorded)\n"
         "recover: run a-1 can go on now, with what came for it as this recover ended; a worker of"

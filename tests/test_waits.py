@@ -469,17 +469,7 @@ def test_a_run_resumed_after_its_cancel_was_recorded_ends_cancelled(tmp_path: Pa
     executor: it ends cancelled at once, the decision recorded once; it was let go again,
     waiting, as if nothing had been decided."""
     path = tmp_path / "log.jsonl"
-    time = FakeTime(hold=True)
-
-    async def main() -> tuple[RunReport, RunReport]:
-        with RunLogWriter(path, create=True) as log:
-            executor = Executor(log, clock=time.clock, sleep=time.sleep, let_go_after=1.0)
-            first = await executor.run(approver, "a-1")
-            assert executor.deliver("a-1", cancel_change(executor_ledger(path), "a-1", "no longer wanted")) is None
-            second = await executor.run(approver, "a-1", prior={})
-            return first, second
-
-    first, second = asyncio.run(main())
+    first, second = let_go_cancelled_and_resumed(path)
     assert (first.status, second.status) == ("waiting", "cancelled")
     assert kinds(path)[-3:] == ["run_cancel_requested", "run_resumed", "run_finished"]
     [decided] = of_type(path, "run_cancel_requested")
@@ -528,22 +518,10 @@ def test_a_run_resumed_after_its_cancel_was_recorded_is_not_said_to_wait(tmp_pat
     executor (drive_jobs takes such a run up again): its wait ends at once with the run,
     cancelled, and is not said to go on; the command line printed "run a-1 waits for
     signal 'approve'; end the wait with: ..." for a run that was ending cancelled."""
-    path = tmp_path / "log.jsonl"
-    time = FakeTime(hold=True)
     said: list[tuple[str, str | None]] = []
-
-    async def main() -> tuple[RunReport, RunReport]:
-        with RunLogWriter(path, create=True) as log:
-            executor = Executor(
-                log, clock=time.clock, sleep=time.sleep, let_go_after=1.0,
-                on_wait=lambda run, wait: said.append((run, wait.signal)),
-            )  # fmt: skip
-            first = await executor.run(approver, "a-1")
-            assert executor.deliver("a-1", cancel_change(executor_ledger(path), "a-1", "no longer wanted")) is None
-            second = await executor.run(approver, "a-1", prior={})
-            return first, second
-
-    first, second = asyncio.run(main())
+    first, second = let_go_cancelled_and_resumed(
+        tmp_path / "log.jsonl", on_wait=lambda run, wait: said.append((run, wait.signal))
+    )
     assert (first.status, second.status) == ("waiting", "cancelled")
     assert said == [("a-1", "approve")]  # when it began to wait, and not again
 
@@ -583,6 +561,24 @@ def test_a_run_let_go_whose_wake_time_passes_while_others_are_driven_is_taken_up
         ("s-1", "succeeded", "rested"), ("o-1", "succeeded", "done"),
     ]  # fmt: skip
     assert replay(FileLog(path)).valid
+
+
+def let_go_cancelled_and_resumed(
+    path: Path, on_wait: Callable[[str, WaitStarted], None] | None = None
+) -> tuple[RunReport, RunReport]:
+    """Run a-1 of ``approver`` let go while it waits, then cancelled ("no longer wanted"),
+    then resumed by the same executor: both reports."""
+    time = FakeTime(hold=True)
+
+    async def main() -> tuple[RunReport, RunReport]:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(log, clock=time.clock, sleep=time.sleep, let_go_after=1.0, on_wait=on_wait)
+            first = await executor.run(approver, "a-1")
+            assert executor.deliver("a-1", cancel_change(executor_ledger(path), "a-1", "no longer wanted")) is None
+            second = await executor.run(approver, "a-1", prior={})
+            return first, second
+
+    return asyncio.run(main())
 
 
 def executor_ledger(path: Path) -> Ledger:
