@@ -41,7 +41,7 @@ from .._errors import AttemptKernelError
 from .._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from .._executor import Job, RunsStopped, Stopper, recorded_report, run_jobs
 from .._history import run_history
-from .._ledger import Ledger
+from .._ledger import Ledger, RunView
 from .._observe import utc
 from .._logfile import FileLog, LogWriteFailed, RunLogWriter, open_regular
 from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
@@ -949,12 +949,9 @@ def _run(args: argparse.Namespace) -> int:
             submitted = _submitted_for(log_path, run) if _is_url(log_path) and not known.finished else None
             if submitted is not None and known.standing() == "waiting":
                 # `recover` leaves such a run to the workers: it would do nothing
-                waits = ", ".join(
-                    "a sleep" if w.signal is None else f"signal {w.signal!r}" for w in known.open_waits()
-                )
                 raise _Usage(
                     f"run {run!r} in {_redacted(log_path)} was submitted to its queue and waits (for"
-                    f" {waits}): a worker of workflow {submitted!r} takes it up once its signal is sent"
+                    f" {_waits_text(known)}): a worker of workflow {submitted!r} takes it up once its signal is sent"
                     " or its wake time passes (`attempt-kernel worker URL --workflows MODULE:ATTR`);"
                     " nothing was written: pick another --run"
                 )
@@ -1136,9 +1133,7 @@ def _let_go_of_the_driven(
     change would wait in the inbox unseen. Let go, a change is recorded at once.
     A run whose change came between the executor's last look and the let-go can
     go on, and nothing here drives it now: the caller says what goes on with it."""
-    from ..postgres._deliver import take_in_pg
-
-    from ..postgres._deliver import submitted
+    from ..postgres._deliver import submitted, take_in_pg
 
     elsewhere.let_go(runs)
     late = take_in_pg(url, skip=frozenset(), only=runs)
@@ -1161,7 +1156,7 @@ def _let_go_of_the_driven(
         ]  # fmt: skip
         still.append(_StillWaits(
             run=view.run,
-            waits=", ".join("a sleep" if w.signal is None else f"signal {shown(repr(w.signal))}" for w in waits),
+            waits=_waits_text(view),
             until=" or ".join(ends),
         ))  # fmt: skip
     return late, ready, still
@@ -1500,7 +1495,7 @@ def _signal(args: argparse.Namespace) -> int:
     if delivered.recorded and not _is_url(log):
         workflow = ledger.runs[run].workflow
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, workflow)} goes on with it")
-    elif delivered.recorded and _unsubmitted(log, run):
+    elif delivered.recorded and _submitted_for(log, run) is None:
         waits = _still_waits(log, run)
         if waits is None:
             print(f"  {_unsubmitted_hint(log, run)} goes on with it")
@@ -1512,6 +1507,11 @@ def _signal(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _waits_text(view: RunView) -> str:
+    """What a waiting run waits for, for people: ``signal 'approve'``, ``a sleep``."""
+    return ", ".join("a sleep" if w.signal is None else f"signal {shown(repr(w.signal))}" for w in view.open_waits())
+
+
 def _still_waits(url: str, run: str) -> str | None:
     """What ``run`` of the journal at ``url`` waits for, if it only waits and cannot go on
     with what its records hold (a signal sent for another name); else None."""
@@ -1521,15 +1521,7 @@ def _still_waits(url: str, run: str) -> str | None:
     view = ledger.runs.get(run)
     if view is None or not view.is_waiting() or view.can_go_on(time.time_ns() // 1000):
         return None
-    return ", ".join("a sleep" if w.signal is None else f"signal {shown(repr(w.signal))}" for w in view.open_waits())
-
-
-def _unsubmitted(url: str, run: str) -> bool:
-    """Was ``run`` of the journal at ``url`` started by `run URL`, never submitted, so that
-    no worker takes it up?"""
-    from ..postgres._deliver import submitted_for
-
-    return submitted_for(url, run) is None
+    return _waits_text(view)
 
 
 def _unsubmitted_hint(url: str, run: str) -> str:
@@ -1550,7 +1542,7 @@ def _cancel(args: argparse.Namespace) -> int:
     print(f"cancel: the cancel of run {shown(run)}: {_where(log, delivered, ledger.runs[run].workflow)}")
     if delivered.recorded and not _is_url(log):
         print(f"  no process runs {shown(run)} now; {_resume_hint(log, ledger.runs[run].workflow)} ends it")
-    elif delivered.recorded and _unsubmitted(log, run):
+    elif delivered.recorded and _submitted_for(log, run) is None:
         print(f"  {_unsubmitted_hint(log, run)} ends it")
     return EXIT_OK
 
@@ -1743,7 +1735,6 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
         sys.stdout.write(_report.taken_up_text(done))
         sys.stdout.flush()
 
-    os.close(open_regular(Path(log), os.O_RDONLY, "for reading"))  # a missing file or a FIFO: refused before a word
     print(f"worker: serving the runs of {shown(log)} ({', '.join(shown(n) for n in sorted(names))})", flush=True)
     diverged: set[str] = set()
     while True:
