@@ -416,6 +416,11 @@ def test_recover_and_reconcile_leave_a_run_a_live_worker_drives_alone(db: str, s
 
 
 
+WHO_GOES_ON = (
+    "`attempt-kernel recover` resumes those cut short; of those that wait, a worker takes up"
+    " a submitted one, and a later `recover` one that `run` started"
+)
+"""What a replay of a journal says goes on with its unfinished runs."""
 LEFT = (
     "left waiting (once its signal is sent or its wake time passes, a worker takes up a submitted"
     " run, and `attempt-kernel recover` one that `attempt-kernel run` started); the log was not changed\n"
@@ -527,6 +532,11 @@ def test_recover_url_says_what_goes_on_with_a_sleeping_run_it_let_go_that_no_wor
         f" started it, never submitted): `attempt-kernel recover {where} --workflows waitflows:NAPPER`"
         " goes on with it once its wake time passes\n"
     ) in recovered.stdout, recovered.stdout
+    # It also said, as the run began to sleep, that it goes on by itself then.
+    assert "goes on by itself" not in recovered.stdout, recovered.stdout
+    assert f"; to end the run before then: attempt-kernel cancel {where} n-1\n" in recovered.stdout
+    # the replay's summary said that a worker takes up every run that waits
+    assert f"unfinished runs: 1 ({WHO_GOES_ON})\n  run n-1\n" in recovered.stdout, recovered.stdout
 
 
 def test_a_cancel_recorded_for_a_run_no_worker_takes_says_what_ends_it(db: str, tmp_path: Path) -> None:
@@ -589,10 +599,7 @@ def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says
     assert recovered.stdout.startswith(
         f"recover: nothing to do: no run in {where} was cut short; run(s) a-1 only wait, " + LEFT
     ), recovered.stdout
-    assert (
-        "unfinished runs: 1 (`attempt-kernel recover` resumes those cut short; a worker takes up"
-        " those that wait)\n  run a-1\n"
-    ) in recovered.stdout
+    assert f"unfinished runs: 1 ({WHO_GOES_ON})\n  run a-1\n" in recovered.stdout
     as_json = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", "--json")
     assert as_json.returncode == 0, as_json.stderr
     reported = json.loads(as_json.stdout)

@@ -503,6 +503,10 @@ def test_worker_until_idle_leaves_a_run_that_waits_for_what_has_not_come(tmp_pat
         pytest.fail(f"worker --until-idle still waits after 60 s; it printed {out!r}")
     assert worker.returncode == 0, out + err
     assert out.endswith("worker: idle; left unfinished: a-1\n"), out
+    if target == "waitflows:NAPPER":
+        # It said the run goes on by itself at its wake time; nothing here takes it up then.
+        assert "goes on by itself" not in out, out
+        assert f"; to end the run before then: attempt-kernel cancel {LOG} a-1\n" in out, out
     runs = json.loads(cli(tmp_path, "runs", LOG, "--json").stdout)["runs"]
     assert [(r["run"], r["status"]) for r in runs] == [(RUN, "waiting")]
     # the worker recorded that it took the run up, and nothing after: its wait goes on

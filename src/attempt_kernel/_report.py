@@ -92,9 +92,11 @@ def as_text(report: ReplayReport, source: str) -> str:
     if report.records == 0:
         out.append("the log holds no complete record: nothing was recorded")
     if report.unfinished:
-        # On PostgreSQL, `recover URL` leaves a run that only waits to the workers.
+        # On PostgreSQL, `recover URL` leaves a run that only waits: to the workers if
+        # it was submitted, else to a later recover (the journal alone does not say which).
         who = (
-            "`attempt-kernel recover` resumes those cut short; a worker takes up those that wait"
+            "`attempt-kernel recover` resumes those cut short; of those that wait, a worker takes up"
+            " a submitted one, and a later `recover` one that `run` started"
             if is_url(source)
             else "`attempt-kernel recover` resumes them"
         )

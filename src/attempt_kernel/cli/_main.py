@@ -740,10 +740,15 @@ def _suggested(*words: str) -> str:
     return command
 
 
-def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
+def _announce_waits(log: str, *, kept: bool = True) -> Callable[[str, WaitStarted], None]:
     """What `run` and `recover` print when a run begins to wait (or, resumed, is found
     waiting once its code was checked against the log): on what, and the command
-    that ends the wait."""
+    that ends the wait.
+
+    ``kept``: this process keeps a sleeping run until it wakes, so it goes on by
+    itself then. False where the process lets it go (`recover URL`, `worker
+    --until-idle`): what goes on with it is said once it is let go.
+    """
     where = _redacted(log)
 
     def say(run: str, wait: WaitStarted) -> None:
@@ -753,7 +758,10 @@ def _announce_waits(log: str) -> Callable[[str, WaitStarted], None]:
             ending = _command("cancel", where, run)
             if ending is None:
                 ending = f"attempt_kernel.cancel_run({where!r}, {run!r}) in Python; {_UNTYPABLE}"
-            line += f"; it goes on by itself then (to end the run instead: {shown(ending)})"
+            if kept:
+                line += f"; it goes on by itself then (to end the run instead: {shown(ending)})"
+            else:
+                line += f"; to end the run before then: {shown(ending)}"
         else:
             command = _command("signal", where, run, wait.signal)
             if command is None:
@@ -1271,7 +1279,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             grace=GRACE,
             on_recovered=print_recovery,
             on_taken_up=print_taken_up,
-            on_wait=None if as_json else _announce_waits(log_path),
+            on_wait=None if as_json else _announce_waits(log_path, kept=not _is_url(log_path)),
             stopper=stopper,
             # A run that only waits is a worker's to take up, unless no worker can
             # (`run URL` started it, never submitted): then it is taken up here once
@@ -1749,7 +1757,7 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
                 grace=GRACE,
                 on_recovered=print_recovery,
                 on_taken_up=print_taken_up,
-                on_wait=_announce_waits(log),
+                on_wait=_announce_waits(log, kept=not args.until_idle),
                 skip_runs=frozenset(diverged),
                 # With --until-idle a run that only waits is let go, or the worker
                 # would wait with it for a signal that may never come.
