@@ -27,7 +27,9 @@ flushing can pass; group commit is printed as a share of it. Sequential:
 a run fsyncs once per effect (its ``Dispatched``) and once at its end, so
 one at a time can come no closer to the bare loop than those fsyncs (each
 counted as one of the bare loop's write+fsync) plus the CPU per effect
-with fsync disabled. And "sequential runs must not get slower" is measured
+with fsync disabled. Where a sequential run's time goes is printed too:
+the time spent inside fsync calls, and the rest, which with real fsyncs
+between them has measured well above the CPU with fsync disabled. And "sequential runs must not get slower" is measured
 as the median of P paired rounds (group commit and the synchronous flush
 back to back, in alternating order): single runs here vary by 20% or more.
 
@@ -88,11 +90,12 @@ class NoFsync:
 
 
 class Counted:
-    """Real writes and fsyncs, counted, and how many fsyncs ran inline (on the loop's thread)."""
+    """Real writes and fsyncs, counted and timed, and how many fsyncs ran inline (on the loop's thread)."""
 
     def __init__(self) -> None:
         self.fsyncs = 0
         self.inline = 0
+        self.seconds = 0.0
 
     def write(self, fd: int, data: bytes) -> int:
         return os.write(fd, data)
@@ -100,7 +103,9 @@ class Counted:
     def fsync(self, fd: int) -> None:
         self.fsyncs += 1
         self.inline += threading.current_thread() is threading.main_thread()
+        start = time.perf_counter()
         os.fsync(fd)
+        self.seconds += time.perf_counter() - start
 
 
 class SyncOnly:
@@ -164,9 +169,9 @@ def drive(log: SyncOnly | Timed | RunLogWriter, runs: int, concurrent: bool) -> 
 
 def executor_seconds(
     path: Path, runs: int, mode: str, concurrent: bool
-) -> tuple[float, list[float], tuple[int, int]]:
+) -> tuple[float, list[float], tuple[int, int, float]]:
     """One measurement; returns seconds and, in mode ``timed``, each effect's wait and the
-    fsyncs made (all, and those inline)."""
+    fsyncs made (all, those inline, and the seconds spent in them)."""
     counted = Counted()
     ops = NoFsync() if mode == "nofsync" else counted if mode == "timed" else None
     paths: dict[str, Literal["alone", "loop", "thread"]] = {"thread": "thread", "loop": "loop", "mix": "alone"}
@@ -174,11 +179,12 @@ def executor_seconds(
     try:
         with RunLogWriter(path, ops=ops) as writer:
             if mode == "sync":
-                return drive(SyncOnly(writer), runs, concurrent), [], (0, 0)
+                return drive(SyncOnly(writer), runs, concurrent), [], (0, 0, 0.0)
             if mode == "timed":
                 timed = Timed(writer)
-                return drive(timed, runs, concurrent), timed.waits, (counted.fsyncs, counted.inline)
-            return drive(writer, runs, concurrent), [], (0, 0)
+                seconds = drive(timed, runs, concurrent)
+                return seconds, timed.waits, (counted.fsyncs, counted.inline, counted.seconds)
+            return drive(writer, runs, concurrent), [], (0, 0, 0.0)
     finally:
         RunLogWriter.flush_on = "timed"
 
@@ -231,7 +237,7 @@ def main() -> int:
     ]
     best = {m: float("inf") for m in modes}
     waits: dict[bool, list[float]] = {True: [], False: []}
-    fsyncs: dict[bool, tuple[int, int]] = {True: (0, 0), False: (0, 0)}
+    fsyncs: dict[bool, tuple[int, int, float]] = {True: (0, 0, 0.0), False: (0, 0, 0.0)}
     paired: list[float] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         n = 0
@@ -294,6 +300,14 @@ def main() -> int:
     print(
         f"  floor on this machine: {per_effect:.2f} fsyncs per effect + the CPU alone"
         f" = {floor:.2f}x the bare loop"
+    )
+    timed_per = best["timed", False] / effects
+    in_fsync = fsyncs[False][2] / effects
+    print(
+        f"  where the time goes (the timed run, {timed_per * 1e6:,.0f} us per effect):"
+        f" {in_fsync * 1e6:,.0f} us in fsync ({fsyncs[False][2] / max(fsyncs[False][0], 1) * 1e6:,.0f} us each),"
+        f" {(timed_per - in_fsync) * 1e6:,.0f} us outside it, against"
+        f" {best['nofsync', False] / effects * 1e6:,.0f} us with fsync disabled"
     )
     ok = ok and seq_ratio <= 1.5
     if paired:
