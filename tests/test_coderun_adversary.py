@@ -36,6 +36,7 @@ from attempt_kernel import (
     Failed,
     FileLog,
     Job,
+    LogNeedsRecovery,
     RecoveryError,
     RetryPolicy,
     RunContext,
@@ -255,17 +256,18 @@ def test_a_run_finished_with_its_ok_field_contradicted_is_a_corrupt_line_and_rec
     assert ran_forged == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="recover_log refuses a corrupt line with LogNeedsRecovery ('recover it before appending'), not RecoveryError",
-)
 @pytest.mark.parametrize(("replaced", "reason"), BOTH_OK_FIELDS_WRONG)
-def test_recovery_refuses_a_corrupt_line_with_a_recovery_error(
+def test_recovery_refuses_a_forged_corrupt_line_naming_it_and_writes_nothing(
     tmp_path: Path, replaced: bytes, reason: str
 ) -> None:
+    """A corrupt line before the last is no torn tail: recovery cannot mend it, so it
+    refuses the log as a writer does (`LogNeedsRecovery`, documented on `recover_log`),
+    with the line and the reason, and leaves the folder as it was."""
     path = forged_finish(tmp_path, replaced)
-    with pytest.raises(RecoveryError, match="line 2"):
+    before = folder_state(path)
+    with pytest.raises(LogNeedsRecovery, match=f"line 2 is corrupt \\({reason}\\)"):
         recover_log(path, {"forged": forged_flow})
+    assert folder_state(path) == before
 
 
 # --------------------------------------------------------------------------

@@ -106,7 +106,14 @@ class LogLocked(RunLogError):
 
 @final
 class LogNeedsRecovery(RunLogError):
-    """The log ends in a torn tail or holds corruption; recover it before appending."""
+    """The log ends in a torn tail, or holds corruption before its last line: nothing is
+    appended after either.
+
+    A torn tail is recovery's to cut (`recover_log`, ``attempt-kernel
+    recover``). Corruption is not: recovery refuses it with this error too,
+    nothing written, since no tool here can tell what the bad line held
+    (``attempt-kernel replay`` names its line and reason).
+    """
 
 
 @final

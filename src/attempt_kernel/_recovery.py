@@ -355,6 +355,12 @@ def recover_log(
     then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it.
+
+    Refused, nothing written: a missing file or one that is no regular file
+    (`LogOpenError`), a log another writer holds (`LogLocked`), a corrupt
+    line before the last one, which no recovery can mend
+    (`LogNeedsRecovery`, naming the line and why), and a log that breaks the
+    kernel's rules or holds a run this program cannot resume (`RecoveryError`).
     """
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
     taken_in: list[str] = []
