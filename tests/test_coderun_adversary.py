@@ -1258,14 +1258,12 @@ def test_a_reconciled_run_whose_function_caught_the_failure_is_resumed_not_calle
     assert replay(FileLog(log)).violation_count == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a plain failure is judged by the retry policy the code passes now: a failure the"
-    " function caught, whose step the edited code now retries more, is called divergent",
-)
 def test_a_recorded_failure_the_function_caught_is_handed_back_though_the_code_now_retries_more(
     tmp_path: Path,
 ) -> None:
+    """A failure was judged by the retry policy the code passes now: one the function
+    caught, whose step the edited code retries more, was called divergent, since the
+    function waited for a retry and never made the call it made the first time."""
     limit = [1]
 
     async def broken(ctx: StepContext) -> JSON:
@@ -1289,6 +1287,73 @@ def test_a_recorded_failure_the_function_caught_is_handed_back_though_the_code_n
     [again] = resumed.reports
     assert (again.status, again.result) == ("succeeded", [1, 2])
     assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "broken@1"] == [1]
+
+
+def test_a_step_that_was_to_be_retried_when_the_run_stopped_is_retried_though_another_branch_went_on(
+    tmp_path: Path,
+) -> None:
+    """The other side of the test above: a later call made by another branch proves
+    nothing about a step that ended failed and was waiting to be tried again. Recovery
+    does not hand its failure back; it retries the step (the edited code allows three
+    tries, at once), and the run ends as the function meant it to."""
+    failed = asyncio.Event()
+    policy = [RetryPolicy(max_attempts=2, initial_interval=3600)]
+
+    async def flaky(ctx: StepContext) -> JSON:
+        if ctx.attempt == 1:
+            failed.set()
+            raise RuntimeError("down")
+        return "flaky"
+
+    async def after_the_failure(ctx: StepContext) -> JSON:
+        await failed.wait()
+        return "gate"
+
+    @workflow("branches")
+    async def flow(run: RunContext) -> JSON:
+        async def first() -> JSON:
+            try:
+                return await run.step("flaky", flaky, retry=policy[-1])
+            except StepFailed:
+                return "gave up"
+
+        async def second() -> JSON:
+            await run.step("gate", after_the_failure)
+            return await run.step("c", echo, "c")
+
+        return list(await asyncio.gather(first(), second()))
+
+    clean = tmp_path / "clean.jsonl"
+
+    def c_ended(record: dict[str, Any]) -> bool:
+        return record.get("step") == "c@3" and record.get("to") == "Succeeded"
+
+    async def until_c_ends() -> None:
+        # The retry is an hour away: the run is cancelled once c has ended, and
+        # the log cut before the cancel, as a crash in the wait would leave it.
+        control = RunControl()
+        with RunLogWriter(clean, create=True) as log:
+            executor = Executor(log)
+            task = asyncio.create_task(executor.run(flow, "t-1", control=control))
+            while not any(c_ended(r) for r in records(clean)):
+                await asyncio.sleep(0.01)
+            control.cancel("the test's crash")
+            await task
+
+    asyncio.run(until_c_ends())
+    [end] = [i for i, r in enumerate(records(clean)) if c_ended(r)]
+    log = crash_after(clean, end + 1, tmp_path / LOG)
+    # the cut log: flaky failed once and waits to be retried; c, called after it, succeeded
+    assert [(r["step"], r["attempt"]) for r in of_type(log, "created")] == [("flaky@1", 1), ("gate@2", 1), ("c@3", 1)]
+    assert [r["to"] for r in of_type(log, "transition") if r["step"] == "flaky@1"] == ["Running", "Failed"]
+    failed.set()
+    policy.append(RetryPolicy(max_attempts=3, initial_interval=0))
+    resumed = resume_log(log, [flow])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert (again.status, again.result) == ("succeeded", ["flaky", "c"])
+    assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "flaky@1"] == [1, 2]
+    assert replay(FileLog(log)).violation_count == 0
 
 
 def test_divergence_is_reported_with_the_recorded_and_requested_calls(tmp_path: Path) -> None:
