@@ -12,12 +12,14 @@ take, on a clock the tests that check it bring.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import errno
 import gc
 import os
 import sys
 import threading
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -1009,3 +1011,94 @@ def test_a_failing_log_under_an_interrupted_dispatch_never_reaches_the_step_as_i
         asyncio.run(main(log))
     assert (caught, sent) == ([], [])
 
+
+
+
+class FirstFsyncFails(HeldOps):
+    """HeldOps whose first fsync (held on the flush thread) fails with EIO, and whose later
+    fsyncs succeed: the way Linux reports a writeback error once, to the first fsync that
+    looks, while pages it covered may be lost."""
+
+    def fsync(self, fd: int) -> None:
+        first = self.fsyncs == 0
+        self.fsyncs += 1
+        if first:
+            self.began[1].set()
+            assert self.release[1].wait(HUNG), "the test never released the fsync"
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        os.fsync(fd)
+
+
+class ReleasedWhenWaitedFor(concurrent.futures.Future[OSError | None]):
+    """The flush thread's outcome: whoever blocks on it releases the held fsync first."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+
+    def result(self, timeout: float | None = None) -> OSError | None:
+        if not self.done():
+            self.release.set()
+        return super().result(timeout)
+
+
+class ReleasingPool:
+    """The writer's flush thread, as a pool whose futures are `ReleasedWhenWaitedFor`."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release = release
+        self.threads: list[threading.Thread] = []
+
+    def submit(self, fn: Callable[..., OSError | None], *args: object) -> ReleasedWhenWaitedFor:
+        outcome = ReleasedWhenWaitedFor(self.release)
+        thread = threading.Thread(target=lambda: outcome.set_result(fn(*args)))
+        self.threads.append(thread)
+        thread.start()
+        return outcome
+
+    def shutdown(self, wait: bool = True) -> None:
+        for thread in self.threads:
+            thread.join()
+
+
+def test_a_batch_fsync_that_succeeds_beside_a_failed_one_does_not_release_its_waiters(
+    tmp_path: Path,
+) -> None:
+    """fsync 1 on the flush thread covers the waiters' records and fails; meanwhile an append
+    past `BATCH_CAP` batches fsyncs beside it, and that fsync succeeds (Linux reports a
+    writeback error to one fsync only). It proves nothing: the failed fsync's waiters fail,
+    since their records may be lost and their effects must not be sent."""
+    ops = FirstFsyncFails(hold=(1,))
+
+    async def main(log: RunLogWriter) -> list[str]:
+        waiters = await waiting(log, ops, 3)
+        for i in range(BATCH_CAP):  # other runs write on: the last append fsyncs inline
+            log.append(f"more{i}", RunStarted(workflow="w"))
+        ops.release[1].set()
+        return await how_they_end(waiters)
+
+    with RunLogWriter(tmp_path / "log", ops=ops, batch_size=1) as log:
+        assert asyncio.run(main(log)) == ["LogWriteFailed"] * 3
+        assert ops.fsyncs == 2
+
+
+def test_flush_waits_for_the_fsync_in_flight_and_fails_with_it(tmp_path: Path) -> None:
+    """flush() called while fsync 1 of durable() is in flight waits for it (the held fsync is
+    let go once anyone blocks on it), and when it fails, so does flush: an fsync of its own
+    that succeeded beside the failed one would prove nothing."""
+    ops = FirstFsyncFails(hold=(1,))
+
+    async def main(log: RunLogWriter) -> list[str]:
+        waiters = await waiting(log, ops, 3)
+        try:
+            log.flush()
+            flushed = "NoneType"
+        except LogWriteFailed:
+            flushed = "LogWriteFailed"
+        ops.release[1].set()
+        return [flushed, *await how_they_end(waiters)]
+
+    with RunLogWriter(tmp_path / "log", ops=ops) as log:
+        log._pool = ReleasingPool(ops.release[1])  # type: ignore[assignment]
+        assert asyncio.run(main(log)) == ["LogWriteFailed"] * 4
+        assert ops.fsyncs == 1

@@ -562,8 +562,11 @@ class RunLogWriter:
     synchronous flush instead of about 6). A failed fsync raises
     `LogWriteFailed` in every waiter it would have released, and breaks
     the writer. `flush` and `close` may be called
-    while such an fsync is in flight: `flush` fsyncs itself, `close` waits
-    for it (it never closes the file under it). The writer holds no state
+    while such an fsync is in flight: both wait for it first (`flush` then
+    fsyncs itself: Linux reports a writeback error to one fsync only, so one
+    made beside a failed fsync proves nothing; `close` never closes the
+    file under it). A batch fsync, which no one waits on, is made beside it,
+    and what it covered counts as durable only once that one ends well. The writer holds no state
     bound to an event loop between flushes, so it may serve one
     ``asyncio.run`` after another (a batch fsync still pending when a loop
     closes is made by the next append past the count, or `close`).
@@ -618,6 +621,9 @@ class RunLogWriter:
         # its outcome (a thread's future, bound to no event loop), and the
         # waiters parked until it ends (see _park).
         self._inflight: _Inflight | None = None
+        # The last record a batch fsync made beside the one in flight covered:
+        # durable once that one ends well (see _fsync_now).
+        self._beside = 0
         self._waiters = 0
         # The loop a batch fsync is pending on (_batch_due), if any; weak, so
         # that a loop closed with the call pending is not kept alive by it.
@@ -753,9 +759,22 @@ class RunLogWriter:
     def flush(self) -> None:
         """fsync: every append that has returned is now durable on disk.
 
-        With an fsync of `durable` in flight, this one does not wait for it:
-        it fsyncs itself (the kernel orders the two), covering every record
-        written so far.
+        With an fsync of `durable` in flight, this one waits for it to end
+        first, then fsyncs itself, covering every record written so far. Not
+        beside it: Linux reports a writeback error to one fsync only, so an
+        fsync that succeeds beside a failed one proves nothing.
+        """
+        if self._inflight is not None:
+            self._settle(wait=True)
+        self._fsync_now()
+
+    def _fsync_now(self) -> None:
+        """fsync every record written so far, now (`flush`, and a batch's fsync, which no
+        one waits on: it does not wait for one in flight on the flush thread either).
+
+        One made beside an fsync in flight proves nothing until that one
+        ends well (Linux reports a writeback error to one fsync only): what
+        it covered counts as durable only then (`_settle`).
         """
         if self._inflight is not None and self._inflight.outcome.done():
             self._settle()
@@ -772,7 +791,10 @@ class RunLogWriter:
         except OSError as error:
             raise self._fail(f"fsync after record seq {upto}", error) from error
         self._took(clock() - start)
-        self._synced = max(self._synced, upto)
+        if self._inflight is not None:
+            self._beside = max(self._beside, upto)
+        else:
+            self._synced = max(self._synced, upto)
 
     def _took(self, seconds: float) -> None:
         """Count an fsync made on the loop's thread, which took ``seconds``, into the
@@ -838,10 +860,10 @@ class RunLogWriter:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self.flush()
+            self._fsync_now()
             return
         if self._seq - self._started >= BATCH_CAP * self._batch:
-            self.flush()
+            self._fsync_now()
             return
         if self._waiters:
             return
@@ -862,7 +884,7 @@ class RunLogWriter:
         # A failure stays in the writer, which reports it at the next append
         # or wait; a loop callback has no caller to raise to.
         with contextlib.suppress(LogWriteFailed):
-            self.flush()
+            self._fsync_now()
 
     def _batch_owed(self) -> bool:
         """Is a batch fsync due, with no waiter of `durable` left to make it?"""
@@ -980,11 +1002,12 @@ class RunLogWriter:
         upto = inflight.upto
         error = inflight.outcome.result()
         self._inflight = None
+        beside, self._beside = self._beside, 0
         if error is not None:
             if self._broken is None:  # the first failure is the one to report
                 self._fail(f"fsync after record seq {upto}", error)
         elif self._broken is None:  # an fsync after a failed one proves nothing
-            self._synced = max(self._synced, upto)
+            self._synced = max(self._synced, upto, beside)
 
     def _fail(self, what: str, error: OSError) -> LogWriteFailed:
         """Break the writer; return the error for the caller to raise."""
