@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import zlib
 from pathlib import Path
 
@@ -784,3 +785,61 @@ def test_records_after_a_nul_run_inside_the_log_are_still_read(tmp_path: Path) -
     items = list(read_log(path))
     assert items[1] == CorruptLine(line=2, reason="a run of NUL bytes inside the log")
     assert [i.line for i in items if isinstance(i, Record)] == [1, 3, 4, 5]
+
+
+class PausedWrite:
+    """Writes that, in thread ``a``, wait until thread ``b`` has written or has reached the
+    writer's append lock (`AtTheLock`): ``b`` appends while ``a``'s append is in its write."""
+
+    HUNG = 60.0
+
+    def __init__(self) -> None:
+        self.a_writing = threading.Event()
+        self.b_progress = threading.Event()
+
+    def write(self, fd: int, data: bytes) -> int:
+        name = threading.current_thread().name
+        if name == "a":
+            self.a_writing.set()
+            assert self.b_progress.wait(self.HUNG), "thread b never appended"
+        written = os.write(fd, data)
+        if name == "b":
+            self.b_progress.set()
+        return written
+
+    def fsync(self, fd: int) -> None:
+        os.fsync(fd)
+
+
+class AtTheLock:
+    """A lock that says when thread ``b`` comes to it (before it waits for it)."""
+
+    def __init__(self, arrived: threading.Event) -> None:
+        self.lock = threading.Lock()
+        self.arrived = arrived
+
+    def __enter__(self) -> None:
+        if threading.current_thread().name == "b":
+            self.arrived.set()
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_appends_from_two_threads_at_once_take_a_number_each(tmp_path: Path) -> None:
+    """Two threads (two event loops, say) appending to one writer at the same moment: each
+    record gets a sequence number of its own, and the log replays clean."""
+    ops = PausedWrite()
+    path = tmp_path / "log"
+    with RunLogWriter(path, ops=ops) as log:
+        log._appending = AtTheLock(ops.b_progress)  # type: ignore[assignment]
+        a = threading.Thread(target=log.append, args=("a", RunStarted(workflow="w")), name="a")
+        b = threading.Thread(target=log.append, args=("b", RunStarted(workflow="w")), name="b")
+        a.start()
+        assert ops.a_writing.wait(PausedWrite.HUNG)
+        b.start()
+        a.join()
+        b.join()
+    assert [(r.seq, r.run) for r in read_log(path) if isinstance(r, Record)] == [(1, "a"), (2, "b")]
+    assert replay(path).valid

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import stat
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -543,6 +544,8 @@ class RunLogWriter:
     breaks the writer: it raises `LogWriteFailed` and refuses every later
     append until the log is reopened (a failed fsync is never retried as if
     nothing happened). Only one writer may hold a log (an exclusive lock).
+    Appends from several threads at once are serialized: each record takes
+    a number of its own.
 
     Group commit (`GroupCommitLog`): ``await durable(run)`` returns once
     every record appended so far is on disk, and concurrent waiters share
@@ -644,6 +647,9 @@ class RunLogWriter:
         # parked until it is done.
         self._gathering: tuple[asyncio.AbstractEventLoop, _Parked] | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Held while an append numbers and writes its records: two threads
+        # appending at once (two event loops, say) would take one number twice.
+        self._appending = threading.Lock()
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
         fd = open_regular(self.path, flags, "for appending")
         try:
@@ -696,10 +702,11 @@ class RunLogWriter:
         `RecordTooLarge`, before anything is written: the log and the next
         sequence number stay as they were.
         """
-        fd = self._writable()
-        seq = self._seq + 1
-        self._write_out(fd, encode_record(seq, self._clock(), run, change), f"record seq {seq}")
-        self._seq = seq
+        with self._appending:  # numbered and written as one, whatever thread appends too
+            fd = self._writable()
+            seq = self._seq + 1
+            self._write_out(fd, encode_record(seq, self._clock(), run, change), f"record seq {seq}")
+            self._seq = seq
         if seq - self._started >= self._batch:
             self._batch_due()
         return seq
@@ -720,13 +727,14 @@ class RunLogWriter:
         """
         if not changes:
             raise ValueError("append_all needs at least one change")
-        fd = self._writable()
-        first = self._seq + 1
-        now = self._clock()
-        data = b"".join([encode_record(seq, now, run, change) for seq, change in enumerate(changes, first)])
-        last = first + len(changes) - 1
-        self._write_out(fd, data, f"records seq {first} to {last}" if last > first else f"record seq {last}")
-        self._seq = last
+        with self._appending:
+            fd = self._writable()
+            first = self._seq + 1
+            now = self._clock()
+            data = b"".join([encode_record(seq, now, run, change) for seq, change in enumerate(changes, first)])
+            last = first + len(changes) - 1
+            self._write_out(fd, data, f"records seq {first} to {last}" if last > first else f"record seq {last}")
+            self._seq = last
         if last - self._started >= self._batch:
             self._batch_due()
         return last
