@@ -545,7 +545,10 @@ class RunLogWriter:
     append until the log is reopened (a failed fsync is never retried as if
     nothing happened). Only one writer may hold a log (an exclusive lock).
     Appends from several threads at once are serialized: each record takes
-    a number of its own.
+    a number of its own. `durable`, `flush` and `close` are not: they serve
+    one event loop at a time (one ``asyncio.run`` after another), and two
+    loops in two threads waiting on one writer at once may lose the
+    failure of an fsync that one of them began.
 
     Group commit (`GroupCommitLog`): ``await durable(run)`` returns once
     every record appended so far is on disk, and concurrent waiters share
