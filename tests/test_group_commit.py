@@ -1102,3 +1102,27 @@ def test_flush_waits_for_the_fsync_in_flight_and_fails_with_it(tmp_path: Path) -
         log._pool = ReleasingPool(ops.release[1])  # type: ignore[assignment]
         assert asyncio.run(main(log)) == ["LogWriteFailed"] * 4
         assert ops.fsyncs == 1
+
+
+def test_close_raises_when_the_fsync_in_flight_it_waited_for_failed(tmp_path: Path) -> None:
+    """close() waits for the fsync in flight; when that fsync fails, close raises LogWriteFailed
+    (as it does when its own fsync fails): records appended since, that no one waited on, were
+    never made durable, and whoever closes the log must not take it for whole."""
+    ops = HeldOps(hold=(1,), fail=True)
+    log = RunLogWriter(tmp_path / "log", ops=ops)
+
+    async def main() -> list[str]:
+        waiters = await waiting(log, ops, 2)
+        for waiter in waiters:  # the runs were stopped: no one waits for the fsync any more
+            waiter.cancel()
+        await how_they_end(waiters)
+        log.append("r0", AttemptCreated(step="s", attempt=1))  # e.g. the stopped run's end
+        threading.Timer(0.0, ops.release[1].set).start()  # close() blocks the loop
+        try:
+            log.close()
+        except LogWriteFailed:
+            return ["LogWriteFailed"]
+        return ["NoneType"]
+
+    assert asyncio.run(main()) == ["LogWriteFailed"]
+    assert ops.fsyncs == 1

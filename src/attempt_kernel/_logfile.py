@@ -1036,14 +1036,22 @@ class RunLogWriter:
 
         An fsync of `durable` still in flight is waited for first (the file
         is never closed under it); its waiters are then released, or told
-        it failed, by what it found.
+        it failed, by what it found. Raises `LogWriteFailed` when the writer
+        was healthy and that fsync, or close's own, failed (the log is
+        released all the same).
         """
         if self._fd is None:
             return
         try:
+            healthy = self._broken is None
             self._settle(wait=True)
             if self._broken is None:
                 self.flush()
+            elif healthy:  # the fsync in flight failed: said here, as a failure of close's own would be
+                raise LogWriteFailed(
+                    f"{self.path}: {self._broken}; records appended since the last fsync that"
+                    " succeeded may not be on disk"
+                )
         finally:
             os.close(self._fd)
             self._fd = None
