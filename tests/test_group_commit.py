@@ -1012,8 +1012,6 @@ def test_a_failing_log_under_an_interrupted_dispatch_never_reaches_the_step_as_i
     assert (caught, sent) == ([], [])
 
 
-
-
 class FirstFsyncFails(HeldOps):
     """HeldOps whose first fsync (held on the flush thread) fails with EIO, and whose later
     fsyncs succeed: the way Linux reports a writeback error once, to the first fsync that
