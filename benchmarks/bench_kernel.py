@@ -1,6 +1,6 @@
 """Benchmark of `transition` against baselines measured in the same process.
 
-Baselines, as the kernel issue defines them: an empty function call; a plain
+Baselines: an empty function call; a plain
 dict lookup of the same table, ``TABLE[state, cause_kind]`` (state class and a
 cause-kind string, the key built at the call); and that lookup failing with
 ``KeyError`` raised and caught. Every legal row of the table is timed, and
@@ -54,7 +54,7 @@ def main() -> int:
     def best_ns(func: Callable[[], object]) -> float:
         return min(timeit.repeat(func, number=number, repeat=repeat)) / number * 1e9
 
-    # The table as a dict, keyed as the issue writes it: TABLE[state, cause_kind].
+    # The table as a dict, keyed TABLE[state, cause_kind].
     table: dict[tuple[type, str], object] = {}
     legal: list[tuple[object, object]] = []
     illegal: list[tuple[object, object]] = []

@@ -338,8 +338,9 @@ def _parser() -> argparse.ArgumentParser:
         "and hand its runs back. When the database goes away (a restart, its sessions "
         "terminated, not up yet at the start) it drops its runs, reconnects with jittered "
         "backoff (0.1 s doubling to 5 s) and goes on under a fresh id, its runs taken over "
-        "fenced. Exit 0 when stopped or idle (--until-idle), 1 when it was "
-        "declared dead (another worker took its runs over), 2 for usage or I/O errors (and, "
+        "fenced. Exit 0 when stopped (with a URL) or idle (--until-idle), 130/143 when "
+        "SIGINT/SIGTERM stopped it (with a log file), 1 when it was declared dead (another "
+        "worker took its runs over), 2 for usage or I/O errors (and, "
         "with a log file and --until-idle, when it left a run whose code diverged from its "
         "log, as recover does), 3 when the database stayed unreachable for --reconnect-for "
         "seconds.",
