@@ -348,7 +348,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("url", metavar="LOG|URL", help=_LOG_HELP)
     _workflows_flag(worker, "the workflows this worker can run", required=True)
     worker.add_argument("--concurrency", type=_positive_int, default=4, metavar="N",
-                        help="runs driven at once (default 4)")  # fmt: skip
+                        help="runs driven at once (default 4); with a log file, attempts "
+                             "running at once, its runs all driven together")  # fmt: skip
     worker.add_argument("--heartbeat", type=_positive_float, default=1.0, metavar="S",
                         help="seconds between heartbeats (default 1)")  # fmt: skip
     worker.add_argument("--dead-after", type=_positive_float, default=5.0, metavar="S",
