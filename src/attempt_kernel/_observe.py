@@ -58,7 +58,8 @@ _RUN_LOGGER: Final = logging.getLogger("attempt_kernel.run")
 @runtime_checkable
 class RunObserver(Protocol):
     """Told of each record an executor wrote, after the log's ``append`` returned and the
-    executor's ledger applied it (not yet durable: docs/executor.md, "Watching runs")."""
+    executor's ledger applied it (not yet durable: docs/executor.md, "Watching runs:
+    observers and logs")."""
 
     def record_written(self, run: str, change: Change, time_us: int) -> None:
         """``change`` was appended for ``run``; ``time_us``: the executor's clock, in microseconds."""

@@ -132,7 +132,8 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the built-in example agent workflow (simulated tools and side "
         "effects: a retried tool call, a step deadline, two effects through intents, a "
         "cancelled watcher), append its records to the log, then replay the log. Exit 0 "
-        "if the log is valid, 1 if not, 2 for usage or I/O errors.",
+        "if the log is valid, 1 if not, 2 for usage or I/O errors, 130/143 when stopped by "
+        "SIGINT/SIGTERM (the run stays unfinished for `recover`).",
     )
     demo.add_argument(
         "--log", default="demo-run.jsonl", metavar="PATH",
@@ -415,7 +416,8 @@ def _parser() -> argparse.ArgumentParser:
         "on 127.0.0.1 unless --host says otherwise (a non-loopback host makes the actions "
         "reachable from the network: a warning says so). Ctrl-C or SIGTERM stops it. Exit 0 "
         "when stopped, 2 for usage or I/O errors (a port in use, no Jinja2: install "
-        "attempt-kernel[web]).",
+        "attempt-kernel[web]), 3 when a URL's database cannot be reached, 130/143 when the "
+        "stop came while it drove a run it resumed on a log file (that run stays unfinished).",
     )
     serve.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
