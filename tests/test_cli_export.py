@@ -67,3 +67,18 @@ def test_export_of_a_log_numbered_without_fault_is_the_log(tmp_path: Path) -> No
     result = export(log)
     assert (result.returncode, result.stderr) == (0, b"")
     assert result.stdout == log.read_bytes()
+
+
+def test_export_refuses_a_corrupt_line_naming_its_line_as_a_gap_is_named(tmp_path: Path) -> None:
+    """`export --help` and docs/run-log.md promise the corrupt record is refused naming its
+    line, as a gap or repeat is (``LOG: line N: ...``), the lines before it written as they were."""
+    log = numbered(tmp_path / "corrupt.jsonl", [1, 2, 3, 4, 5, 6])
+    lines = log.read_bytes().splitlines(keepends=True)
+    lines[2] = lines[2].replace(b',"crc"', b',"crx"')  # line 3 loses its checksum
+    log.write_bytes(b"".join(lines))
+    result = export(log)
+    assert result.returncode == 2
+    assert result.stderr.decode() == (
+        f"attempt-kernel export: error: {log}: line 3: no checksum at the end of the line; nothing more exported\n"
+    )
+    assert result.stdout == b"".join(lines[:2])

@@ -1648,7 +1648,8 @@ def _export(args: argparse.Namespace) -> int:
                     seq += 1
                     out.write(encode_record(seq, item.time_us, item.run, item.change))
                 case CorruptLine():
-                    raise _Usage(f"{_redacted(log)}: {item.reason} (record {item.line}); nothing more exported")
+                    # named as replay and the gap above name it: its line in the log as read
+                    raise _Usage(f"{_redacted(log)}: line {item.line}: {item.reason}; nothing more exported")
                 case TornTail():
                     pass  # never acknowledged: not part of the journal
                 case _:
