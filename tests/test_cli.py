@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from logs import indeterminate_changes, write_log
 
+from attempt_kernel import RunFinished, RunLogWriter, RunStarted
 from attempt_kernel.cli._main import main
 
 MARKDOWN = """\
@@ -154,3 +157,27 @@ def test_a_url_without_the_postgres_extra_is_a_usage_error_naming_it(argv: list[
     assert "Traceback" not in done.stderr
     assert "postgresql://ak@db/jobs" in done.stderr and "secret" not in done.stderr
     assert done.stderr.rstrip().endswith("install attempt-kernel[postgres]"), done.stderr
+
+
+def test_show_says_what_runs_says_of_a_reconciled_run_while_another_process_holds_the_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that ended needing reconciliation, reconciled since, is unfinished again and
+    waits for `recover`: `runs` lists it `interrupted` even while another process holds
+    the log (that process does not drive it; nothing does until a recovery), and `show`
+    must say the same, not `running`."""
+    log = write_log(
+        tmp_path / "r.jsonl", [RunStarted(workflow="w", nonce="n0"), *indeterminate_changes(), RunFinished()]
+    )
+    assert main(["reconcile", str(log), "--key", "k-send", "--rejected"]) == 0
+    capsys.readouterr()
+    with RunLogWriter(log):  # another process's writer: it drives runs of its own
+        assert main(["runs", str(log)]) == 0
+        listed = capsys.readouterr().out.splitlines()[1].split()
+        assert main(["show", str(log), "r"]) == 0
+        shown_first = capsys.readouterr().out.splitlines()[0]
+        assert main(["show", "--json", str(log), "r"]) == 0
+        shown_json = capsys.readouterr().out
+    assert listed[:3] == ["r", "w", "interrupted"]
+    assert shown_first == "run r (workflow w): interrupted"
+    assert '"status": "interrupted"' in shown_json

@@ -57,6 +57,7 @@ from attempt_kernel import (
     Workflow,
     workflow,
     read_log,
+    replay,
     RunFinished,
     RunResumed,
     RunStopRequested,
@@ -1133,3 +1134,18 @@ def test_the_docs_exit_codes_of_serve_are_those_it_exits_with(capsys: pytest.Cap
     assert said.startswith("0 when stopped, 2 for a usage or I/O error"), said
     assert "3 when the database of a postgresql:// URL cannot be reached" in said, said
     assert "130 (SIGINT) or 143 (SIGTERM)" in said, said
+
+
+@pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
+def test_a_reconciled_run_waiting_for_recovery_is_interrupted_and_may_be_resumed(trip_log: Path) -> None:
+    """trip-1 ended needing reconciliation; once its key is reconciled it is unfinished
+    again, waiting for a recovery, as `runs` says (`interrupted`), even while another
+    process holds the log, and Resume goes on with it: the page must not call it
+    `running`, nor say that resume is refused."""
+    [key] = [k for entry in replay(trip_log).indeterminate for k in entry.outstanding]
+    assert main(["reconcile", str(trip_log), "--key", key, "--rejected"]) == 0
+    with serving(str(trip_log)) as url, RunLogWriter(trip_log):  # another process writes the log
+        status, page = Client(url).get(run_path("trip-1"))
+    assert status == 200
+    assert '<span class="badge s-interrupted" id="run-status">interrupted</span>' in page
+    assert "resume are refused" not in page

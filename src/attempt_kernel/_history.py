@@ -169,6 +169,10 @@ class RunHistory:
     """A code run's waits, by position."""
     signals: tuple[SignalHistory, ...] = ()
     """Signals sent to the run, in the order recorded, each with the wait that took it."""
+    finished: bool = False
+    """Its last ``run_finished`` is not followed by a ``run_resumed``. A finished run that
+    stands ``interrupted`` (reconciled since it ended needing it) waits for a recovery:
+    no process drives it, whoever holds the log."""
 
 
 @dataclass(slots=True)
@@ -347,6 +351,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         workflow=workflow,
         input=run_input,
         standing=view.standing(),
+        finished=view.finished,
         domain_state=view.domain_state,
         version=version,
         result=run_result,

@@ -619,7 +619,8 @@ class WebView:
         view = ledger.run(run)
         outstanding = set(view.outstanding()) if view is not None else set[str]()
         held = self._held()
-        live = history.standing == "interrupted" and (held is None or run in held)
+        # as `runs` says it (RunRow.of): a finished run reconciled since is nobody's
+        live = history.standing == "interrupted" and not history.finished and (held is None or run in held)
         status: RunStanding = "running" if live else history.standing
         now_us = int(self._clock() * 1_000_000)
         open_until = now_us if status in ("running", "waiting") else 0

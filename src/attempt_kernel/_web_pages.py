@@ -265,7 +265,8 @@ RUN: Final = """{% extends "base.html" %}
 
 <section>
 <h2>Actions</h2>
-{% if finished %}<p class="muted">This run has finished: signal, cancel and resume are refused (reconcile stays open for an outstanding intent).</p>{% endif %}
+{% if finished and standing == "interrupted" %}<p class="muted">This run has finished and was reconciled since: signal and cancel are refused, and Resume goes on with it.</p>
+{% elif finished %}<p class="muted">This run has finished: signal, cancel and resume are refused (reconcile stays open for an outstanding intent).</p>{% endif %}
 <div class="actions">
 <form method="post" action="{{ actions.signal }}" id="signal-form">
 <h3>Send a signal</h3>

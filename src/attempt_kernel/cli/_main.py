@@ -1412,7 +1412,8 @@ def _show(args: argparse.Namespace) -> int:
         name = _redacted(log_path)
         raise _Usage(f"no run {run!r} in {name} (`{_suggested('runs', name)}` lists them)")
     held = held_runs(log_path)
-    live = history.standing == "interrupted" and (held is None or history.run in held)
+    # as `runs` says it (RunRow.of): a finished run reconciled since is nobody's
+    live = history.standing == "interrupted" and not history.finished and (held is None or history.run in held)
     violations = checked.violation_count
     if args.json:
         doc: dict[str, object] = json.loads(_report.show_json(history, live))
