@@ -328,6 +328,15 @@ def test_submit_prints_a_run_id_escaped_as_runs_does(db: str, shop: Path) -> Non
     assert "a\\x1b[31mb\\nc" in cli(shop, "runs", db).stdout
 
 
+def test_submit_refuses_an_empty_run_id_as_run_does(db: str, shop: Path) -> None:
+    """`submit --run ''` said "record seq 1 cannot be written: its run id is empty", a
+    record nobody asked about; `run` says what was wrong with the argument."""
+    submitted = cli(shop, "submit", db, "flows:orders", "--run", "", "--input", ORDER)
+    assert (submitted.returncode, submitted.stdout) == (2, "")
+    assert submitted.stderr == "attempt-kernel submit: error: --run needs a non-empty id\n"
+    assert "orders" not in cli(shop, "runs", db).stdout
+
+
 def test_export_writes_a_run_log_that_replay_validates(db: str, shop: Path, tmp_path: Path) -> None:
     """`export URL` is a JSON Lines run log; `--run` keeps one run, renumbered from 1."""
     for _ in range(2):

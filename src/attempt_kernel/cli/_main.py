@@ -1680,6 +1680,8 @@ def _needs_psycopg(url: str) -> None:
 def _submit(args: argparse.Namespace) -> int:
     url: str = args.url
     _needs_url(url, "submit")
+    if args.run_id == "":  # as `run` refuses it, before anything is queued
+        raise _Usage("--run needs a non-empty id")
     workflow = load_target(args.target)
     run_input = None if args.input is None else _json_argument(args.input, "--input")
     from ..postgres._worker import submit_run
