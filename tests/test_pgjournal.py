@@ -517,10 +517,17 @@ def test_a_password_in_the_url_is_never_shown() -> None:
             "postgresql://app:ab@cd@127.0.0.1:1/db",  # else the driver takes "cd@127.0.0.1" for the host
             "it holds '@' more than once before its host; write an '@' in a user name or password as %40",
         ),
+        # parsed, then refused by libpq before it connects: not an outage either
+        ("postgresql://app:pw@127.0.0.1:abc/db", 'invalid integer value "abc" for connection option "port"'),
+        ("postgresql://app@127.0.0.1/db?port=abc", 'invalid integer value "abc" for connection option "port"'),
+        ("postgresql://app@127.0.0.1:99999/db", 'invalid port number: "99999"'),
+        ("postgresql://app@127.0.0.1:1/db?sslmode=bogus", 'invalid sslmode value: "bogus"'),
     ],
     ids=[
         "quoted whole", "the password is the bad token", "a password parameter",
         "a password parameter with its name escaped", "a one-letter password", "an unescaped @ in it",
+        "a port that is no number", "a port parameter that is no number", "a port out of range",
+        "an unknown sslmode",
     ],
 )
 def test_a_url_the_driver_cannot_parse_is_a_wrong_argument_and_hides_its_password(

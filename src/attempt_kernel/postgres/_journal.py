@@ -860,7 +860,17 @@ def _connect_error(url: str, error: psycopg.Error) -> PgJournalError:
         conninfo_to_dict(url)
     except psycopg.Error:
         return PgJournalError(f"not a PostgreSQL URL the driver can read: {reason}")
+    refused = _BAD_OPTION.match(reason)
+    if refused is not None:  # parsed, but a value libpq refuses before it connects
+        return PgJournalError(f"not a PostgreSQL URL the driver can read: {refused.group(1)}")
     return PgConnectFailed(f"cannot connect to {database_named(url)}: {reason}")
+
+
+_BAD_OPTION: Final = re.compile(
+    r'connection is bad: (invalid (?:integer value "|port number: "|[a-z_]+ value: ").*)\Z', re.DOTALL
+)
+"""libpq's refusal of an option's value (a port that is no number, an unknown
+``sslmode``), made before it tries to connect: a wrong argument, not an outage."""
 
 
 _OUTAGE_STATES: Final = frozenset({"57P01", "57P02", "57P03", "53300"})
