@@ -459,6 +459,24 @@ def run_url_killed_while_it_waits(tmp_path: Path, db: str, run: str) -> None:
         first.communicate()
 
 
+def test_runs_url_says_that_the_signal_a_waiting_run_waits_for_came(db: str, tmp_path: Path) -> None:
+    """Once its signal is recorded, a run that no process drives does not wait for it any
+    more: `runs URL` said it did, and an operator could send it again."""
+    run_url_killed_while_it_waits(tmp_path, db, "a-1")
+    before = cli(tmp_path, "runs", db)
+    assert before.stdout.endswith("\nrun a-1 waits for signal 'approve'\n"), before.stdout
+    assert cli(tmp_path, "signal", db, "a-1", "approve").returncode == 0
+    after = cli(tmp_path, "runs", db)
+    assert after.stdout.endswith(
+        "\nrun a-1 waits for signal 'approve', which came: it goes on once a process takes the run up\n"
+    ), after.stdout
+    [row] = json.loads(cli(tmp_path, "runs", db, "--json").stdout)["runs"]
+    assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": True}]
+    assert (
+        "\n  run a-1 waits for signal 'approve', which came: it goes on once a process takes the run up\n"
+    ) in cli(tmp_path, "show", db, "a-1").stdout
+
+
 def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_signal_is_sent(
     db: str, tmp_path: Path
 ) -> None:

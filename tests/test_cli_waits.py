@@ -31,6 +31,7 @@ from attempt_kernel import (
     Record,
     RunLogWriter,
     RunResumed,
+    RunStarted,
     SignalSent,
     WaitStarted,
     read_log,
@@ -229,7 +230,9 @@ def test_runs_and_show_say_what_a_waiting_run_waits_for(
     assert main(["runs", str(log), "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)["runs"]
     assert row["status"] == "waiting"
-    assert row["waiting_for"] == [{"signal": "approve", "until": None}]
+    assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": False}]
+    assert main(["show", str(log), RUN]) == 0
+    assert "  run a-1 waits for signal 'approve'\n" in capsys.readouterr().out
     assert main(["signal", str(log), RUN, "approve", "--payload", "7"]) == 0
     capsys.readouterr()
     assert main(["show", str(log), RUN, "--json"]) == 0
@@ -238,10 +241,38 @@ def test_runs_and_show_say_what_a_waiting_run_waits_for(
     assert [s["name"] for s in shown["signals"]] == ["approve"]
     assert [(s["payload"], s["taken_by_wait"]) for s in shown["signals"]] == [(7, None)]
     assert [(w["position"], w["signal"], w["ended"]) for w in shown["waits"]] == [(2, "approve", None)]
+    # Once its signal is recorded, the run no longer waits for it: it said it did, and an
+    # operator reading that could send the signal again (a second approval, queued).
+    assert shown["waiting_for"] == [{"signal": "approve", "until": None, "came": True}]
+    came = "run a-1 waits for signal 'approve', which came: it goes on once a process takes the run up\n"
     assert main(["show", str(log), RUN]) == 0
     text = capsys.readouterr().out
-    assert "  run a-1 waits for signal 'approve'\n" in text
+    assert f"  {came}" in text
     assert "signal #1 'approve' payload 7: not taken\n" in text
+    assert main(["runs", str(log)]) == 0
+    assert capsys.readouterr().out.endswith(f"\n{came}")
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": True}]
+
+
+def test_runs_and_show_say_that_a_sleep_whose_wake_time_passed_is_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that sleeps until a time already past, with no process to wake it, does
+    not sleep any more: it goes on once a process takes it up."""
+    log = tmp_path / LOG
+    with RunLogWriter(log, create=True) as writer:
+        writer.append(RUN, RunStarted(workflow="napper", nonce="n-1", code=True))
+        writer.append(RUN, WaitStarted(position=1, wake_us=1_000_000))  # 1970-01-01T00:00:01Z
+    passed = "run a-1 slept until 1970-01-01T00:00:01.000Z, which has passed: it goes on once a process takes the run up\n"
+    assert main(["runs", str(log)]) == 0
+    assert capsys.readouterr().out.endswith(f"\n{passed}")
+    assert main(["show", str(log), RUN]) == 0
+    assert f"  {passed}" in capsys.readouterr().out
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["waiting_for"] == [{"timer": "1970-01-01T00:00:01.000Z", "came": True}]
 
 
 def test_runs_of_a_run_that_never_waited_are_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

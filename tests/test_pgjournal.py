@@ -490,6 +490,21 @@ def test_an_unreachable_url_names_the_host_and_the_drivers_reason() -> None:
     assert isinstance(caught.value, RunLogError)
 
 
+def test_a_summary_wait_says_whether_what_it_waits_for_came_in_old_rows_and_new() -> None:
+    """A summary row's wait is [signal, wake_us, came] ([signal, wake_us] in rows written
+    before): a wake time passed by now came too; any other shape is refused."""
+    from attempt_kernel._runlist import WaitOn
+    from attempt_kernel.postgres._journal import listed_wait
+
+    now = 2_000_000
+    assert listed_wait(["approve", None], now) == WaitOn(signal="approve", wake_us=None, came=False)
+    assert listed_wait(["approve", None, True], now) == WaitOn(signal="approve", wake_us=None, came=True)
+    assert listed_wait([None, 1_000_000, False], now) == WaitOn(signal=None, wake_us=1_000_000, came=True)
+    assert listed_wait([None, 3_000_000], now) == WaitOn(signal=None, wake_us=3_000_000, came=False)
+    with pytest.raises(PgJournalError, match="unexpected wait"):
+        listed_wait(["approve", None, "yes"], now)
+
+
 def test_a_password_in_the_url_is_never_shown() -> None:
     """The error names the host, not the URL, which may hold a secret."""
     with pytest.raises(PgConnectFailed) as caught:

@@ -50,10 +50,11 @@ EXIT_CODES = [
     # waiting for a human (payer.py)
     0,  # run, killed by the shell once it waits (the shell's last command is cat)
     0,  # runs: waiting
-    0,  # cat outbox.json
+    0,  # cat messages.json
     0,  # signal: recorded
+    0,  # runs: still waiting, its signal came
     0,  # recover: the signal is taken, the card charged
-    0,  # cat bank.json
+    0,  # cat payments.json
     0,  # show
     0,  # run while a second shell sends a denial through the inbox: succeeded
     0,  # cat signal.out

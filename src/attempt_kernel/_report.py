@@ -391,17 +391,23 @@ def _cause_text(cause: TransitionCause) -> str:
 
 
 def wait_text(run: str, wait: WaitOn) -> str:
-    """``run a-1 waits for signal 'approve' (until ...)`` or ``run a-1 sleeps until ...``."""
+    """``run a-1 waits for signal 'approve' (until ...)`` or ``run a-1 sleeps until ...``;
+    once what it waits for came (`WaitOn.came`), that it goes on when a process takes it up."""
+    came = ": it goes on once a process takes the run up" if wait.came else ""
     if wait.signal is None:
+        if wait.came:
+            return f"run {shown(run)} slept until {when(wait.wake_us)}, which has passed{came}"
         return f"run {shown(run)} sleeps until {when(wait.wake_us)}"
+    if wait.came:
+        return f"run {shown(run)} waits for signal {shown(repr(wait.signal))}, which came{came}"
     until = "" if wait.wake_us is None else f" (until {when(wait.wake_us)})"
     return f"run {shown(run)} waits for signal {shown(repr(wait.signal))}{until}"
 
 
 def _wait_json(wait: WaitOn) -> dict[str, object]:
     if wait.signal is None:
-        return {"timer": when(wait.wake_us)}
-    return {"signal": wait.signal, "until": None if wait.wake_us is None else when(wait.wake_us)}
+        return {"timer": when(wait.wake_us), "came": wait.came}
+    return {"signal": wait.signal, "until": None if wait.wake_us is None else when(wait.wake_us), "came": wait.came}
 
 
 def runs_text(rows: list[RunRow], source: str, violations: int, *, filtered: bool = False) -> str:
@@ -540,7 +546,18 @@ def show_text(history: RunHistory, writer_live: bool) -> str:
 
 
 def _open_waits(history: RunHistory) -> list[WaitOn]:
-    return [WaitOn(signal=w.signal, wake_us=w.wake_us) for w in history.waits if w.ended_us is None]
+    """The run's open waits, each with whether what it waits for came (as `RunView.ends_now`)."""
+    now_us = time.time_ns() // 1000
+    untaken = {s.name for s in history.signals if s.taken_at is None}
+    return [
+        WaitOn(
+            signal=w.signal,
+            wake_us=w.wake_us,
+            came=w.signal in untaken or (w.wake_us is not None and w.wake_us <= now_us),
+        )
+        for w in history.waits
+        if w.ended_us is None
+    ]
 
 
 def _wait_history_text(wait: WaitHistory) -> str:

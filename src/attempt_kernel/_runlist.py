@@ -11,6 +11,7 @@ nothing (`_report` does) and reads no store.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,6 +44,9 @@ class WaitOn:
     """The signal's name (None: a sleep)."""
     wake_us: int | None
     """When the wait ends by itself (a sleep's wake time, a timeout; None: never)."""
+    came: bool = False
+    """What it waits for came already (a signal it takes is recorded, or its wake time
+    passed): the run no longer waits for it, and goes on once a process takes it up."""
 
 
 @final
@@ -62,9 +66,11 @@ class RunRow:
     """What it waits on, when its status is ``waiting``."""
 
     @staticmethod
-    def of(view: RunView, writer_live: bool) -> RunRow:
+    def of(view: RunView, writer_live: bool, *, now_us: int | None = None) -> RunRow:
         """The row for a run; ``writer_live``: a writer holds the log, so an
-        unfinished run is running rather than interrupted."""
+        unfinished run is running rather than interrupted. ``now_us`` (default:
+        the clock's) says whether a wake time has passed."""
+        now = time.time_ns() // 1000 if now_us is None else now_us
         standing = view.standing()
         if standing == "interrupted" and writer_live and not view.finished:
             standing = "running"
@@ -77,7 +83,9 @@ class RunRow:
             # a reconciled run waiting for recovery has not ended yet
             ended_us=view.ended_us if standing != "interrupted" else None,
             domain_state=view.domain_state,
-            waiting_on=tuple(WaitOn(signal=w.signal, wake_us=w.wake_us) for w in view.open_waits())
+            waiting_on=tuple(
+                WaitOn(signal=w.signal, wake_us=w.wake_us, came=view.ends_now(w, now)) for w in view.open_waits()
+            )
             if standing == "waiting"
             else (),
         )

@@ -663,7 +663,8 @@ class RunSummary:
 
     def values(self) -> tuple[object, ...]:
         """The row's columns after ``run`` and ``first_pos``, as `_SUMMARY_VALUES` takes them."""
-        waits = json.dumps([[w.signal, w.wake_us] for w in self.waiting_on])
+        # a wait's third field: a signal it takes came (its wake time is read at listing)
+        waits = json.dumps([[w.signal, w.wake_us, w.came] for w in self.waiting_on])
         return (
             self.workflow, self.status, self.finished, self.attempts, self.started_us,
             self.ended_us, self.domain_state, waits, self.violations,
@@ -689,7 +690,10 @@ def summary_of(fold: Ledger, run: str) -> RunSummary | None:
         started_us=view.started_us,
         ended_us=view.ended_us,
         domain_state=view.domain_state,
-        waiting_on=tuple(WaitOn(signal=w.signal, wake_us=w.wake_us) for w in view.open_waits())
+        waiting_on=tuple(
+            WaitOn(signal=w.signal, wake_us=w.wake_us, came=w.signal is not None and view.untaken(w.signal) is not None)
+            for w in view.open_waits()
+        )
         if status == "waiting"
         else (),
         violations=fold.violation_count,
@@ -2175,7 +2179,9 @@ def _listed_row(row: tuple[object, ...]) -> RunRow:
         or type(waiting_on) is not str
     ):
         raise PgJournalError(f"the summaries table answered an unexpected row {row!r}")
-    waits: list[tuple[str | None, int | None]] = json.loads(waiting_on)
+    # [signal, wake_us] in rows written before a wait said whether its signal came
+    waits: list[list[str | int | bool | None]] = json.loads(waiting_on)
+    now_us = time.time_ns() // 1000
     return RunRow(
         run=run,
         workflow=workflow,
@@ -2185,10 +2191,23 @@ def _listed_row(row: tuple[object, ...]) -> RunRow:
         # a reconciled run waiting for recovery has not ended yet
         ended_us=None if status == "interrupted" else ended,
         domain_state=domain_state,
-        waiting_on=tuple(WaitOn(signal=signal, wake_us=wake) for signal, wake in waits)
+        waiting_on=tuple(listed_wait(wait, now_us) for wait in waits)
         if status == "waiting"
         else (),
     )
+
+
+def listed_wait(wait: list[str | int | bool | None], now_us: int) -> WaitOn:
+    """One wait of a summary's ``waiting_on`` (see `RunSummary.values`)."""
+    signal, wake, *came = wait
+    if not (
+        (signal is None or type(signal) is str)
+        and (wake is None or type(wake) is int)
+        and came in ([], [True], [False])
+    ):
+        raise PgJournalError(f"the summaries table holds an unexpected wait {wait!r}")
+    passed = wake is not None and wake <= now_us
+    return WaitOn(signal=signal, wake_us=wake, came=came == [True] or passed)
 
 
 def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
