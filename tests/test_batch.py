@@ -109,12 +109,13 @@ def test_creation_and_admission_then_result_and_end_go_in_pairs(tmp_path: Path) 
 
 
 def test_a_failing_step_writes_its_error_and_its_failure_together(tmp_path: Path) -> None:
-    """The error result and Fail are one call."""
+    """The error result and Fail are one call (the default policy's only try: the result
+    says the step is done, retryable=False)."""
     log = run_one(tmp_path, [Step(name="s", run=boom)])
     assert log.calls[2] == (
         "all",
         (
-            StepResult(step="s", attempt=1, error="ValueError: no"),
+            StepResult(step="s", attempt=1, error="ValueError: no", retryable=False),
             AttemptTransitioned(step="s", attempt=1, from_state=Running(), cause=Fail(), to_state=FailedState()),
         ),
     )
@@ -129,6 +130,7 @@ def test_an_unencodable_result_writes_nothing_then_the_error_and_the_failure(tmp
     )
     result, failed = written[1]
     assert isinstance(result, StepResult) and result.error is not None and "cannot encode" in result.error
+    assert not result.retryable  # the default policy's only try
     assert failed == AttemptTransitioned(step="s", attempt=1, from_state=Running(), cause=Fail(), to_state=FailedState())
     kept = [i.change for i in read_log(tmp_path / "log.jsonl") if isinstance(i, Record)]
     assert [type(c).__name__ for c in kept] == [

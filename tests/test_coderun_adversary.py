@@ -1356,6 +1356,160 @@ def test_a_step_that_was_to_be_retried_when_the_run_stopped_is_retried_though_an
     assert replay(FileLog(log)).violation_count == 0
 
 
+def test_a_caught_failure_whose_branch_went_on_after_a_quick_step_of_another_branch_is_not_divergent(
+    tmp_path: Path,
+) -> None:
+    """The stall rule hands a caught failure back only when the function waits on its
+    steps alone. Here the other branch's quick step ended in the same turn as the
+    failing one, after it: replay handed that success back at once, the other branch
+    asked for its next step first and took the position the catching branch had taken,
+    and a run whose code only raised max_attempts was called divergent."""
+    limit = [1]
+
+    async def broken(ctx: StepContext) -> JSON:
+        raise RuntimeError("down")
+
+    @workflow("quick")
+    async def flow(run: RunContext) -> JSON:
+        async def first() -> JSON:
+            try:
+                await run.step("x", broken, retry=RetryPolicy(max_attempts=limit[-1]))
+            except StepFailed:
+                pass  # goes on without it
+            return await run.step("c", echo, "c")
+
+        async def second() -> JSON:
+            await run.step("s", echo, "s")
+            return await run.step("d", echo, "d")
+
+        return list(await asyncio.gather(first(), second()))
+
+    clean = tmp_path / "clean.jsonl"
+    assert execute(clean, flow, "t-1").result == ["c", "d"]
+    # both steps ended before either branch went on: c, then d
+    ends = [r["step"] for r in of_type(clean, "transition") if r["to"] in ("Failed", "Succeeded")]
+    assert ends[:2] == ["x@1", "s@2"]
+    assert positions(clean) == [(1, "x"), (2, "s"), (3, "c"), (4, "d")]
+    log = crash_after(clean, len(records(clean)) - 1, tmp_path / LOG)
+    limit.append(3)  # an option: no divergence by the contract
+    resumed = resume_log(log, [flow])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert (again.status, again.result) == ("succeeded", ["c", "d"])
+    assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "x@1"] == [1]
+    assert replay(FileLog(log)).violation_count == 0
+
+
+def test_a_true_divergence_beside_a_caught_failure_is_still_reported_and_nothing_is_written(
+    tmp_path: Path,
+) -> None:
+    """Recovery runs the function again, handing a caught failure back where its step
+    ended, only to find a replay that matches the log: code whose catching branch now
+    asks for another step diverges however the failure is handed back."""
+    limit = [1]
+    after = ["c"]
+
+    async def broken(ctx: StepContext) -> JSON:
+        raise RuntimeError("down")
+
+    @workflow("quick")
+    async def flow(run: RunContext) -> JSON:
+        async def first() -> JSON:
+            try:
+                await run.step("x", broken, retry=RetryPolicy(max_attempts=limit[-1]))
+            except StepFailed:
+                pass
+            return await run.step(after[-1], echo, "c")
+
+        async def second() -> JSON:
+            await run.step("s", echo, "s")
+            return await run.step("d", echo, "d")
+
+        return list(await asyncio.gather(first(), second()))
+
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, flow, "t-1")
+    log = crash_after(clean, len(records(clean)) - 1, tmp_path / LOG)
+    before = folder_state(log)
+    limit.append(3)
+    after.append("c2")
+    resumed = resume_log(log, [flow])
+    [diverged] = resumed.diverged
+    assert diverged.position == 3
+    assert folder_state(log) == before
+
+
+def test_a_step_waiting_for_its_retry_is_not_handed_the_failure_another_caught_step_proves(
+    tmp_path: Path,
+) -> None:
+    """Two failed steps before a later call: x caught for good, y waiting for its retry.
+    Without a record of which failure was final, the log read the same as if both had
+    been caught, and recovery under code that raised x's max_attempts handed y x's
+    failure. x's last failed result now says `retry: false` (its policy allowed no more),
+    y's does not: y is retried (at once, under the edited code) and x handed back."""
+    failed = asyncio.Event()
+    x_limit = [1]
+    y_policy = [RetryPolicy(max_attempts=2, initial_interval=3600)]
+
+    async def flaky(ctx: StepContext) -> JSON:
+        if ctx.attempt == 1:
+            failed.set()
+            raise RuntimeError("y down")
+        return "y"
+
+    async def broken(ctx: StepContext) -> JSON:
+        raise RuntimeError("x down")
+
+    async def after_the_failure(ctx: StepContext) -> JSON:
+        await failed.wait()
+        return "gate"
+
+    @workflow("two-failures")
+    async def flow(run: RunContext) -> JSON:
+        async def first() -> JSON:
+            try:  # one retry, an hour away (at once in the edited code)
+                return await run.step("y", flaky, retry=y_policy[-1])
+            except StepFailed:
+                return "y gave up"
+
+        async def second() -> JSON:
+            await run.step("gate", after_the_failure)
+            try:
+                await run.step("x", broken, retry=RetryPolicy(max_attempts=x_limit[-1]))
+            except StepFailed:
+                pass
+            return await run.step("c", echo, "c")
+
+        return list(await asyncio.gather(first(), second()))
+
+    clean = tmp_path / "clean.jsonl"
+
+    def c_ended(record: dict[str, Any]) -> bool:
+        return record.get("step") == "c@4" and record.get("to") == "Succeeded"
+
+    async def until_c_ends() -> None:
+        control = RunControl()
+        with RunLogWriter(clean, create=True) as log:
+            task = asyncio.create_task(Executor(log).run(flow, "t-1", control=control))
+            while not any(c_ended(r) for r in records(clean)):
+                await asyncio.sleep(0.01)
+            control.cancel("the test's crash")
+            await task
+
+    asyncio.run(until_c_ends())
+    [end] = [i for i, r in enumerate(records(clean)) if c_ended(r)]
+    log = crash_after(clean, end + 1, tmp_path / LOG)
+    assert [r["to"] for r in of_type(log, "transition") if r["step"] == "y@1"] == ["Running", "Failed"]
+    # the failure of x, its policy's last try, is final in the log; y's is not
+    assert [(r["step"], r.get("retry")) for r in of_type(log, "result") if not r["ok"]] == [("y@1", None), ("x@3", False)]
+    x_limit.append(3)  # options only: y was to be retried, and still is
+    y_policy.append(RetryPolicy(max_attempts=2, initial_interval=0))
+    resumed = resume_log(log, [flow])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert (again.status, again.result) == ("succeeded", ["y", "c"])
+
+
 def test_divergence_is_reported_with_the_recorded_and_requested_calls(tmp_path: Path) -> None:
     @workflow("edits")
     async def original(run: RunContext) -> JSON:

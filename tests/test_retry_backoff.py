@@ -382,6 +382,33 @@ def test_other_errors_are_still_retried_until_a_non_retryable_one(tmp_path: Path
     assert b'"retry":true' not in (tmp_path / "log").read_bytes()  # written only when false
 
 
+def test_the_last_try_the_policy_allows_says_so_in_its_result(tmp_path: Path) -> None:
+    """Three tries allowed, all failing: the third result is the step's end, and the log
+    says so (`retry: false`), as for a non-retryable error; the first two say nothing."""
+    calls, time = Calls(), FakeTime()
+    report = execute(tmp_path / "log", workflow(calls, until(9), RetryPolicy(max_attempts=3)), time)
+    assert calls.attempts == [1, 2, 3] and report.status == "failed"
+    assert [r.retryable for r in results(tmp_path / "log")] == [True, True, False]
+
+
+def test_a_step_done_with_its_last_try_is_not_retried_under_a_policy_that_now_allows_more(
+    tmp_path: Path,
+) -> None:
+    """Failed on the last of two tries, then a crash before the run's end was written;
+    the code now allows five tries. The step was done: recovery runs nothing again."""
+    calls, time = Calls(), FakeTime()
+    execute(tmp_path / "clean", workflow(calls, until(9), RetryPolicy(max_attempts=2)), time)
+    lines = (tmp_path / "clean").read_bytes().splitlines(keepends=True)
+    assert b"run_finished" in lines[-1]
+    path = tmp_path / "log"
+    path.write_bytes(b"".join(lines[:-1]))
+    calls = Calls()
+    report = resume(path, workflow(calls, until(9), RetryPolicy(max_attempts=5)), time)
+    assert calls.attempts == [] and report.status == "failed"
+    assert (the_step(report).state, the_step(report).attempts) == (Failed(), 2)
+    assert replay(path).valid
+
+
 def test_non_retryable_failure_is_not_retried_after_a_crash(tmp_path: Path) -> None:
     """The log says the error was non-retryable: recovery's resume point says so, and nothing runs."""
     path = write(tmp_path / "log", failed_attempt(1, retryable=False))

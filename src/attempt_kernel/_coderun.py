@@ -751,7 +751,7 @@ class CodeRun:
                 last_call = index
         for index, event in enumerate(view.events):
             if event > 0:
-                await self._until_asked(event, at[event - 1], function_task, index)
+                await self._until_asked(event, at[event - 1], function_task)
             elif -event in view.waits:
                 self._answer_wait(-event)
             elif last_end[-event] == index:
@@ -763,16 +763,12 @@ class CodeRun:
         self._replaying = False
 
     async def _until_asked(
-        self, position: int, recorded: StepCalled | WaitStarted, function_task: asyncio.Future[JSON], index: int
+        self, position: int, recorded: StepCalled | WaitStarted, function_task: asyncio.Future[JSON]
     ) -> None:
-        """Until the function asks for ``position`` (recorded at ``index`` of the run's events)."""
         turns = 0
         while position > len(self._steps):
             if self.diverged is not None:
                 raise self.diverged
-            if not function_task.done() and turns >= REPLAY_PATIENCE and self._hand_back_a_failure_seen(index):
-                turns = 0
-                continue
             if function_task.done() or turns >= REPLAY_PATIENCE:
                 if function_task.done():
                     error = None if function_task.cancelled() else function_task.exception()
@@ -792,45 +788,6 @@ class CodeRun:
             turns += 1
         if self.diverged is not None:
             raise self.diverged
-
-    def _hand_back_a_failure_seen(self, before: int) -> bool:
-        """The function waits on its steps alone, yet made a later call the first time:
-        hand back the failure of the step it was waiting on that ended first before
-        that call (True), if there is one.
-
-        A failure is handed back while replaying only if the retry policy the
-        code passes now lets the step run no more (`_answer`). Options are no
-        part of a step's identity, so changed code may allow more tries than
-        the step had: the failure it then gave the function, which caught it
-        and went on, is what the recorded later call proves. A step that ended
-        and was to be tried again when the run stopped proves nothing of the
-        kind (another branch made the later call, and asks for it again
-        without this step's answer): it is retried once the replay is done.
-        """
-        view = self._ledger.runs[self._run]
-        ended: dict[int, int] = {}  # each position's last end
-        for index, event in enumerate(view.events):
-            if event < 0:
-                ended[-event] = index
-        seen: tuple[int, int] | None = None
-        for position, (step, future) in self._asked.items():
-            step_view = self._ledger.step(self._run, step.name)
-            if (
-                ended.get(position, before) < before
-                and not future.done()
-                and step_view is not None
-                and is_terminal(step_view.attempt.state)
-                and not has_succeeded(step_view.attempt.state)
-                and (seen is None or ended[position] < seen[0])
-            ):
-                seen = (ended[position], position)
-        if seen is None:
-            return False
-        step, future = self._asked.pop(seen[1])
-        step_view = self._ledger.step(self._run, step.name)
-        assert step_view is not None  # checked above
-        future.set_exception(StepFailed(self._run, outcome(step.name, step_view)))
-        return True
 
     def _answer_wait(self, position: int) -> None:
         """Hand a recorded wait's end back to the code: the signal it took, or None."""

@@ -820,6 +820,18 @@ class Executor:
         else:
             self._write_all(run, (result, change), batch)
 
+    def _last_try(self, run: str, step: Step) -> bool:
+        """Is the running attempt of ``step``, about to fail, the last its retry policy allows?
+
+        Its failed result then says ``retry: false``: the decision that the step
+        is done is a record, so recovery keeps it whatever policy the code passes
+        then (a step's options are no part of its identity; docs/contracts.md,
+        "Recovery runs the function again"), and a crash between the result and
+        the attempt's end gives the step no try beyond its last.
+        """
+        view = self._ledger.step(run, step.name)
+        return view is not None and view.tries + 1 >= step.retry.max_attempts
+
     def _intent(
         self, run: str, step: str, name: str, cause: IntentCause, result: JSON = None
     ) -> None:
@@ -1190,10 +1202,14 @@ class Executor:
                         )
                     except UnencodableRecord as error:  # nothing was written
                         message = f"the step returned a value the run log cannot encode: {error}"
-                        self._conclude(run, name, StepResult(step=name, attempt=number, error=message), _FAIL)
+                        self._conclude(
+                            run, name,
+                            StepResult(step=name, attempt=number, error=message, retryable=not self._last_try(run, step)),
+                            _FAIL,
+                        )  # fmt: skip
                 case _Raised():
                     message = describe(output.error)
-                    retryable = not isinstance(output.error, step.retry.non_retryable)
+                    retryable = not isinstance(output.error, step.retry.non_retryable) and not self._last_try(run, step)
                     try:
                         self._conclude(
                             run, name,

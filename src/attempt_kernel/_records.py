@@ -250,8 +250,9 @@ class StepResult:
     """The attempt's step returned ``value`` (``error`` is None) or raised ``error``.
 
     ``retryable`` is False when the step raised one of its retry policy's
-    ``non_retryable`` types: the step gets no new attempt, and the log says
-    so for whoever resumes the run. It belongs to a raised error only.
+    ``non_retryable`` types, or failed on the last attempt its policy allows:
+    the step gets no new attempt, and the log says so for whoever resumes the
+    run, whatever policy the code passes then. It belongs to a failure only.
     """
 
     step: str
