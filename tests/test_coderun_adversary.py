@@ -1289,6 +1289,47 @@ def test_a_recorded_failure_the_function_caught_is_handed_back_though_the_code_n
     assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "broken@1"] == [1]
 
 
+def fails_once_then_gate(result: str) -> tuple[Callable[[StepContext], Awaitable[JSON]], Callable[[StepContext], Awaitable[JSON]]]:
+    """Two step functions: the first fails its first attempt and returns ``result`` after;
+    the second, in another branch, returns only once that first failure happened."""
+    failed = asyncio.Event()
+
+    async def flaky(ctx: StepContext) -> JSON:
+        if ctx.attempt == 1:
+            failed.set()
+            raise RuntimeError(f"{result} down")
+        return result
+
+    async def after_the_failure(ctx: StepContext) -> JSON:
+        await failed.wait()
+        return "gate"
+
+    return flaky, after_the_failure
+
+
+def cut_once_it_succeeded(tmp_path: Path, flow: Workflow, run: str, step: str) -> Path:
+    """Drive ``run`` until ``step`` (``name@position``) succeeded, cancel it, and return the log
+    cut right after that record, as a crash then would leave it (a retry an hour away
+    is still to come)."""
+    clean = tmp_path / "clean.jsonl"
+
+    def ended(record: dict[str, Any]) -> bool:
+        return record.get("step") == step and record.get("to") == "Succeeded"
+
+    async def until_it_ends() -> None:
+        control = RunControl()
+        with RunLogWriter(clean, create=True) as log:
+            task = asyncio.create_task(Executor(log).run(flow, run, control=control))
+            while not any(ended(r) for r in records(clean)):
+                await asyncio.sleep(0.01)
+            control.cancel("the test's crash")
+            await task
+
+    asyncio.run(until_it_ends())
+    [end] = [i for i, r in enumerate(records(clean)) if ended(r)]
+    return crash_after(clean, end + 1, tmp_path / LOG)
+
+
 def test_a_step_that_was_to_be_retried_when_the_run_stopped_is_retried_though_another_branch_went_on(
     tmp_path: Path,
 ) -> None:
@@ -1296,18 +1337,8 @@ def test_a_step_that_was_to_be_retried_when_the_run_stopped_is_retried_though_an
     nothing about a step that ended failed and was waiting to be tried again. Recovery
     does not hand its failure back; it retries the step (the edited code allows three
     tries, at once), and the run ends as the function meant it to."""
-    failed = asyncio.Event()
     policy = [RetryPolicy(max_attempts=2, initial_interval=3600)]
-
-    async def flaky(ctx: StepContext) -> JSON:
-        if ctx.attempt == 1:
-            failed.set()
-            raise RuntimeError("down")
-        return "flaky"
-
-    async def after_the_failure(ctx: StepContext) -> JSON:
-        await failed.wait()
-        return "gate"
+    flaky, after_the_failure = fails_once_then_gate("flaky")
 
     @workflow("branches")
     async def flow(run: RunContext) -> JSON:
@@ -1323,30 +1354,10 @@ def test_a_step_that_was_to_be_retried_when_the_run_stopped_is_retried_though_an
 
         return list(await asyncio.gather(first(), second()))
 
-    clean = tmp_path / "clean.jsonl"
-
-    def c_ended(record: dict[str, Any]) -> bool:
-        return record.get("step") == "c@3" and record.get("to") == "Succeeded"
-
-    async def until_c_ends() -> None:
-        # The retry is an hour away: the run is cancelled once c has ended, and
-        # the log cut before the cancel, as a crash in the wait would leave it.
-        control = RunControl()
-        with RunLogWriter(clean, create=True) as log:
-            executor = Executor(log)
-            task = asyncio.create_task(executor.run(flow, "t-1", control=control))
-            while not any(c_ended(r) for r in records(clean)):
-                await asyncio.sleep(0.01)
-            control.cancel("the test's crash")
-            await task
-
-    asyncio.run(until_c_ends())
-    [end] = [i for i, r in enumerate(records(clean)) if c_ended(r)]
-    log = crash_after(clean, end + 1, tmp_path / LOG)
+    log = cut_once_it_succeeded(tmp_path, flow, "t-1", "c@3")
     # the cut log: flaky failed once and waits to be retried; c, called after it, succeeded
     assert [(r["step"], r["attempt"]) for r in of_type(log, "created")] == [("flaky@1", 1), ("gate@2", 1), ("c@3", 1)]
     assert [r["to"] for r in of_type(log, "transition") if r["step"] == "flaky@1"] == ["Running", "Failed"]
-    failed.set()
     policy.append(RetryPolicy(max_attempts=3, initial_interval=0))
     resumed = resume_log(log, [flow])
     assert resumed.diverged == ()
@@ -1356,15 +1367,10 @@ def test_a_step_that_was_to_be_retried_when_the_run_stopped_is_retried_though_an
     assert replay(FileLog(log)).violation_count == 0
 
 
-def test_a_caught_failure_whose_branch_went_on_after_a_quick_step_of_another_branch_is_not_divergent(
-    tmp_path: Path,
-) -> None:
-    """The stall rule hands a caught failure back only when the function waits on its
-    steps alone. Here the other branch's quick step ended in the same turn as the
-    failing one, after it: replay handed that success back at once, the other branch
-    asked for its next step first and took the position the catching branch had taken,
-    and a run whose code only raised max_attempts was called divergent."""
-    limit = [1]
+def caught_beside_a_quick_branch(limit: list[int], after: list[str]) -> Workflow:
+    """Branch one calls x, which always fails (``limit[-1]`` tries), catches it and goes on
+    to step ``after[-1]``; branch two runs two quick steps, s and d. The lists are read at
+    each call, so a test edits the code between a run and its recovery."""
 
     async def broken(ctx: StepContext) -> JSON:
         raise RuntimeError("down")
@@ -1376,7 +1382,7 @@ def test_a_caught_failure_whose_branch_went_on_after_a_quick_step_of_another_bra
                 await run.step("x", broken, retry=RetryPolicy(max_attempts=limit[-1]))
             except StepFailed:
                 pass  # goes on without it
-            return await run.step("c", echo, "c")
+            return await run.step(after[-1], echo, "c")
 
         async def second() -> JSON:
             await run.step("s", echo, "s")
@@ -1384,6 +1390,19 @@ def test_a_caught_failure_whose_branch_went_on_after_a_quick_step_of_another_bra
 
         return list(await asyncio.gather(first(), second()))
 
+    return flow
+
+
+def test_a_caught_failure_whose_branch_went_on_after_a_quick_step_of_another_branch_is_not_divergent(
+    tmp_path: Path,
+) -> None:
+    """The stall rule hands a caught failure back only when the function waits on its
+    steps alone. Here the other branch's quick step ended in the same turn as the
+    failing one, after it: replay handed that success back at once, the other branch
+    asked for its next step first and took the position the catching branch had taken,
+    and a run whose code only raised max_attempts was called divergent."""
+    limit = [1]
+    flow = caught_beside_a_quick_branch(limit, ["c"])
     clean = tmp_path / "clean.jsonl"
     assert execute(clean, flow, "t-1").result == ["c", "d"]
     # both steps ended before either branch went on: c, then d
@@ -1408,25 +1427,7 @@ def test_a_true_divergence_beside_a_caught_failure_is_still_reported_and_nothing
     asks for another step diverges however the failure is handed back."""
     limit = [1]
     after = ["c"]
-
-    async def broken(ctx: StepContext) -> JSON:
-        raise RuntimeError("down")
-
-    @workflow("quick")
-    async def flow(run: RunContext) -> JSON:
-        async def first() -> JSON:
-            try:
-                await run.step("x", broken, retry=RetryPolicy(max_attempts=limit[-1]))
-            except StepFailed:
-                pass
-            return await run.step(after[-1], echo, "c")
-
-        async def second() -> JSON:
-            await run.step("s", echo, "s")
-            return await run.step("d", echo, "d")
-
-        return list(await asyncio.gather(first(), second()))
-
+    flow = caught_beside_a_quick_branch(limit, after)
     clean = tmp_path / "clean.jsonl"
     execute(clean, flow, "t-1")
     log = crash_after(clean, len(records(clean)) - 1, tmp_path / LOG)
@@ -1447,22 +1448,12 @@ def test_a_step_waiting_for_its_retry_is_not_handed_the_failure_another_caught_s
     been caught, and recovery under code that raised x's max_attempts handed y x's
     failure. x's last failed result now says `retry: false` (its policy allowed no more),
     y's does not: y is retried (at once, under the edited code) and x handed back."""
-    failed = asyncio.Event()
     x_limit = [1]
     y_policy = [RetryPolicy(max_attempts=2, initial_interval=3600)]
-
-    async def flaky(ctx: StepContext) -> JSON:
-        if ctx.attempt == 1:
-            failed.set()
-            raise RuntimeError("y down")
-        return "y"
+    flaky, after_the_failure = fails_once_then_gate("y")
 
     async def broken(ctx: StepContext) -> JSON:
         raise RuntimeError("x down")
-
-    async def after_the_failure(ctx: StepContext) -> JSON:
-        await failed.wait()
-        return "gate"
 
     @workflow("two-failures")
     async def flow(run: RunContext) -> JSON:
@@ -1482,23 +1473,7 @@ def test_a_step_waiting_for_its_retry_is_not_handed_the_failure_another_caught_s
 
         return list(await asyncio.gather(first(), second()))
 
-    clean = tmp_path / "clean.jsonl"
-
-    def c_ended(record: dict[str, Any]) -> bool:
-        return record.get("step") == "c@4" and record.get("to") == "Succeeded"
-
-    async def until_c_ends() -> None:
-        control = RunControl()
-        with RunLogWriter(clean, create=True) as log:
-            task = asyncio.create_task(Executor(log).run(flow, "t-1", control=control))
-            while not any(c_ended(r) for r in records(clean)):
-                await asyncio.sleep(0.01)
-            control.cancel("the test's crash")
-            await task
-
-    asyncio.run(until_c_ends())
-    [end] = [i for i, r in enumerate(records(clean)) if c_ended(r)]
-    log = crash_after(clean, end + 1, tmp_path / LOG)
+    log = cut_once_it_succeeded(tmp_path, flow, "t-1", "c@4")
     assert [r["to"] for r in of_type(log, "transition") if r["step"] == "y@1"] == ["Running", "Failed"]
     # the failure of x, its policy's last try, is final in the log; y's is not
     assert [(r["step"], r.get("retry")) for r in of_type(log, "result") if not r["ok"]] == [("y@1", None), ("x@3", False)]
