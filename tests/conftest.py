@@ -6,6 +6,7 @@ downstream service's call book)."""
 from __future__ import annotations
 
 import os
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,13 @@ import pytest
 from hypothesis import settings
 from pgserver import SEARCHED, ThrowawayServer, find_server_bin
 from psycopg import sql
+
+# A shell starts a background job with SIGINT ignored (`nox &`, `nohup`), and a
+# command the tests start would inherit that and ignore the SIGINT a test sends
+# it. A handler of our own is reset to the default in every child (an ignored
+# signal is not): so SIGINT reaches them as it does from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
