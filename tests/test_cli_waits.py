@@ -672,3 +672,27 @@ def test_a_run_id_no_command_line_can_carry_is_said_so_with_the_python_call(
         f" attempt_kernel.send_signal('a.jsonl', '{shown}', 'approve') in Python; no command line"
         " can carry its run id or signal name (a NUL, or text the file system encoding cannot write)\n"
     )
+
+
+def test_one_signal_came_for_two_waits_of_its_name_says_so_for_one_wait_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two waits for 'approve' open at once and one 'approve' recorded: the first wait
+    takes it once a process takes the run up, the second still waits. Saying the
+    signal came for both would tell an operator not to send the second one."""
+    log = tmp_path / LOG
+    with RunLogWriter(log, create=True) as writer:
+        writer.append(RUN, RunStarted(workflow="twin", nonce="n-1", code=True))
+        writer.append(RUN, WaitStarted(position=1, signal="approve"))
+        writer.append(RUN, WaitStarted(position=2, signal="approve"))
+        writer.append(RUN, SignalSent(name="approve", payload=1, id="s-1"))
+    expected = [{"signal": "approve", "until": None, "came": True}, {"signal": "approve", "until": None, "came": False}]
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["waiting_for"] == expected
+    assert main(["show", str(log), RUN, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["waiting_for"] == expected
+    assert main(["show", str(log), RUN]) == 0
+    text = capsys.readouterr().out
+    assert "  run a-1 waits for signal 'approve', which came: it goes on once a process takes the run up\n" in text
+    assert "  run a-1 waits for signal 'approve'\n" in text

@@ -778,3 +778,26 @@ def test_a_hold_ends_with_the_process_that_took_it(pg_url: str, schema: str) -> 
             assert time.monotonic() < deadline, "the killed holder's lock was never released"
             time.sleep(0.05)
         assert other.held == {"r"}
+
+
+def test_a_summary_says_one_signal_came_for_one_of_two_waits_of_its_name() -> None:
+    """Two waits for 'approve' open, one 'approve' recorded: the first wait takes it once
+    the run is taken up, the second still waits (its row says its signal did not come)."""
+    from attempt_kernel import RunStarted, SignalSent, WaitStarted
+    from attempt_kernel._ledger import Ledger
+    from attempt_kernel.postgres._journal import summary_of
+
+    fold = Ledger()
+    changes: list[Change] = [
+        RunStarted(workflow="twin", nonce="n-1", code=True),
+        WaitStarted(position=1, signal="approve"),
+        WaitStarted(position=2, signal="approve"),
+        SignalSent(name="approve", payload=1, id="s-1"),
+    ]
+    for number, change in enumerate(changes, 1):
+        fold.apply(Record(line=number, seq=number, time_us=1_000_000, run="a-1", change=change))
+    summary = summary_of(fold, "a-1")
+    assert summary is not None
+    assert [w.came for w in summary.waiting_on] == [True, False]
+
+

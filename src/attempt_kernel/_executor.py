@@ -1549,8 +1549,8 @@ class Executor:
         if view.cancel_requested:
             return
         now_us = int(self._clock() * 1_000_000)
-        for wait in view.open_waits():
-            if view.ends_now(wait, now_us):
+        for wait, ends in view.open_waits_ending(now_us):
+            if ends:
                 continue
             on_wait(run, WaitStarted(position=wait.position, signal=wait.signal, wake_us=wait.wake_us))
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal
@@ -283,6 +283,33 @@ def retry_wait(policy: RetryPolicy, run: str, step: StepView) -> float:
     return retry_delay(policy, step.tries, run=run, step=step.name, attempt=attempt.number + 1)
 
 
+def signals_taken(
+    waits: Sequence[tuple[str | None, int | None]], untaken: Sequence[tuple[str, int | None]]
+) -> list[bool]:
+    """For each open wait ``(signal, wake_us)``, by position: does it take one of the
+    ``untaken`` signals ``(name, sent_us)`` (in the order recorded) once a process takes
+    the run up?
+
+    As the resumed run's waits take them (`_coderun`): in position order, each
+    wait the first signal of its name left, unless that one was recorded at or
+    after the wait's wake time (the wait ended by its time; the signal stays
+    for a later wait). One signal is taken by one wait: two waits open for the
+    same name and one signal recorded, the second still waits.
+    """
+    left: dict[str, list[int | None]] = {}
+    for name, sent_us in untaken:
+        left.setdefault(name, []).append(sent_us)
+    takes: list[bool] = []
+    for signal, wake_us in waits:
+        pool = None if signal is None else left.get(signal)
+        if pool and not (pool[0] is not None and wake_us is not None and pool[0] >= wake_us):
+            pool.pop(0)
+            takes.append(True)
+        else:
+            takes.append(False)
+    return takes
+
+
 def has_succeeded(state: AttemptState | None) -> bool:
     """Did the step's last attempt succeed (so its dependents may start)?"""
     match state:
@@ -514,6 +541,20 @@ class RunView:
             if signal.taken_at is None and signal.name == name:
                 return signal
         return None
+
+    def open_waits_ending(self, now_us: int | None) -> list[tuple[WaitView, bool]]:
+        """Its open waits, by position, each with whether it ends at once when a process
+        takes the run up: it takes a signal already recorded (`signals_taken`), or its
+        wake time is at or before ``now_us`` (None: wake times are not judged)."""
+        opened = self.open_waits()
+        takes = signals_taken(
+            [(w.signal, w.wake_us) for w in opened],
+            [(s.name, s.sent_us) for s in self.signals if s.taken_at is None],
+        )
+        return [
+            (w, took or (now_us is not None and w.wake_us is not None and w.wake_us <= now_us))
+            for w, took in zip(opened, takes)
+        ]
 
     def ends_now(self, wait: WaitView, now_us: int) -> bool:
         """Does ``wait`` end at once: a signal it takes came already, or its wake time

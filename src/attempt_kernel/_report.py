@@ -23,7 +23,7 @@ from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._outcome import RunReport
 from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory, WaitHistory
-from ._ledger import OpenAttempt
+from ._ledger import OpenAttempt, signals_taken
 from ._records import JSON
 from ._recovery import Recovery
 from ._replay import ReplayReport
@@ -546,17 +546,17 @@ def show_text(history: RunHistory, writer_live: bool) -> str:
 
 
 def _open_waits(history: RunHistory) -> list[WaitOn]:
-    """The run's open waits, each with whether what it waits for came (as `RunView.ends_now`)."""
+    """The run's open waits, each with whether what it waits for came (as
+    `RunView.open_waits_ending`: one signal is taken by one wait)."""
     now_us = time.time_ns() // 1000
-    untaken = {s.name for s in history.signals if s.taken_at is None}
+    opened = [w for w in history.waits if w.ended_us is None]
+    takes = signals_taken(
+        [(w.signal, w.wake_us) for w in opened],
+        [(s.name, s.sent_us) for s in history.signals if s.taken_at is None],
+    )
     return [
-        WaitOn(
-            signal=w.signal,
-            wake_us=w.wake_us,
-            came=w.signal in untaken or (w.wake_us is not None and w.wake_us <= now_us),
-        )
-        for w in history.waits
-        if w.ended_us is None
+        WaitOn(signal=w.signal, wake_us=w.wake_us, came=took or (w.wake_us is not None and w.wake_us <= now_us))
+        for w, took in zip(opened, takes)
     ]
 
 

@@ -84,7 +84,7 @@ class RunRow:
             ended_us=view.ended_us if standing != "interrupted" else None,
             domain_state=view.domain_state,
             waiting_on=tuple(
-                WaitOn(signal=w.signal, wake_us=w.wake_us, came=view.ends_now(w, now)) for w in view.open_waits()
+                WaitOn(signal=w.signal, wake_us=w.wake_us, came=came) for w, came in view.open_waits_ending(now)
             )
             if standing == "waiting"
             else (),

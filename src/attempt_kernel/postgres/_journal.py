@@ -690,9 +690,10 @@ def summary_of(fold: Ledger, run: str) -> RunSummary | None:
         started_us=view.started_us,
         ended_us=view.ended_us,
         domain_state=view.domain_state,
+        # came: a signal it takes came (one signal, one wait); its wake time is judged when listed
         waiting_on=tuple(
-            WaitOn(signal=w.signal, wake_us=w.wake_us, came=w.signal is not None and view.untaken(w.signal) is not None)
-            for w in view.open_waits()
+            WaitOn(signal=w.signal, wake_us=w.wake_us, came=took)
+            for w, took in view.open_waits_ending(None)
         )
         if status == "waiting"
         else (),
