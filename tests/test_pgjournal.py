@@ -801,3 +801,26 @@ def test_a_summary_says_one_signal_came_for_one_of_two_waits_of_its_name() -> No
     assert [w.came for w in summary.waiting_on] == [True, False]
 
 
+@pytest.mark.parametrize(
+    "wait", [["approve"], [], 5, None, {"signal": "approve", "wake": None}, [["approve"], None]],
+    ids=["one-field", "empty", "number", "null", "object", "nested"],
+)  # fmt: skip
+def test_a_summary_wait_of_any_other_shape_is_refused_as_an_unexpected_wait(wait: object) -> None:
+    """A summaries row is the database's answer: a wait that is no [signal, wake_us(, came)]
+    list is a `PgJournalError` (exit 3 from the CLI), never a ValueError or TypeError
+    escaping as a traceback."""
+    from attempt_kernel.postgres._journal import listed_wait
+
+    with pytest.raises(PgJournalError, match="unexpected wait"):
+        listed_wait(wait, 2_000_000)
+
+
+@pytest.mark.parametrize("waiting_on", ["not json", '{"approve": null}', "5", '"x"'], ids=["bad-json", "object", "number", "string"])
+def test_a_summary_row_whose_waits_are_no_list_is_refused_as_an_unexpected_row(waiting_on: str) -> None:
+    """The row's waiting_on column holds a JSON list of waits; anything else is the
+    database answering what no writer wrote: a `PgJournalError`, not a traceback."""
+    from attempt_kernel.postgres._journal import _listed_row  # pyright: ignore[reportPrivateUsage]
+
+    row = ("a-1", "w", "waiting", 0, 1_000_000, None, None, waiting_on, 0)
+    with pytest.raises(PgJournalError, match="unexpected"):
+        _listed_row(row)

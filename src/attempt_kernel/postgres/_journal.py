@@ -2181,7 +2181,12 @@ def _listed_row(row: tuple[object, ...]) -> RunRow:
     ):
         raise PgJournalError(f"the summaries table answered an unexpected row {row!r}")
     # [signal, wake_us] in rows written before a wait said whether its signal came
-    waits: list[list[str | int | bool | None]] = json.loads(waiting_on)
+    try:
+        waits: object = json.loads(waiting_on)
+    except ValueError:
+        waits = None
+    if type(waits) is not list:
+        raise PgJournalError(f"the summaries table answered an unexpected row {row!r}")
     now_us = time.time_ns() // 1000
     return RunRow(
         run=run,
@@ -2192,15 +2197,19 @@ def _listed_row(row: tuple[object, ...]) -> RunRow:
         # a reconciled run waiting for recovery has not ended yet
         ended_us=None if status == "interrupted" else ended,
         domain_state=domain_state,
-        waiting_on=tuple(listed_wait(wait, now_us) for wait in waits)
+        waiting_on=tuple(listed_wait(wait, now_us) for wait in cast("list[object]", waits))
         if status == "waiting"
         else (),
     )
 
 
-def listed_wait(wait: list[str | int | bool | None], now_us: int) -> WaitOn:
-    """One wait of a summary's ``waiting_on`` (see `RunSummary.values`)."""
-    signal, wake, *came = wait
+def listed_wait(wait: object, now_us: int) -> WaitOn:
+    """One wait of a summary's ``waiting_on`` (see `RunSummary.values`); any other
+    shape is a `PgJournalError`."""
+    fields = cast("list[object]", wait) if type(wait) is list else []
+    if not 2 <= len(fields) <= 3:
+        raise PgJournalError(f"the summaries table holds an unexpected wait {wait!r}")
+    signal, wake, *came = fields
     if not (
         (signal is None or type(signal) is str)
         and (wake is None or type(wake) is int)
