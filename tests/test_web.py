@@ -61,6 +61,8 @@ from attempt_kernel import (
     RunFinished,
     RunResumed,
     RunStopRequested,
+    RunStarted,
+    WaitStarted,
 )
 from attempt_kernel.cli._main import main
 from attempt_kernel._logfile import FileLog
@@ -335,6 +337,23 @@ def test_an_unknown_run_is_a_404_page_saying_so(approvals: Path) -> None:
         status, page = Client(url).get("/runs/nobody")
     assert status == 404
     assert "There is no run &#39;nobody&#39; in" in page
+
+
+def test_the_list_says_which_waits_of_a_waiting_run_got_what_they_wait_for_as_runs_does(tmp_path: Path) -> None:
+    """Two waits for 'approve' and one 'approve' recorded: `attempt-kernel runs` says the
+    signal came for the first wait and the second still waits; the list's status says
+    the same, not that the run waits for two signals (an operator would send both)."""
+    log = tmp_path / "twin.jsonl"
+    with RunLogWriter(log, create=True) as writer:
+        writer.append("a-1", RunStarted(workflow="twin", nonce="n-1", code=True))
+        writer.append("a-1", WaitStarted(position=1, signal="approve"))
+        writer.append("a-1", WaitStarted(position=2, signal="approve"))
+        writer.append("a-1", SignalSent(name="approve", payload=1, id="s-1"))
+    with serving(str(log)) as url:
+        status, listing = Client(url).get("/")
+    assert status == 200
+    assert "for signal &#39;approve&#39;, which came, for signal &#39;approve&#39;</span>" in listing
+
 
 
 def test_a_run_page_shows_its_timeline_waits_and_signal_form(approvals: Path) -> None:

@@ -587,9 +587,11 @@ class WebView:
                     "workflow": shown(r.workflow or "-"), "status": r.status,
                     "workflow_href": None if r.workflow is None else "/?" + _query({"workflow": r.workflow}),
                     "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
+                    # as `runs` says it: what a wait takes that came already
                     "waiting": ", ".join(
-                        f"for signal {shown(repr(w.signal))}" if w.signal is not None
-                        else f"until {when(w.wake_us)}"
+                        (f"for signal {shown(repr(w.signal))}" + (", which came" if w.came else ""))
+                        if w.signal is not None
+                        else f"until {when(w.wake_us)}" + (", which has passed" if w.came else "")
                         for w in r.waiting_on
                     ),
                 }
