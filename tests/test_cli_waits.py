@@ -696,3 +696,26 @@ def test_one_signal_came_for_two_waits_of_its_name_says_so_for_one_wait_only(
     text = capsys.readouterr().out
     assert "  run a-1 waits for signal 'approve', which came: it goes on once a process takes the run up\n" in text
     assert "  run a-1 waits for signal 'approve'\n" in text
+
+
+def test_a_signal_wait_whose_timeout_passed_says_so_and_not_that_its_signal_came(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A wait for 'approve' with a timeout long past and no 'approve' recorded ends by its
+    time, without the signal, once a process takes the run up. Saying the signal came
+    would tell an operator it was approved."""
+    log = tmp_path / LOG
+    with RunLogWriter(log, create=True) as writer:
+        writer.append(RUN, RunStarted(workflow="timed", nonce="n-1", code=True))
+        writer.append(RUN, WaitStarted(position=1, signal="approve", wake_us=1_000_000))
+    passed = (
+        "run a-1 waited for signal 'approve' until 1970-01-01T00:00:01.000Z, which has passed:"
+        " it goes on without it once a process takes the run up\n"
+    )
+    assert main(["runs", str(log)]) == 0
+    assert capsys.readouterr().out.endswith(f"\n{passed}")
+    assert main(["show", str(log), RUN]) == 0
+    assert f"  {passed}" in capsys.readouterr().out
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["waiting_for"] == [{"signal": "approve", "until": "1970-01-01T00:00:01.000Z", "came": True}]

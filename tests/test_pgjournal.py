@@ -498,7 +498,7 @@ def test_a_summary_wait_says_whether_what_it_waits_for_came_in_old_rows_and_new(
 
     now = 2_000_000
     assert listed_wait(["approve", None], now) == WaitOn(signal="approve", wake_us=None, came=False)
-    assert listed_wait(["approve", None, True], now) == WaitOn(signal="approve", wake_us=None, came=True)
+    assert listed_wait(["approve", None, True], now) == WaitOn(signal="approve", wake_us=None, came=True, signal_came=True)
     assert listed_wait([None, 1_000_000, False], now) == WaitOn(signal=None, wake_us=1_000_000, came=True)
     assert listed_wait([None, 3_000_000], now) == WaitOn(signal=None, wake_us=3_000_000, came=False)
     with pytest.raises(PgJournalError, match="unexpected wait"):
@@ -824,3 +824,14 @@ def test_a_summary_row_whose_waits_are_no_list_is_refused_as_an_unexpected_row(w
     row = ("a-1", "w", "waiting", 0, 1_000_000, None, None, waiting_on, 0)
     with pytest.raises(PgJournalError, match="unexpected"):
         _listed_row(row)
+
+
+def test_a_listed_signal_wait_whose_timeout_passed_came_by_its_time_not_by_its_signal() -> None:
+    """["approve", wake, False] with the wake time past: the wait came to its end, but
+    not by the signal (runs says it goes on without it)."""
+    from attempt_kernel._runlist import WaitOn
+    from attempt_kernel.postgres._journal import listed_wait
+
+    assert listed_wait(["approve", 1_000_000, False], 2_000_000) == WaitOn(
+        signal="approve", wake_us=1_000_000, came=True, signal_came=False
+    )

@@ -542,18 +542,22 @@ class RunView:
                 return signal
         return None
 
-    def open_waits_ending(self, now_us: int | None) -> list[tuple[WaitView, bool]]:
-        """Its open waits, by position, each with whether it ends at once when a process
-        takes the run up: it takes a signal already recorded (`signals_taken`), or its
-        wake time is at or before ``now_us`` (None: wake times are not judged)."""
+    def open_waits_taking(self) -> list[tuple[WaitView, bool]]:
+        """Its open waits, by position, each with whether it takes a signal already
+        recorded once a process takes the run up (`signals_taken`)."""
         opened = self.open_waits()
         takes = signals_taken(
             [(w.signal, w.wake_us) for w in opened],
             [(s.name, s.sent_us) for s in self.signals if s.taken_at is None],
         )
+        return list(zip(opened, takes))
+
+    def open_waits_ending(self, now_us: int) -> list[tuple[WaitView, bool]]:
+        """Its open waits, by position, each with whether it ends at once when a process
+        takes the run up: it takes a signal already recorded (`open_waits_taking`), or
+        its wake time is at or before ``now_us``."""
         return [
-            (w, took or (now_us is not None and w.wake_us is not None and w.wake_us <= now_us))
-            for w, took in zip(opened, takes)
+            (w, took or (w.wake_us is not None and w.wake_us <= now_us)) for w, took in self.open_waits_taking()
         ]
 
     def ends_now(self, wait: WaitView, now_us: int) -> bool:

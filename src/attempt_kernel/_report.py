@@ -398,8 +398,13 @@ def wait_text(run: str, wait: WaitOn) -> str:
         if wait.came:
             return f"run {shown(run)} slept until {when(wait.wake_us)}, which has passed{came}"
         return f"run {shown(run)} sleeps until {when(wait.wake_us)}"
-    if wait.came:
+    if wait.signal_came:
         return f"run {shown(run)} waits for signal {shown(repr(wait.signal))}, which came{came}"
+    if wait.came:  # its timeout passed, and no signal it takes came: it ends without one
+        return (
+            f"run {shown(run)} waited for signal {shown(repr(wait.signal))} until {when(wait.wake_us)},"
+            " which has passed: it goes on without it once a process takes the run up"
+        )
     until = "" if wait.wake_us is None else f" (until {when(wait.wake_us)})"
     return f"run {shown(run)} waits for signal {shown(repr(wait.signal))}{until}"
 
@@ -555,7 +560,10 @@ def _open_waits(history: RunHistory) -> list[WaitOn]:
         [(s.name, s.sent_us) for s in history.signals if s.taken_at is None],
     )
     return [
-        WaitOn(signal=w.signal, wake_us=w.wake_us, came=took or (w.wake_us is not None and w.wake_us <= now_us))
+        WaitOn(
+            signal=w.signal, wake_us=w.wake_us,
+            came=took or (w.wake_us is not None and w.wake_us <= now_us), signal_came=took,
+        )  # fmt: skip
         for w, took in zip(opened, takes)
     ]
 

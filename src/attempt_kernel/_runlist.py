@@ -47,6 +47,9 @@ class WaitOn:
     came: bool = False
     """What it waits for came already (a signal it takes is recorded, or its wake time
     passed): the run no longer waits for it, and goes on once a process takes it up."""
+    signal_came: bool = False
+    """A signal it takes is recorded (then `came` too): the wait ends with it, not by
+    its wake time."""
 
 
 @final
@@ -84,7 +87,11 @@ class RunRow:
             ended_us=view.ended_us if standing != "interrupted" else None,
             domain_state=view.domain_state,
             waiting_on=tuple(
-                WaitOn(signal=w.signal, wake_us=w.wake_us, came=came) for w, came in view.open_waits_ending(now)
+                WaitOn(
+                    signal=w.signal, wake_us=w.wake_us,
+                    came=took or (w.wake_us is not None and w.wake_us <= now), signal_came=took,
+                )  # fmt: skip
+                for w, took in view.open_waits_taking()
             )
             if standing == "waiting"
             else (),

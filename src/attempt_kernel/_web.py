@@ -589,7 +589,9 @@ class WebView:
                     "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
                     # as `runs` says it: what a wait takes that came already
                     "waiting": ", ".join(
-                        (f"for signal {shown(repr(w.signal))}" + (", which came" if w.came else ""))
+                        (f"for signal {shown(repr(w.signal))}" + (
+                            ", which came" if w.signal_came else ", whose timeout passed" if w.came else ""
+                        ))
                         if w.signal is not None
                         else f"until {when(w.wake_us)}" + (", which has passed" if w.came else "")
                         for w in r.waiting_on

@@ -692,8 +692,8 @@ def summary_of(fold: Ledger, run: str) -> RunSummary | None:
         domain_state=view.domain_state,
         # came: a signal it takes came (one signal, one wait); its wake time is judged when listed
         waiting_on=tuple(
-            WaitOn(signal=w.signal, wake_us=w.wake_us, came=took)
-            for w, took in view.open_waits_ending(None)
+            WaitOn(signal=w.signal, wake_us=w.wake_us, came=took, signal_came=took)
+            for w, took in view.open_waits_taking()
         )
         if status == "waiting"
         else (),
@@ -2217,7 +2217,7 @@ def listed_wait(wait: object, now_us: int) -> WaitOn:
     ):
         raise PgJournalError(f"the summaries table holds an unexpected wait {wait!r}")
     passed = wake is not None and wake <= now_us
-    return WaitOn(signal=signal, wake_us=wake, came=came == [True] or passed)
+    return WaitOn(signal=signal, wake_us=wake, came=came == [True] or passed, signal_came=came == [True])
 
 
 def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
