@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from attempt_kernel import (
+    JSON,
     AttemptTransitioned,
     Executor,
     IntentPlanned,
@@ -256,23 +257,42 @@ def test_runs_and_show_say_what_a_waiting_run_waits_for(
     assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": True}]
 
 
-def test_runs_and_show_say_that_a_sleep_whose_wake_time_passed_is_over(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("signal", "passed", "waiting_for"),
+    [
+        (
+            None,
+            "run a-1 slept until 1970-01-01T00:00:01.000Z, which has passed: it goes on once a process"
+            " takes the run up",
+            {"timer": "1970-01-01T00:00:01.000Z", "came": True},
+        ),
+        (
+            "approve",
+            "run a-1 waited for signal 'approve' until 1970-01-01T00:00:01.000Z, which has passed:"
+            " it goes on without it once a process takes the run up",
+            {"signal": "approve", "until": "1970-01-01T00:00:01.000Z", "came": True},
+        ),
+    ],
+    ids=["sleep", "signal-timeout"],
+)
+def test_runs_and_show_say_that_a_wait_whose_wake_time_passed_is_over(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], signal: str | None, passed: str, waiting_for: JSON
 ) -> None:
-    """A run that sleeps until a time already past, with no process to wake it, does
-    not sleep any more: it goes on once a process takes it up."""
+    """A run that sleeps, or waits for a signal with a timeout, until a time already past,
+    with no process to wake it, does not wait any more: it goes on once a process takes
+    it up. A signal wait then goes on without its signal: saying the signal came would
+    tell an operator it was approved."""
     log = tmp_path / LOG
     with RunLogWriter(log, create=True) as writer:
-        writer.append(RUN, RunStarted(workflow="napper", nonce="n-1", code=True))
-        writer.append(RUN, WaitStarted(position=1, wake_us=1_000_000))  # 1970-01-01T00:00:01Z
-    passed = "run a-1 slept until 1970-01-01T00:00:01.000Z, which has passed: it goes on once a process takes the run up\n"
+        writer.append(RUN, RunStarted(workflow="timed", nonce="n-1", code=True))
+        writer.append(RUN, WaitStarted(position=1, signal=signal, wake_us=1_000_000))  # 1970-01-01T00:00:01Z
     assert main(["runs", str(log)]) == 0
-    assert capsys.readouterr().out.endswith(f"\n{passed}")
+    assert capsys.readouterr().out.endswith(f"\n{passed}\n")
     assert main(["show", str(log), RUN]) == 0
-    assert f"  {passed}" in capsys.readouterr().out
+    assert f"  {passed}\n" in capsys.readouterr().out
     assert main(["runs", str(log), "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)["runs"]
-    assert row["waiting_for"] == [{"timer": "1970-01-01T00:00:01.000Z", "came": True}]
+    assert row["waiting_for"] == [waiting_for]
 
 
 def test_runs_of_a_run_that_never_waited_are_unchanged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -697,25 +717,3 @@ def test_one_signal_came_for_two_waits_of_its_name_says_so_for_one_wait_only(
     assert "  run a-1 waits for signal 'approve', which came: it goes on once a process takes the run up\n" in text
     assert "  run a-1 waits for signal 'approve'\n" in text
 
-
-def test_a_signal_wait_whose_timeout_passed_says_so_and_not_that_its_signal_came(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A wait for 'approve' with a timeout long past and no 'approve' recorded ends by its
-    time, without the signal, once a process takes the run up. Saying the signal came
-    would tell an operator it was approved."""
-    log = tmp_path / LOG
-    with RunLogWriter(log, create=True) as writer:
-        writer.append(RUN, RunStarted(workflow="timed", nonce="n-1", code=True))
-        writer.append(RUN, WaitStarted(position=1, signal="approve", wake_us=1_000_000))
-    passed = (
-        "run a-1 waited for signal 'approve' until 1970-01-01T00:00:01.000Z, which has passed:"
-        " it goes on without it once a process takes the run up\n"
-    )
-    assert main(["runs", str(log)]) == 0
-    assert capsys.readouterr().out.endswith(f"\n{passed}")
-    assert main(["show", str(log), RUN]) == 0
-    assert f"  {passed}" in capsys.readouterr().out
-    assert main(["runs", str(log), "--json"]) == 0
-    [row] = json.loads(capsys.readouterr().out)["runs"]
-    assert row["waiting_for"] == [{"signal": "approve", "until": "1970-01-01T00:00:01.000Z", "came": True}]
