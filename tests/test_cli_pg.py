@@ -128,12 +128,18 @@ def blocked_env(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "WAIT_GATE": str(tmp_path / "gate"), "WAIT_BOOK": str(tmp_path / "book")}
 
 
-def at_the_gate(process: subprocess.Popen[str], gate: Path) -> None:
-    """Return once a step of ``process`` waits at ``gate`` (WAIT_GATE)."""
+def until_it_exists(process: subprocess.Popen[str], marker: Path) -> None:
+    """Return once ``process`` made ``marker`` (a file it writes where a test pauses it);
+    fail with its output if it ends first."""
     deadline = time.monotonic() + 60  # no bound asserted: a safety net
-    while not (gate / "waiting").exists():
+    while not marker.exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()
         time.sleep(0.02)
+
+
+def at_the_gate(process: subprocess.Popen[str], gate: Path) -> None:
+    """Return once a step of ``process`` waits at ``gate`` (WAIT_GATE)."""
+    until_it_exists(process, gate / "waiting")
 
 
 @contextlib.contextmanager
@@ -207,9 +213,7 @@ def test_run_url_stops_its_run_when_the_session_holding_it_ends(db: str, tmp_pat
         " `attempt-kernel recover postgresql://postgres@" + db.partition("@")[2]
         + " --workflows waitflows:BLOCKED` resumes them\n"
     ), err
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     view = ledger.runs["b-1"]
     assert not view.finished and view.stop_requested
 
@@ -293,9 +297,7 @@ def test_a_signal_sent_while_run_url_runs_a_step_is_kept_for_the_runs_wait(db: s
     assert driver.returncode == 0, out + err
     assert 'run result: {"paid":{"paid":7},"answer":{"by":"ana"}}' in out, out
     assert len((tmp_path / "book").read_text().splitlines()) == 1
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     assert ledger.violation_count == 0
     signals = [r.change for r in journal_records(db) if isinstance(r.change, SignalSent)]
     assert [(s.name, s.payload) for s in signals] == [("approve", {"by": "ana"})]
@@ -583,26 +585,36 @@ def test_a_cancel_recorded_for_a_run_no_worker_takes_says_what_ends_it(db: str, 
     )
     recovered = waits_cli(tmp_path, "recover", db, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     assert ledger.runs["a-1"].standing() == "cancelled"
     assert book(tmp_path / "book") == []
 
 
-def a_worker_charges_once(db: str, tmp_path: Path) -> Ledger:
-    """`worker URL --workflows waitflows:APPROVER --until-idle`, which must exit 0 having
-    charged once (the book in tmp_path); the journal's ledger after it."""
-    from test_cli_waits import book
-    from test_cli_waits import cli as waits_cli
-
-    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert worker.returncode == 0, worker.stdout + worker.stderr
-    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
+def journal_ledger(db: str) -> Ledger:
+    """The ledger of everything the journal at ``db`` holds."""
     with PgJournal(db) as journal:
         ledger = Ledger()
         ledger.feed(journal.read())
     return ledger
+
+
+def a_worker_until_idle(db: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """`worker URL --workflows waitflows:APPROVER --until-idle` (the book in tmp_path), which
+    must exit 0."""
+    from test_cli_waits import cli as waits_cli
+
+    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
+    assert worker.returncode == 0, worker.stdout + worker.stderr
+    return worker
+
+
+def a_worker_charges_once(db: str, tmp_path: Path) -> Ledger:
+    """`a_worker_until_idle`, which must have charged once; the journal's ledger after it."""
+    from test_cli_waits import book
+
+    worker = a_worker_until_idle(db, tmp_path)
+    assert len(book(tmp_path / "book")) == 1, worker.stdout + worker.stderr
+    return journal_ledger(db)
 
 
 def test_recover_on_a_url_leaves_a_submitted_waiting_run_to_the_workers_and_says_so(
@@ -707,10 +719,7 @@ def recover_paused_after_its_read(
         [sys.executable, "-c", _PAUSED_READ, "recover", db, "--workflows", flows],
         cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as recovering:  # fmt: skip
-        deadline = time.monotonic() + 60  # no bound asserted: a safety net
-        while not (tmp_path / "read").exists():
-            assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-            time.sleep(0.02)
+        until_it_exists(recovering, tmp_path / "read")
         yield recovering
 
 
@@ -741,9 +750,7 @@ def test_recover_on_a_url_holds_the_runs_it_may_take_up_before_it_reads_the_jour
     assert recovering.returncode == 0, out + err
     assert "it happened (intent Confirmed)" in out, out
     assert "verdict: valid" in cli(tmp_path, "replay", db).stdout
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     assert ledger.violation_count == 0
     assert ledger.runs["c-1"].standing() == "succeeded"
     reconciled = [r.change for r in journal_records(db) if isinstance(r.change, IntentReconciled)]
@@ -785,9 +792,7 @@ def test_a_worker_leaves_a_dead_workers_run_to_the_recover_that_drives_it(db: st
     assert "resuming run c-1 (workflow charges)" in out, out
     assert "run status: succeeded" in out, out
     assert len((tmp_path / "calls.txt").read_text().split()) == 1  # charged once
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     assert ledger.violation_count == 0
     assert ledger.runs["c-1"].standing() == "succeeded"
 
@@ -898,10 +903,7 @@ def test_a_signal_sent_once_recover_url_let_go_of_its_run_takes_the_run_up_again
     ) as recovering:  # fmt: skip
         try:
             at_the_gate(recovering, gate)  # it drives s-1
-            deadline = time.monotonic() + 60  # no bound asserted: a safety net
-            while not (tmp_path / "let-go").exists():
-                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-                time.sleep(0.02)
+            until_it_exists(recovering, tmp_path / "let-go")
             if change == "signal":
                 sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
             else:
@@ -913,9 +915,7 @@ def test_a_signal_sent_once_recover_url_let_go_of_its_run_takes_the_run_up_again
     assert sent.returncode == 0, sent.stdout + sent.stderr
     assert "waits in the journal's inbox" in sent.stdout, sent.stdout  # recover held the run
     assert recovering.returncode == 0, out + err
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     if change == "signal":
         assert 'run result: {"answer":"yes","charged":{"charged":40}}' in out, out
         assert len(book(tmp_path / "book")) == 1
@@ -958,10 +958,7 @@ def signalled_after_driving(tmp_path: Path, db: str, *flags: str) -> tuple[subpr
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as recovering:  # fmt: skip
         try:
-            deadline = time.monotonic() + 60  # no bound asserted: a safety net
-            while not (tmp_path / "driven").exists():
-                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-                time.sleep(0.02)
+            until_it_exists(recovering, tmp_path / "driven")
             sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
         finally:
             (tmp_path / "go").touch()
@@ -1019,8 +1016,6 @@ def test_a_submitted_run_recover_url_let_go_that_can_go_on_is_named_for_the_work
     signal comes as recover ends and is recorded there. Recover said that a later
     `recover` goes on with the run, where a later recover leaves a submitted run to the
     workers (it said so: left waiting); a worker of its workflow takes it up."""
-    from test_cli_waits import cli as waits_cli
-
     from attempt_kernel import RunStarted
     from attempt_kernel.postgres._worker import submit_run
 
@@ -1038,12 +1033,8 @@ def test_a_submitted_run_recover_url_let_go_that_can_go_on_is_named_for_the_work
         " workflow 'approver' takes it up (`attempt-kernel worker URL --workflows MODULE:ATTR`)\n"
     ) in out, out
     assert "goes on with it" not in out, out
-    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert worker.returncode == 0, worker.stdout + worker.stderr
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
-    assert ledger.runs["a-1"].standing() == "succeeded"
+    a_worker_until_idle(db, tmp_path)
+    assert journal_ledger(db).runs["a-1"].standing() == "succeeded"
 
 
 def test_recover_on_a_url_leaves_a_queued_runs_inbox_to_the_worker_that_starts_it(
@@ -1086,12 +1077,8 @@ def test_recover_on_a_url_leaves_a_queued_runs_inbox_to_the_worker_that_starts_i
     assert (reported["changed_nothing"], reported["taken_in"], reported["queued"]) == (True, [], ["a-1"])
     assert inbox() == before
     # The worker that starts the run records the cancel before any step, and drops the signal.
-    worker = waits_cli(tmp_path, "worker", db, "--workflows", "waitflows:APPROVER", "--until-idle", WAIT_BOOK="book")
-    assert worker.returncode == 0, worker.stdout + worker.stderr
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
-    assert ledger.runs["a-1"].standing() == "cancelled"
+    a_worker_until_idle(db, tmp_path)
+    assert journal_ledger(db).runs["a-1"].standing() == "cancelled"
     assert inbox() == []
 
 
@@ -1131,7 +1118,7 @@ def test_a_signal_that_found_the_run_held_by_recover_is_taken_in_after_recover_l
             cwd=tmp_path, env=os.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         ) as sender:  # fmt: skip
             try:
-                deadline = time.monotonic() + 60  # no bound asserted: a safety net
+                deadline = time.monotonic() + 60  # no bound asserted: a safety net (for both waits)
                 while not (tmp_path / "checked").exists():
                     assert sender.poll() is None and time.monotonic() < deadline, sender.communicate()
                     time.sleep(0.02)
@@ -1156,9 +1143,7 @@ def test_a_signal_that_found_the_run_held_by_recover_is_taken_in_after_recover_l
     assert "recover: a-1: took in SignalSent from the inbox (recorded)\n" in out, out
     with psycopg.connect(db, autocommit=True) as conn:
         assert conn.execute("SELECT count(*) FROM attempt_kernel.inbox").fetchone() == (0,)
-    with PgJournal(db) as journal:
-        ledger = Ledger()
-        ledger.feed(journal.read())
+    ledger = journal_ledger(db)
     assert [signal.name for signal in ledger.runs["a-1"].signals] == ["approve"]
 
 
@@ -1249,10 +1234,7 @@ def test_recover_url_leaves_a_submitted_waiting_run_to_the_workers_while_its_rec
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     ) as recovering:  # fmt: skip
         try:
-            deadline = time.monotonic() + 60  # no bound asserted: a safety net
-            while not asked.exists():  # recovery came to the waiting run, and asks c-1's reconciler
-                assert recovering.poll() is None and time.monotonic() < deadline, recovering.communicate()
-                time.sleep(0.02)
+            until_it_exists(recovering, asked)  # recovery came to the waiting run, and asks c-1's reconciler
             sent = cli(tmp_path, "signal", db, "a-1", "approve", "--payload", '"yes"')
         finally:
             recovering.terminate()
