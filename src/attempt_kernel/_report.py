@@ -559,13 +559,7 @@ def _open_waits(history: RunHistory) -> list[WaitOn]:
         [(w.signal, w.wake_us) for w in opened],
         [(s.name, s.sent_us) for s in history.signals if s.taken_at is None],
     )
-    return [
-        WaitOn(
-            signal=w.signal, wake_us=w.wake_us,
-            came=took or (w.wake_us is not None and w.wake_us <= now_us), signal_came=took,
-        )  # fmt: skip
-        for w, took in zip(opened, takes)
-    ]
+    return [WaitOn.at(w.signal, w.wake_us, signal_came=took, now_us=now_us) for w, took in zip(opened, takes)]
 
 
 def _wait_history_text(wait: WaitHistory) -> str:

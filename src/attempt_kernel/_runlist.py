@@ -51,6 +51,13 @@ class WaitOn:
     """A signal it takes is recorded (then `came` too): the wait ends with it, not by
     its wake time."""
 
+    @staticmethod
+    def at(signal: str | None, wake_us: int | None, *, signal_came: bool, now_us: int) -> WaitOn:
+        """The wait as it stands at ``now_us``: it came if its signal did, or its wake time
+        is at or before then."""
+        came = signal_came or (wake_us is not None and wake_us <= now_us)
+        return WaitOn(signal=signal, wake_us=wake_us, came=came, signal_came=signal_came)
+
 
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,11 +94,7 @@ class RunRow:
             ended_us=view.ended_us if standing != "interrupted" else None,
             domain_state=view.domain_state,
             waiting_on=tuple(
-                WaitOn(
-                    signal=w.signal, wake_us=w.wake_us,
-                    came=took or (w.wake_us is not None and w.wake_us <= now), signal_came=took,
-                )  # fmt: skip
-                for w, took in view.open_waits_taking()
+                WaitOn.at(w.signal, w.wake_us, signal_came=took, now_us=now) for w, took in view.open_waits_taking()
             )
             if standing == "waiting"
             else (),

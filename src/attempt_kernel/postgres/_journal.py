@@ -2216,8 +2216,7 @@ def listed_wait(wait: object, now_us: int) -> WaitOn:
         and came in ([], [True], [False])
     ):
         raise PgJournalError(f"the summaries table holds an unexpected wait {wait!r}")
-    passed = wake is not None and wake <= now_us
-    return WaitOn(signal=signal, wake_us=wake, came=came == [True] or passed, signal_came=came == [True])
+    return WaitOn.at(signal, wake, signal_came=came == [True], now_us=now_us)
 
 
 def held_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> frozenset[str]:
