@@ -244,6 +244,48 @@ def test_retry_created_while_previous_attempt_is_live(tmp_path: Path) -> None:
     assert v.line == 3 and "created while attempt 1 is still Running" in v.reason
 
 
+def _failed_attempt(n: int, *, retry: bool, end: Change | None = None) -> list[Change]:
+    """Attempt ``n`` of step 's': created, admitted, a failed result, then ``end`` (Fail by default)."""
+    return [
+        AttemptCreated(step="s", attempt=n),
+        AttemptTransitioned(step="s", attempt=n, from_state=Pending(), cause=Admit(), to_state=Running()),
+        StepResult(step="s", attempt=n, error="ValueError: no", retryable=retry),
+        end or AttemptTransitioned(step="s", attempt=n, from_state=Running(), cause=Fail(), to_state=Failed()),
+    ]  # fmt: skip
+
+
+def test_no_attempt_follows_a_result_that_said_retry_false(tmp_path: Path) -> None:
+    """A `retry: false` result ends its step: an attempt created after it is a violation."""
+    [v] = _violations(tmp_path, _failed_attempt(1, retry=False) + _failed_attempt(2, retry=True))
+    assert v == Violation(
+        line=5,
+        reason="attempt 2 of step 's' of run 'r' created after attempt 1's result said"
+        " retry: false; that result ends the step",
+    )
+
+
+def test_no_attempt_follows_retry_false_even_when_a_crash_ended_the_attempt_cancelled(tmp_path: Path) -> None:
+    """A crash between the `retry: false` result and its Fail ends the attempt Cancelled; the step still ends."""
+    cancelled = AttemptTransitioned(
+        step="s", attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=False), to_state=Cancelled()
+    )
+    [v] = _violations(tmp_path, _failed_attempt(1, retry=False, end=cancelled) + _failed_attempt(2, retry=True))
+    assert v.line == 5 and "result said retry: false" in v.reason
+
+
+def test_a_retry_after_a_result_without_the_field_is_no_violation(tmp_path: Path) -> None:
+    """A failed result that may be retried (no `retry` field) lets attempt 2 follow."""
+    assert _violations(tmp_path, _failed_attempt(1, retry=True) + _failed_attempt(2, retry=False)) == []
+
+
+def test_no_attempt_follows_a_succeeded_one(tmp_path: Path) -> None:
+    """A step whose attempt Succeeded is done: another attempt of it is a violation."""
+    [v] = _violations(tmp_path, simple_changes() + _failed_attempt(2, retry=True))
+    assert v == Violation(
+        line=5, reason="attempt 2 of step 's' of run 'r' created after attempt 1 Succeeded; that step is done"
+    )
+
+
 def test_records_after_run_finished_and_unfinished_attempts(tmp_path: Path) -> None:
     """run_finished with a live attempt, then any record of that run, are violations."""
     changes = simple_changes()[:2] + [RunFinished(), AttemptCreated(step="x", attempt=1)]

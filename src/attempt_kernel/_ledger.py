@@ -1108,6 +1108,18 @@ class Ledger:
                     f"attempt {change.attempt} of {_where(run, change)} created after attempt"
                     f" {previous.number} (expected {previous.number + 1})"
                 )
+            elif type(previous.state) is Succeeded:
+                self._violate(
+                    f"attempt {change.attempt} of {_where(run, change)} created after attempt"
+                    f" {previous.number} Succeeded; that step is done"
+                )
+            elif not step.retryable:
+                # docs/run-log.md: a `retry: false` result ends the step, even
+                # when a crash ended its attempt before the Fail was written
+                self._violate(
+                    f"attempt {change.attempt} of {_where(run, change)} created after attempt"
+                    f" {previous.number}'s result said retry: false; that result ends the step"
+                )
             if previous.intents:
                 for name, state in previous.intents.items():
                     if is_outstanding(state):
