@@ -479,6 +479,26 @@ def test_runs_url_says_that_the_signal_a_waiting_run_waits_for_came(db: str, tmp
     ) in cli(tmp_path, "show", db, "a-1").stdout
 
 
+def test_runs_url_says_a_waiting_run_whose_cancel_was_recorded_waits_no_more(db: str, tmp_path: Path) -> None:
+    """A cancel recorded for a waiting run that no process drives: `runs URL` and `show`
+    said it still waited for its signal, which an operator could then send for a run
+    that ends cancelled whatever comes."""
+    run_url_killed_while_it_waits(tmp_path, db, "a-1")
+    [row] = json.loads(cli(tmp_path, "runs", db, "--json").stdout)["runs"]
+    assert (row["status"], row["cancel_requested"]) == ("waiting", False)
+    assert cli(tmp_path, "cancel", db, "a-1").returncode == 0
+    no_more = "run a-1 waits no more: its cancel was recorded, and it ends cancelled once a process takes the run up\n"
+    after = cli(tmp_path, "runs", db)
+    assert after.stdout.endswith(f"\n{no_more}"), after.stdout
+    assert "waits for signal" not in after.stdout
+    [row] = json.loads(cli(tmp_path, "runs", db, "--json").stdout)["runs"]
+    assert (row["status"], row["cancel_requested"]) == ("waiting", True)
+    assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": False}]
+    shown = cli(tmp_path, "show", db, "a-1").stdout
+    assert f"\n  {no_more}" in shown and "waits for signal" not in shown
+    assert json.loads(cli(tmp_path, "show", db, "a-1", "--json").stdout)["cancel_requested"] is True
+
+
 def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_signal_is_sent(
     db: str, tmp_path: Path
 ) -> None:

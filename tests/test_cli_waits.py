@@ -257,6 +257,42 @@ def test_runs_and_show_say_what_a_waiting_run_waits_for(
     assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": True}]
 
 
+CANCEL_CAME = (
+    "run a-1 waits no more: its cancel was recorded, and it ends cancelled once a process takes the run up\n"
+)
+
+
+def test_runs_and_show_say_a_waiting_run_whose_cancel_was_recorded_waits_no_more(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cancel recorded for a waiting run no process drives: `runs` and `show` said it
+    still waited for its signal, and an operator reading that could approve a run that
+    will end cancelled whatever comes."""
+    log = waiting_log(tmp_path / LOG)
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert row["cancel_requested"] is False
+    assert main(["cancel", str(log), RUN]) == 0
+    capsys.readouterr()
+    assert main(["runs", str(log)]) == 0
+    text = capsys.readouterr().out
+    assert "a-1  approver  waiting  1" in text
+    assert text.endswith(f"\n{CANCEL_CAME}")
+    assert "waits for signal" not in text
+    assert main(["runs", str(log), "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["runs"]
+    assert (row["status"], row["cancel_requested"]) == ("waiting", True)
+    assert row["waiting_for"] == [{"signal": "approve", "until": None, "came": False}]
+    assert main(["show", str(log), RUN]) == 0
+    text = capsys.readouterr().out
+    assert f"\n  {CANCEL_CAME}" in text
+    assert "waits for signal" not in text
+    assert main(["show", str(log), RUN, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["status"], shown["cancel_requested"]) == ("waiting", True)
+    assert shown["waiting_for"] == [{"signal": "approve", "until": None, "came": False}]
+
+
 @pytest.mark.parametrize(
     ("signal", "passed", "waiting_for"),
     [

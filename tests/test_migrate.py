@@ -41,7 +41,7 @@ from attempt_kernel.postgres import (
 
 pytestmark = pytest.mark.postgres
 
-ALL_VERSIONS = [(1,), (2,), (3,), (4,), (5,), (6,)]
+ALL_VERSIONS = [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
 
 # The grants of docs/design.md, "Roles and migrations" ({s} the schema, {r} the role).
 GRANTS: tuple[LiteralString, ...] = (
@@ -112,21 +112,21 @@ def version_5_journal(url: str, schema: str) -> None:
 
 
 def test_migrate_twice_creates_the_tables_once_and_returns_the_same_version(pg_url: str, schema: str) -> None:
-    """The first call creates versions 1 to 6; the second changes nothing and says 6 again."""
-    assert migrate(pg_url, schema=schema) == 6
-    assert migrate(pg_url, schema=schema) == 6
+    """The first call creates versions 1 to 7; the second changes nothing and says 7 again."""
+    assert migrate(pg_url, schema=schema) == 7
+    assert migrate(pg_url, schema=schema) == 7
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == ALL_VERSIONS
 
 
 def test_migrate_upgrades_a_version_5_journal(pg_url: str, schema: str) -> None:
-    """Tables at version 5 get migration 6 only."""
+    """Tables at version 5 get migrations 6 and 7 only."""
     version_5_journal(pg_url, schema)
-    assert migrate(pg_url, schema=schema) == 6
+    assert migrate(pg_url, schema=schema) == 7
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == ALL_VERSIONS
 
 
 def test_concurrent_migrations_create_the_tables_once(pg_url: str, schema: str) -> None:
-    """Four threads migrating a new schema at once: all return 6, each version is recorded once."""
+    """Four threads migrating a new schema at once: all return 7, each version is recorded once."""
     results: list[int | BaseException] = []
     gate = threading.Barrier(4)
 
@@ -142,7 +142,7 @@ def test_concurrent_migrations_create_the_tables_once(pg_url: str, schema: str) 
         thread.start()
     for thread in threads:
         thread.join()
-    assert results == [6, 6, 6, 6]
+    assert results == [7, 7, 7, 7]
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == ALL_VERSIONS
 
 
@@ -150,10 +150,10 @@ def test_migrate_on_a_callers_connection_commits_with_the_callers_transaction(pg
     """Inside the caller's open transaction, a rollback takes the migration back; a commit keeps it."""
     with psycopg.connect(pg_url) as conn:
         conn.execute("SELECT 1")  # a transaction is open now
-        assert migrate(conn, schema=schema) == 6
+        assert migrate(conn, schema=schema) == 7
         conn.rollback()
         assert not schema_exists(pg_url, schema)
-        assert migrate(conn, schema=schema) == 6
+        assert migrate(conn, schema=schema) == 7
         conn.commit()
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == ALL_VERSIONS
 
@@ -163,17 +163,17 @@ def test_migrate_on_a_connection_with_dict_rows_upgrades_a_version_5_journal(pg_
     version_5_journal(pg_url, schema)
     sql_in(pg_url, schema, "INSERT INTO {s}.records (run, seq, line) VALUES ('a', 1, %s)", encode_record(1, 5, "a", RunStarted(workflow="w")))
     with psycopg.Connection[DictRow].connect(pg_url, autocommit=True, row_factory=dict_row) as conn:
-        assert migrate(conn, schema=schema) == 6
+        assert migrate(conn, schema=schema) == 7
     assert sql_in(pg_url, schema, "SELECT run, workflow, status FROM {s}.summaries") == [("a", "w", "interrupted")]
 
 
 def test_migrate_refuses_a_newer_schema_unchanged(pg_url: str, schema: str) -> None:
     """Tables at version 7: PgSchemaTooNew naming both versions; nothing is added."""
     migrate(pg_url, schema=schema)
-    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (7)")
-    with pytest.raises(PgSchemaTooNew, match="at version 7, but this library knows versions up to 6"):
+    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (8)")
+    with pytest.raises(PgSchemaTooNew, match="at version 8, but this library knows versions up to 7"):
         migrate(pg_url, schema=schema)
-    assert sql_in(pg_url, schema, "SELECT max(version) FROM {s}.schema_version") == [(7,)]
+    assert sql_in(pg_url, schema, "SELECT max(version) FROM {s}.schema_version") == [(8,)]
 
 
 def test_migrate_refuses_a_schema_name_that_is_not_an_identifier(pg_url: str) -> None:
@@ -201,7 +201,7 @@ def test_a_restricted_role_submits_and_works_after_the_owner_migrated(
 ) -> None:
     """Owner migrates and grants; the role submits (by URL and on its own connection) and a
     worker under it finishes both runs; nothing was created by the role."""
-    assert migrate(pg_url, schema=schema) == 6
+    assert migrate(pg_url, schema=schema) == 7
     grant(pg_url, schema, restricted.name)
     assert submit_run(restricted.url, "pay", "r1", schema=schema) == "r1"
     with psycopg.connect(restricted.url) as conn:
@@ -228,10 +228,10 @@ def test_a_restricted_role_on_an_unmigrated_schema_gets_the_clear_error_and_crea
     pg_url: str, schema: str, restricted: Role
 ) -> None:
     """Open, submit (URL or connection) and migrate: each names `attempt-kernel migrate`; no schema appears."""
-    expected = rf"schema '{schema}' has no journal tables, this library needs version 6, .*attempt-kernel migrate URL --schema {schema}"
+    expected = rf"schema '{schema}' has no journal tables, this library needs version 7, .*attempt-kernel migrate URL --schema {schema}"
     with pytest.raises(PgMigrationNeeded, match=expected + ".*owner") as caught:
         PgJournal(restricted.url, schema=schema)
-    assert (caught.value.found, caught.value.known) == (0, 6)
+    assert (caught.value.found, caught.value.known) == (0, 7)
     assert "may not create tables in it" in str(caught.value)
     with pytest.raises(PgMigrationNeeded, match=expected):
         submit_run(restricted.url, "pay", "r1", schema=schema)
@@ -264,7 +264,7 @@ def test_a_restricted_role_on_a_schema_behind_gets_the_clear_error_and_changes_n
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {s} TO {r}").format(s=s, r=r))
         conn.execute(sql.SQL("GRANT SELECT ON ALL TABLES IN SCHEMA {s} TO {r}").format(s=s, r=r))
         conn.execute(sql.SQL("GRANT INSERT ON {s}.runs TO {r}").format(s=s, r=r))
-    with pytest.raises(PgMigrationNeeded, match=r"is at version 5, this library needs version 6, .*attempt-kernel migrate") as caught:
+    with pytest.raises(PgMigrationNeeded, match=r"is at version 5, this library needs version 7, .*attempt-kernel migrate") as caught:
         PgJournal(restricted.url, schema=schema)
     assert caught.value.found == 5
     with psycopg.connect(restricted.url) as conn, pytest.raises(PgMigrationNeeded, match="is at version 5"):
@@ -290,18 +290,18 @@ def test_a_role_without_the_grants_is_told_to_grant_them(pg_url: str, schema: st
 def test_the_migrate_command_prints_the_versions_before_and_after(
     db: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """First run: 0 to 6; second: up to date; --json: the three fields."""
+    """First run: 0 to 7; second: up to date; --json: the three fields."""
     assert main(["migrate", db]) == 0
-    assert capsys.readouterr().out == "schema attempt_kernel: migrated from version 0 to version 6\n"
+    assert capsys.readouterr().out == "schema attempt_kernel: migrated from version 0 to version 7\n"
     assert main(["migrate", db]) == 0
-    assert capsys.readouterr().out == "schema attempt_kernel: at version 6, up to date (nothing changed)\n"
+    assert capsys.readouterr().out == "schema attempt_kernel: at version 7, up to date (nothing changed)\n"
     assert main(["migrate", db, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"schema": "attempt_kernel", "version_before": 6, "version_after": 6}
+    assert json.loads(capsys.readouterr().out) == {"schema": "attempt_kernel", "version_before": 7, "version_after": 7}
 
 
 def test_the_migrate_command_takes_a_schema(pg_url: str, schema: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", pg_url, "--schema", schema, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == {"schema": schema, "version_before": 0, "version_after": 6}
+    assert json.loads(capsys.readouterr().out) == {"schema": schema, "version_before": 0, "version_after": 7}
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == ALL_VERSIONS
 
 
@@ -328,10 +328,10 @@ def test_the_migrate_command_in_a_process_of_its_own(db: str, tmp_path: Path) ->
     """`python -m attempt_kernel migrate URL`: exit 0 and the versions; an unreachable server: exit 3."""
     command = [sys.executable, "-m", "attempt_kernel", "migrate"]
     done = subprocess.run([*command, db], capture_output=True, text=True, check=False, cwd=tmp_path)
-    assert (done.returncode, done.stdout) == (0, "schema attempt_kernel: migrated from version 0 to version 6\n")
+    assert (done.returncode, done.stdout) == (0, "schema attempt_kernel: migrated from version 0 to version 7\n")
     again = subprocess.run([*command, db, "--json"], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert again.returncode == 0
-    assert json.loads(again.stdout) == {"schema": "attempt_kernel", "version_before": 6, "version_after": 6}
+    assert json.loads(again.stdout) == {"schema": "attempt_kernel", "version_before": 7, "version_after": 7}
     nowhere = "postgresql://nobody@127.0.0.1:1/none"
     failed = subprocess.run([*command, nowhere], capture_output=True, text=True, check=False, cwd=tmp_path)
     assert failed.returncode == 3  # PgConnectFailed: the database is unavailable

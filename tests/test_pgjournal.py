@@ -157,18 +157,18 @@ def test_opening_again_keeps_the_records_and_migrates_once(pg_url: str, schema: 
         first.append("r", RunStarted(workflow="w"))
     with PgJournal(pg_url, schema=schema) as second:
         assert records(second) == [(1, "r", RunStarted(workflow="w"))]
-    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,), (5,), (6,)]
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
 
 
 def test_a_newer_schema_is_refused_naming_both_versions(pg_url: str, schema: str) -> None:
-    """A database at version 7 is refused by a library that knows version 6."""
+    """A database at version 8 is refused by a library that knows version 7."""
     PgJournal(pg_url, schema=schema).close()
-    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (7)")
-    with pytest.raises(PgSchemaTooNew, match=r"at version 7, but this library knows versions up to 6") as caught:
+    sql_in(pg_url, schema, "INSERT INTO {s}.schema_version (version) VALUES (8)")
+    with pytest.raises(PgSchemaTooNew, match=r"at version 8, but this library knows versions up to 7") as caught:
         PgJournal(pg_url, schema=schema)
-    assert (caught.value.found, caught.value.known) == (7, 6)
+    assert (caught.value.found, caught.value.known) == (8, 7)
     assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [
-        (1,), (2,), (3,), (4,), (5,), (6,), (7,)
+        (1,), (2,), (3,), (4,), (5,), (6,), (7,), (8,)
     ]  # fmt: skip
 
 
@@ -459,7 +459,7 @@ def test_a_version_3_journal_upgrades_and_its_runs_continue(pg_url: str, schema:
     rows = sql_in(pg_url, schema, "SELECT pos, run, seq FROM {s}.records ORDER BY pos")
     assert rows == [(1, "a", 1), (2, "b", 2), (3, "a", 3), (4, "a", 4), (5, "b", 3), (6, "c", 1)]
     assert sql_in(pg_url, schema, "SELECT per_run_after FROM {s}.head") == [(3,)]
-    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,), (5,), (6,)]
+    assert sql_in(pg_url, schema, "SELECT version FROM {s}.schema_version ORDER BY 1") == [(1,), (2,), (3,), (4,), (5,), (6,), (7,)]
 
 
 def test_a_missing_version_3_row_is_still_found(pg_url: str, schema: str) -> None:
@@ -821,7 +821,7 @@ def test_a_summary_row_whose_waits_are_no_list_is_refused_as_an_unexpected_row(w
     database answering what no writer wrote: a `PgJournalError`, not a traceback."""
     from attempt_kernel.postgres._journal import _listed_row  # pyright: ignore[reportPrivateUsage]
 
-    row = ("a-1", "w", "waiting", 0, 1_000_000, None, None, waiting_on, 0)
+    row = ("a-1", "w", "waiting", 0, 1_000_000, None, None, waiting_on, False, 0)
     with pytest.raises(PgJournalError, match="unexpected"):
         _listed_row(row)
 

@@ -440,7 +440,30 @@ def test_a_version_5_journal_gets_its_summaries_and_goes_on(pg_url: str, schema:
         after, _ = journal.listed(RunFilter(statuses=frozenset({"succeeded"})))
         assert [r.run for r in after] == ["ok-1", "nap-1"]
         assert journal.listed(RunFilter())[0] == folded(journal, frozenset())
-    assert sql_in(pg_url, schema, "SELECT max(version) FROM {s}.schema_version") == [(6,)]
+    assert sql_in(pg_url, schema, "SELECT max(version) FROM {s}.schema_version") == [(7,)]
+
+
+@pytest.mark.postgres
+def test_a_version_6_journal_says_which_waiting_runs_had_their_cancel_recorded(pg_url: str, schema: str) -> None:
+    """Migration 7 folds again the runs whose summary stands waiting: nap-1, whose cancel was
+    recorded under version 6, waits no more; every row keeps its status and place."""
+    write_pg(pg_url, schema)
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert journal.append("nap-1", RunCancelRequested()) == 3
+    # The tables as version 6 left them: the summaries without the column.
+    sql_in(pg_url, schema, "ALTER TABLE {s}.summaries DROP COLUMN cancel_requested")
+    sql_in(pg_url, schema, "DELETE FROM {s}.schema_version WHERE version = 7")
+    where = "SELECT run, status, first_pos, waiting_on FROM {s}.summaries ORDER BY run"
+    before = sql_in(pg_url, schema, where)
+    with PgJournal(pg_url, schema=schema) as journal:
+        rows, violations = journal.listed(RunFilter())
+        assert rows == folded(journal, frozenset()) and violations == 0
+    assert [(r.run, r.status, r.cancel_requested) for r in rows if r.status == "waiting"] == [
+        ("nap-1", "waiting", True)
+    ]
+    assert [r.run for r in rows if r.cancel_requested] == ["nap-1"]
+    assert sql_in(pg_url, schema, where) == before
+    assert sql_in(pg_url, schema, "SELECT max(version) FROM {s}.schema_version") == [(7,)]
 
 
 @pytest.mark.postgres
@@ -530,7 +553,7 @@ def test_the_summarized_closing_statement_sets_synchronous_commit(pg_url: str, s
     with PgJournal(pg_url, schema=schema, leases={"r1": Lease(owner="w", fence=1)}) as journal:
         sql_in(pg_url, schema, "INSERT INTO {s}.runs (run, owner, fence) VALUES ('r1', 'w', 1)")
         statement = journal._insert_closing(1, True)  # pyright: ignore[reportPrivateUsage]
-    summary = ("pay", "interrupted", False, 0, 7, None, None, "[]", 0)
+    summary = ("pay", "interrupted", False, 0, 7, None, None, "[]", False, 0)
     with psycopg.connect(pg_url) as conn:  # a transaction, to look at the setting before commit
         conn.execute("SET synchronous_commit = off")
         conn.commit()

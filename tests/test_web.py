@@ -61,6 +61,7 @@ from attempt_kernel import (
     RunFinished,
     RunResumed,
     RunStopRequested,
+    RunCancelRequested,
     RunStarted,
     WaitStarted,
 )
@@ -353,6 +354,24 @@ def test_the_list_says_which_waits_of_a_waiting_run_got_what_they_wait_for_as_ru
         status, listing = Client(url).get("/")
     assert status == 200
     assert "for signal &#39;approve&#39;, which came, for signal &#39;approve&#39;</span>" in listing
+
+
+def test_the_list_says_a_waiting_run_whose_cancel_was_recorded_waits_no_more_as_runs_does(tmp_path: Path) -> None:
+    """A cancel recorded for a run that waits and that no process drives: the list said
+    it waited for its signal, which an operator could then send for a run that ends
+    cancelled whatever comes; and the run page no longer offers that signal's name."""
+    log = tmp_path / "cancelled.jsonl"
+    with RunLogWriter(log, create=True) as writer:
+        writer.append("a-1", RunStarted(workflow="twin", nonce="n-1", code=True))
+        writer.append("a-1", WaitStarted(position=1, signal="approve"))
+        writer.append("a-1", RunCancelRequested(reason="not needed"))
+    with serving(str(log)) as url:
+        status, listing = Client(url).get("/")
+        page_status, page = Client(url).get("/runs/a-1")
+    assert (status, page_status) == (200, 200)
+    assert '>waiting</span> <span class="muted">no more: its cancel was recorded</span>' in listing
+    assert "for signal" not in listing
+    assert 'name="name" required value=""' in page
 
 
 

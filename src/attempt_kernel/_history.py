@@ -169,6 +169,9 @@ class RunHistory:
     """A code run's waits, by position."""
     signals: tuple[SignalHistory, ...] = ()
     """Signals sent to the run, in the order recorded, each with the wait that took it."""
+    cancel_requested: bool = False
+    """Its cancel was recorded (a ``run_cancel_requested``): it ends cancelled, and a wait
+    still open waits for nothing but a process to take the run up."""
     finished: bool = False
     """Its last ``run_finished`` is not followed by a ``run_resumed``. A finished run that
     stands ``interrupted`` (reconciled since it ended needing it) waits for a recovery:
@@ -351,6 +354,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         workflow=workflow,
         input=run_input,
         standing=view.standing(),
+        cancel_requested=view.cancel_requested,
         finished=view.finished,
         domain_state=view.domain_state,
         version=version,

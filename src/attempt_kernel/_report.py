@@ -409,6 +409,21 @@ def wait_text(run: str, wait: WaitOn) -> str:
     return f"run {shown(run)} waits for signal {shown(repr(wait.signal))}{until}"
 
 
+def cancelled_wait_text(run: str) -> str:
+    """A waiting run whose cancel was recorded: it waits for nothing now (`RunRow.cancel_requested`)."""
+    return (
+        f"run {shown(run)} waits no more: its cancel was recorded, and it ends cancelled once a"
+        " process takes the run up"
+    )
+
+
+def _waiting_lines(run: str, waits: Sequence[WaitOn], cancel_requested: bool) -> list[str]:
+    """What a waiting run waits for, a line per open wait; one line if its cancel was recorded."""
+    if cancel_requested:
+        return [cancelled_wait_text(run)]
+    return [wait_text(run, wait) for wait in waits]
+
+
 def _wait_json(wait: WaitOn) -> dict[str, object]:
     if wait.signal is None:
         return {"timer": when(wait.wake_us), "came": wait.came}
@@ -434,7 +449,7 @@ def runs_text(rows: list[RunRow], source: str, violations: int, *, filtered: boo
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
-    out += [wait_text(r.run, wait) for r in rows for wait in r.waiting_on]
+    out += [line for r in rows for line in _waiting_lines(r.run, r.waiting_on, r.cancel_requested)]
     if violations:
         out.append(
             f"warning: the log breaks the kernel's rules {violations} time(s);"
@@ -458,6 +473,7 @@ def runs_json(rows: list[RunRow], source: str, violations: int) -> str:
         }
         if r.status == "waiting":
             row["waiting_for"] = [_wait_json(wait) for wait in r.waiting_on]
+            row["cancel_requested"] = r.cancel_requested
         runs.append(row)
     doc = {"log": source, "violations": violations, "runs": runs}
     return json.dumps(doc, indent=2) + "\n"
@@ -534,7 +550,7 @@ def show_text(history: RunHistory, writer_live: bool) -> str:
         reason = f" ({shown(event.reason)})" if event.reason else ""
         out.append(f"  {when(event.time_us)}  {event.what}{reason}")
     if standing == "waiting":
-        out += [f"  {wait_text(history.run, wait)}" for wait in _open_waits(history)]
+        out += [f"  {line}" for line in _waiting_lines(history.run, _open_waits(history), history.cancel_requested)]
     for wait in history.waits:
         out.append(f"  {_wait_history_text(wait)}")
     for sig in history.signals:
@@ -637,6 +653,7 @@ def show_json(history: RunHistory, writer_live: bool) -> str:
     }
     if history.standing == "waiting" and not writer_live:
         doc["waiting_for"] = [_wait_json(wait) for wait in _open_waits(history)]
+        doc["cancel_requested"] = history.cancel_requested
     if history.waits or history.signals:
         doc["waits"] = [
             {

@@ -74,6 +74,9 @@ class RunRow:
     domain_state: str | None
     waiting_on: tuple[WaitOn, ...] = ()
     """What it waits on, when its status is ``waiting``."""
+    cancel_requested: bool = False
+    """Its status is ``waiting`` and its cancel was recorded: it waits for nothing now, and
+    ends cancelled once a process takes it up (its waits stay open in the log until then)."""
 
     @staticmethod
     def of(view: RunView, writer_live: bool, *, now_us: int | None = None) -> RunRow:
@@ -98,6 +101,7 @@ class RunRow:
             )
             if standing == "waiting"
             else (),
+            cancel_requested=standing == "waiting" and view.cancel_requested,
         )
 
 

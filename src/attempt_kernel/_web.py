@@ -587,8 +587,9 @@ class WebView:
                     "workflow": shown(r.workflow or "-"), "status": r.status,
                     "workflow_href": None if r.workflow is None else "/?" + _query({"workflow": r.workflow}),
                     "attempts": r.attempts, "started": when(r.started_us), "ended": when(r.ended_us),
-                    # as `runs` says it: what a wait takes that came already
-                    "waiting": ", ".join(
+                    # as `runs` says it: what a wait takes that came already, or that
+                    # it waits for nothing once its cancel was recorded
+                    "waiting": "no more: its cancel was recorded" if r.cancel_requested else ", ".join(
                         (f"for signal {shown(repr(w.signal))}" + (
                             ", which came" if w.signal_came else ", whose timeout passed" if w.came else ""
                         ))
@@ -800,7 +801,10 @@ def _flash_of(said: str | AttemptKernelError) -> Flash:
 
 
 def _awaited(history: RunHistory) -> str:
-    """The name of the signal an open wait is for, to fill the signal form with."""
+    """The name of the signal an open wait is for, to fill the signal form with (none once
+    the run's cancel was recorded: it ends cancelled whatever comes)."""
+    if history.cancel_requested:
+        return ""
     for wait in history.waits:
         if wait.ended_us is None and wait.signal is not None:
             return shown(wait.signal)

@@ -111,7 +111,7 @@ from .._report import redacted
 from .._store import DispatchRefused
 from .._runlist import RunFilter, RunRow, WaitOn, listed_status
 
-PG_SCHEMA_VERSION: Final = 6
+PG_SCHEMA_VERSION: Final = 7
 """The newest version of the journal's tables this library knows; it refuses a newer one."""
 
 DEFAULT_SCHEMA: Final = "attempt_kernel"
@@ -386,6 +386,15 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
             "CREATE INDEX summaries_broken ON {s}.summaries (run) WHERE violations > 0",
         ),
     ),
+    (
+        7,
+        (
+            # A waiting run whose cancel was recorded waits for nothing now:
+            # `runs` says so rather than what its open waits were for. The
+            # migration folds the runs that stand waiting once more.
+            "ALTER TABLE {s}.summaries ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false",
+        ),
+    ),
 )
 assert [v for v, _ in _MIGRATIONS] == list(range(1, PG_SCHEMA_VERSION + 1))
 
@@ -457,12 +466,16 @@ def _migrate(conn: psycopg.Connection[TupleRow], schema: str) -> tuple[int, int]
                     continue
                 for statement in statements:
                     conn.execute(sql.SQL(statement).format(s=s, records=records))
-                if version == 6:
-                    _backfill_summaries(conn, schema)
                 conn.execute(
                     sql.SQL("INSERT INTO {s}.schema_version (version) VALUES (%s)").format(s=s),
                     (version,),
                 )
+            # Once every table has its columns: a summary of each run (version 6),
+            # or again of those that stand waiting (version 7's column).
+            if found < 6:
+                _backfill_summaries(conn, schema)
+            elif found == 6:
+                _backfill_summaries(conn, schema, waiting=True)
         except psycopg.errors.InsufficientPrivilege as error:
             raise PgMigrationNeeded(
                 found, PG_SCHEMA_VERSION, schema, f"{_MIGRATE_DENIED} ({_reason(error)})"
@@ -658,6 +671,8 @@ class RunSummary:
     domain_state: str | None
     waiting_on: tuple[WaitOn, ...]
     """Its open waits while its status is ``waiting`` (else none)."""
+    cancel_requested: bool
+    """Its status is ``waiting`` and its cancel was recorded (`RunRow.cancel_requested`)."""
     violations: int
     """Records of the run that break the kernel's rules (the fold's violations)."""
 
@@ -667,7 +682,7 @@ class RunSummary:
         waits = json.dumps([[w.signal, w.wake_us, w.came] for w in self.waiting_on])
         return (
             self.workflow, self.status, self.finished, self.attempts, self.started_us,
-            self.ended_us, self.domain_state, waits, self.violations,
+            self.ended_us, self.domain_state, waits, self.cancel_requested, self.violations,
         )  # fmt: skip
 
 
@@ -697,6 +712,7 @@ def summary_of(fold: Ledger, run: str) -> RunSummary | None:
         )
         if status == "waiting"
         else (),
+        cancel_requested=status == "waiting" and view.cancel_requested,
         violations=fold.violation_count,
     )
 
@@ -704,17 +720,18 @@ def summary_of(fold: Ledger, run: str) -> RunSummary | None:
 # The columns after (run, first_pos), typed, then the upsert that keeps
 # first_pos (a run's first record stays its first).
 _SUMMARY_VALUES: Final[LiteralString] = (
-    "%s::text, %s::text, %s::boolean, %s::integer, %s::bigint, %s::bigint, %s::text, %s::text, %s::integer"
+    "%s::text, %s::text, %s::boolean, %s::integer, %s::bigint, %s::bigint, %s::text, %s::text, %s::boolean,"
+    " %s::integer"
 )
 _SUMMARY_UPSERT: Final[LiteralString] = (
     "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
-    " started_us, ended_us, domain_state, waiting_on, violations)"
+    " started_us, ended_us, domain_state, waiting_on, cancel_requested, violations)"
     " SELECT %s, min(ins.pos), " + _SUMMARY_VALUES + " FROM ins HAVING count(*) > 0"
     " ON CONFLICT (run) DO UPDATE SET workflow = excluded.workflow, status = excluded.status,"
     " finished = excluded.finished, attempts = excluded.attempts,"
     " started_us = excluded.started_us, ended_us = excluded.ended_us,"
     " domain_state = excluded.domain_state, waiting_on = excluded.waiting_on,"
-    " violations = excluded.violations"
+    " cancel_requested = excluded.cancel_requested, violations = excluded.violations"
 )
 
 
@@ -727,19 +744,30 @@ def summary_upsert_after(insert: LiteralString) -> LiteralString:
     return "WITH ins AS (" + insert + " RETURNING pos), summ AS (" + _SUMMARY_UPSERT + ") SELECT count(*) FROM ins"
 
 
-def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: str) -> None:
+def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: str, *, waiting: bool = False) -> None:
     """Migration 6's Python: a summary for every run already in the journal, by folding each run once.
 
     Reads the records run by run (a server-side cursor, `READ_BATCH` rows at
     a time), as `PgJournal.read_run` reads one, so a journal written before
-    version 6 lists as it did.
+    version 6 lists as it did. ``waiting``: migration 7's, the runs whose
+    summary stands ``waiting`` only, their rows written again.
     """
     s = sql.Identifier(schema)
+    query = sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s)
+    params: tuple[object, ...] = ()
     with conn.cursor(row_factory=tuple_row) as head:  # whatever rows a caller's connection makes
         per_run_after = _int_of(head.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
+        if waiting:
+            stale = [row[0] for row in head.execute(
+                sql.SQL("DELETE FROM {s}.summaries WHERE status = 'waiting' RETURNING run").format(s=s)
+            )]  # fmt: skip
+            if not stale:
+                return
+            query = sql.SQL("SELECT pos, seq, run, line FROM {s}.records WHERE run = ANY(%s) ORDER BY run, seq").format(s=s)
+            params = (stale,)
     insert = sql.SQL(
         "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
-        " started_us, ended_us, domain_state, waiting_on, violations)"
+        " started_us, ended_us, domain_state, waiting_on, cancel_requested, violations)"
         " VALUES (%s, %s, " + _SUMMARY_VALUES + ")"
     ).format(s=s)
     batch: list[tuple[object, ...]] = []
@@ -759,7 +787,7 @@ def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: st
     first_pos = position = 0
     with conn.cursor(name="attempt_kernel_backfill", row_factory=tuple_row) as rows:
         rows.itersize = READ_BATCH
-        rows.execute(sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s))
+        rows.execute(query, params)
         for row in rows:
             pos, seq, run, line = _row_of(row, 0)
             if run != current:
@@ -2120,7 +2148,7 @@ def _listing(only: RunFilter) -> tuple[LiteralString, list[object]]:
         part: LiteralString = (
             "SELECT m.run, m.workflow, CASE WHEN m.status = 'interrupted' AND NOT m.finished AND "
             + _HELD + " THEN 'running' ELSE m.status END AS status, m.attempts,"
-            " m.started_us, m.ended_us, m.domain_state, m.waiting_on, m.first_pos AS ord"
+            " m.started_us, m.ended_us, m.domain_state, m.waiting_on, m.cancel_requested, m.first_pos AS ord"
             " FROM {s}.summaries m"
         )
         if where:
@@ -2135,7 +2163,8 @@ def _listing(only: RunFilter) -> tuple[LiteralString, list[object]]:
         part = (
             "SELECT q.run, q.workflow, 'queued'::text AS status, 0 AS attempts, " + submitted
             + " AS started_us, NULL::bigint AS ended_us, NULL::text AS domain_state,"
-            " '[]'::text AS waiting_on, NULL::bigint AS ord FROM {s}.runs q WHERE NOT q.done"
+            " '[]'::text AS waiting_on, false AS cancel_requested, NULL::bigint AS ord"
+            " FROM {s}.runs q WHERE NOT q.done"
             " AND NOT EXISTS (SELECT 1 FROM {s}.summaries s WHERE s.run = q.run)"
             " AND " + _UNCLAIMED
         )
@@ -2167,7 +2196,7 @@ def _listing(only: RunFilter) -> tuple[LiteralString, list[object]]:
 
 def _listed_row(row: tuple[object, ...]) -> RunRow:
     """A row of `_listing`'s query as `attempt-kernel runs` prints it (`RunRow.of`'s rules)."""
-    run, workflow, status_text, attempts, started, ended, domain_state, waiting_on, _ = row
+    run, workflow, status_text, attempts, started, ended, domain_state, waiting_on, cancel_requested, _ = row
     status = listed_status(str(status_text))
     if (
         type(run) is not str
@@ -2178,6 +2207,7 @@ def _listed_row(row: tuple[object, ...]) -> RunRow:
         or (ended is not None and type(ended) is not int)
         or (domain_state is not None and type(domain_state) is not str)
         or type(waiting_on) is not str
+        or type(cancel_requested) is not bool
     ):
         raise PgJournalError(f"the summaries table answered an unexpected row {row!r}")
     # [signal, wake_us] in rows written before a wait said whether its signal came
@@ -2200,6 +2230,7 @@ def _listed_row(row: tuple[object, ...]) -> RunRow:
         waiting_on=tuple(listed_wait(wait, now_us) for wait in cast("list[object]", waits))
         if status == "waiting"
         else (),
+        cancel_requested=status == "waiting" and cancel_requested,
     )
 
 
