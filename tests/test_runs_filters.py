@@ -39,6 +39,9 @@ from attempt_kernel import (
     RunLogWriter,
     Running,
     RunStarted,
+    StepResult,
+    Succeed,
+    Succeeded,
     WaitStarted,
 )
 from attempt_kernel.cli._main import main
@@ -464,6 +467,41 @@ def test_a_version_6_journal_says_which_waiting_runs_had_their_cancel_recorded(p
     assert [r.run for r in rows if r.cancel_requested] == ["nap-1"]
     assert sql_in(pg_url, schema, where) == before
     assert sql_in(pg_url, schema, "SELECT max(version) FROM {s}.schema_version") == [(7,)]
+
+
+@pytest.mark.postgres
+def test_a_version_6_journal_counts_the_attempt_created_after_retry_false_as_replay_does(
+    pg_url: str, schema: str
+) -> None:
+    """0.2.0's replay rule (no attempt after a `retry: false` result) breaks records that
+    version 6's fold took for valid, but migration 7 folds again only the runs that stand
+    waiting: `runs URL` went on warning of no violation where `replay URL` finds one."""
+    again: list[Change] = [
+        RunStarted(workflow="pay"),
+        AttemptCreated(step="s", attempt=1),
+        AttemptTransitioned(step="s", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        StepResult(step="s", attempt=1, error="ValueError: no", retryable=False),
+        AttemptTransitioned(step="s", attempt=1, from_state=Running(), cause=Fail(), to_state=Failed()),
+        AttemptCreated(step="s", attempt=2),
+        AttemptTransitioned(step="s", attempt=2, from_state=Pending(), cause=Admit(), to_state=Running()),
+        StepResult(step="s", attempt=2, value=1),
+        AttemptTransitioned(step="s", attempt=2, from_state=Running(), cause=Succeed(), to_state=Succeeded()),
+        RunFinished(),
+    ]  # fmt: skip
+    with PgJournal(pg_url, schema=schema) as journal:
+        for change in again:
+            journal.append("again-1", change)
+    # The tables as version 6 left them: no column, and the count its fold made (it had no such rule).
+    sql_in(pg_url, schema, "ALTER TABLE {s}.summaries DROP COLUMN cancel_requested")
+    sql_in(pg_url, schema, "DELETE FROM {s}.schema_version WHERE version = 7")
+    sql_in(pg_url, schema, "UPDATE {s}.summaries SET violations = 0")
+    with PgJournal(pg_url, schema=schema) as journal:
+        rows, violations = journal.listed(RunFilter())
+        ledger = Ledger()
+        ledger.feed(journal.read())
+    assert [(r.run, r.status) for r in rows] == [("again-1", "succeeded")]
+    assert ledger.violation_count == 1
+    assert violations == 1
 
 
 @pytest.mark.postgres
