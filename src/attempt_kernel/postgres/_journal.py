@@ -391,7 +391,9 @@ _MIGRATIONS: Final[tuple[tuple[int, tuple[LiteralString, ...]], ...]] = (
         (
             # A waiting run whose cancel was recorded waits for nothing now:
             # `runs` says so rather than what its open waits were for. The
-            # migration folds the runs that stand waiting once more.
+            # migration folds every run once more: the column is the waiting
+            # runs', but this release's fold also counts violations version 6's
+            # did not (an attempt created after its step was done).
             "ALTER TABLE {s}.summaries ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false",
         ),
     ),
@@ -471,11 +473,10 @@ def _migrate(conn: psycopg.Connection[TupleRow], schema: str) -> tuple[int, int]
                     (version,),
                 )
             # Once every table has its columns: a summary of each run (version 6),
-            # or again of those that stand waiting (version 7's column).
-            if found < 6:
-                _backfill_summaries(conn, schema)
-            elif found == 6:
-                _backfill_summaries(conn, schema, waiting=True)
+            # made again from version 6's (version 7's column, and the violations
+            # of this release's fold).
+            if found < 7:
+                _backfill_summaries(conn, schema, again=found == 6)
         except psycopg.errors.InsufficientPrivilege as error:
             raise PgMigrationNeeded(
                 found, PG_SCHEMA_VERSION, schema, f"{_MIGRATE_DENIED} ({_reason(error)})"
@@ -744,27 +745,21 @@ def summary_upsert_after(insert: LiteralString) -> LiteralString:
     return "WITH ins AS (" + insert + " RETURNING pos), summ AS (" + _SUMMARY_UPSERT + ") SELECT count(*) FROM ins"
 
 
-def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: str, *, waiting: bool = False) -> None:
-    """Migration 6's Python: a summary for every run already in the journal, by folding each run once.
+def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: str, *, again: bool = False) -> None:
+    """Migrations 6 and 7's Python: a summary for every run in the journal, by folding each run once.
 
     Reads the records run by run (a server-side cursor, `READ_BATCH` rows at
     a time), as `PgJournal.read_run` reads one, so a journal written before
-    version 6 lists as it did. ``waiting``: migration 7's, the runs whose
-    summary stands ``waiting`` only, their rows written again.
+    version 6 lists as it did. ``again``: migration 7's, the rows version 6
+    wrote are dropped first and written anew (the ``cancel_requested`` of
+    the waiting runs, and the violations this release's fold counts that
+    version 6's did not: an attempt created after its step was done).
     """
     s = sql.Identifier(schema)
-    query = sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s)
-    params: tuple[object, ...] = ()
     with conn.cursor(row_factory=tuple_row) as head:  # whatever rows a caller's connection makes
         per_run_after = _int_of(head.execute(sql.SQL("SELECT per_run_after FROM {s}.head").format(s=s)).fetchone())
-        if waiting:
-            stale = [row[0] for row in head.execute(
-                sql.SQL("DELETE FROM {s}.summaries WHERE status = 'waiting' RETURNING run").format(s=s)
-            )]  # fmt: skip
-            if not stale:
-                return
-            query = sql.SQL("SELECT pos, seq, run, line FROM {s}.records WHERE run = ANY(%s) ORDER BY run, seq").format(s=s)
-            params = (stale,)
+        if again:
+            head.execute(sql.SQL("DELETE FROM {s}.summaries").format(s=s))
     insert = sql.SQL(
         "INSERT INTO {s}.summaries (run, first_pos, workflow, status, finished, attempts,"
         " started_us, ended_us, domain_state, waiting_on, cancel_requested, violations)"
@@ -787,7 +782,7 @@ def _backfill_summaries(conn: psycopg.Connection[tuple[object, ...]], schema: st
     first_pos = position = 0
     with conn.cursor(name="attempt_kernel_backfill", row_factory=tuple_row) as rows:
         rows.itersize = READ_BATCH
-        rows.execute(query, params)
+        rows.execute(sql.SQL("SELECT pos, seq, run, line FROM {s}.records ORDER BY run, seq").format(s=s))
         for row in rows:
             pos, seq, run, line = _row_of(row, 0)
             if run != current:
