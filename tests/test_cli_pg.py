@@ -497,6 +497,11 @@ def test_runs_url_says_a_waiting_run_whose_cancel_was_recorded_waits_no_more(db:
     shown = cli(tmp_path, "show", db, "a-1").stdout
     assert f"\n  {no_more}" in shown and "waits for signal" not in shown
     assert json.loads(cli(tmp_path, "show", db, "a-1", "--json").stdout)["cancel_requested"] is True
+    # and no approval is taken for it: no wait of the run would ever take one
+    refused = cli(tmp_path, "signal", db, "a-1", "approve")
+    assert refused.returncode == 2
+    assert "its cancel is recorded, so it ends cancelled and no wait of it takes a signal; nothing was written" in refused.stderr
+    assert json.loads(cli(tmp_path, "show", db, "a-1", "--json").stdout)["signals"] == []
 
 
 def test_recover_on_a_url_finishes_a_waiting_run_that_run_url_started_once_its_signal_is_sent(

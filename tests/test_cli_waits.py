@@ -128,6 +128,22 @@ def test_a_signal_to_a_finished_run_exits_2(tmp_path: Path, capsys: pytest.Captu
     assert log.read_bytes() == before
 
 
+def test_a_signal_to_a_run_whose_cancel_was_recorded_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No wait of a cancelled run takes a signal: an approval recorded after the cancel
+    was told that recover goes on with it, though the run ends cancelled whatever comes."""
+    log = waiting_log(tmp_path / LOG)
+    assert main(["cancel", str(log), RUN]) == 0
+    capsys.readouterr()
+    before = log.read_bytes()
+    assert main(["signal", str(log), RUN, "approve", "--payload", '{"approved": true}']) == 2
+    assert capsys.readouterr().err == (
+        "attempt-kernel signal: error: signal 'approve' to run 'a-1': its cancel is recorded, so it ends cancelled"
+        " and no wait of it takes a signal; nothing was written\n"
+    )
+    assert log.read_bytes() == before
+    assert not (tmp_path / f"{LOG}.inbox").exists()
+
+
 @pytest.mark.parametrize("command", ["signal", "cancel"])
 def test_a_missing_log_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str) -> None:
     argv = [command, str(tmp_path / LOG), RUN] + (["approve"] if command == "signal" else [])

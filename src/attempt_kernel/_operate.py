@@ -160,8 +160,9 @@ def signal_change(
 ) -> SignalSent:
     """The record of signal ``name`` sent to ``run`` with ``payload`` (None: ``{}``).
 
-    Refused for a run the log does not hold or that has finished, a bad
-    name, and a payload JSON cannot carry. ``id`` defaults to a random one.
+    Refused for a run the log does not hold, that has finished, or whose
+    cancel is recorded (no wait of it takes a signal then), a bad name, and
+    a payload JSON cannot carry. ``id`` defaults to a random one.
     """
     doing = f"signal {name!r} to run {run!r}"
     check_signal_name(name, doing)
@@ -174,6 +175,13 @@ def signal_change(
         raise OperationRefused(
             f"{doing}: run {run!r} is a DAG workflow's run; only a workflow written as code"
             " waits for signals"
+        )
+    if view.cancel_requested:
+        # docs/contracts.md, "Decisions are records": the run ends cancelled
+        # whatever comes, and a cancelled run starts no wait
+        raise OperationRefused(
+            f"{doing}: its cancel is recorded, so it ends cancelled and no wait of it takes a"
+            " signal; nothing was written"
         )
     return SignalSent(name=name, payload=value, id=secrets.token_hex(8) if id is None else id)
 

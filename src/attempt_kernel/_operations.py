@@ -158,8 +158,8 @@ def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON 
     that process takes it in, within about a second) or a ``postgresql://``
     URL. The run's `RunContext.wait_for_signal` for ``name`` takes it, now
     or when it next waits for it (signals are a mailbox). Refused
-    (`OperationRefused`, nothing written) for a run the log does not hold or
-    that has finished, a DAG workflow's run, a bad name, or a payload JSON
+    (`OperationRefused`, nothing written) for a run the log does not hold,
+    that has finished or whose cancel is recorded, a DAG workflow's run, a bad name, or a payload JSON
     cannot carry or nested deeper than 100 levels.
     """
     return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload)), run=run)

@@ -260,8 +260,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Record signal NAME, with --payload (any JSON value but null; default "
         "{}), for run RUN. When another process is writing the log file, the signal waits "
         "in the log's inbox (LOG.inbox) and that process takes it in within about a second."
-        + _PG_INBOX_HELP + " Durable when this returns. Exit 0, or 2 for an unknown or finished run, a bad name "
-        "or payload, or other usage or I/O errors (nothing is written then).",
+        + _PG_INBOX_HELP + " Durable when this returns. Exit 0, or 2 for an unknown or finished run, one whose "
+        "cancel is recorded, a bad name or payload, or other usage or I/O errors (nothing is "
+        "written then).",
     )
     signal_cmd.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     signal_cmd.add_argument("run", metavar="RUN", help="the run's id")
