@@ -49,6 +49,7 @@ from attempt_kernel import (
     StepCalled,
     StepContext,
     StepFailed,
+    TimedOut,
     Workflow,
     WorkflowDiverged,
     WorkflowError,
@@ -1287,6 +1288,39 @@ def test_a_recorded_failure_the_function_caught_is_handed_back_though_the_code_n
     [again] = resumed.reports
     assert (again.status, again.result) == ("succeeded", [1, 2])
     assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "broken@1"] == [1]
+
+
+def test_a_recorded_deadline_the_function_caught_is_handed_back_though_the_code_now_retries_more(
+    tmp_path: Path,
+) -> None:
+    """The same for a last try ended by its step deadline, which wrote no result: the
+    policy the code passes now decided, so raised max_attempts retried the step the
+    function had gone on from, and the run was called divergent."""
+    limit = [1]
+
+    async def hangs(ctx: StepContext) -> JSON:
+        await asyncio.Event().wait()
+        return None
+
+    @workflow("deadlines")
+    async def flow(run: RunContext) -> JSON:
+        try:
+            await run.step("slow", hangs, retry=RetryPolicy(max_attempts=limit[-1]), step_deadline=0.01)
+        except StepFailed as failed:
+            if not isinstance(failed.outcome.state, TimedOut):
+                raise
+        return [await run.step("b", echo, 1), await run.step("c", echo, 2)]
+
+    clean = tmp_path / "clean.jsonl"
+    execute(clean, flow, "t-1")
+    cut = next(i for i, r in enumerate(records(clean)) if r.get("step") == "c@3")
+    log = crash_after(clean, cut, tmp_path / LOG)
+    limit.append(3)
+    resumed = resume_log(log, [flow])
+    assert resumed.diverged == ()
+    [again] = resumed.reports
+    assert (again.status, again.result) == ("succeeded", [1, 2])
+    assert [r["attempt"] for r in of_type(log, "created") if r["step"] == "slow@1"] == [1]
 
 
 def fails_once_then_gate(result: str) -> tuple[Callable[[StepContext], Awaitable[JSON]], Callable[[StepContext], Awaitable[JSON]]]:

@@ -48,6 +48,7 @@ from attempt_kernel import (
     StepOutcome,
     StepResult,
     Succeeded,
+    TimedOut,
     Workflow,
     WorkflowError,
     load_workflow,
@@ -406,6 +407,62 @@ def test_a_step_done_with_its_last_try_is_not_retried_under_a_policy_that_now_al
     report = resume(path, workflow(calls, until(9), RetryPolicy(max_attempts=5)), time)
     assert calls.attempts == [] and report.status == "failed"
     assert (the_step(report).state, the_step(report).attempts) == (Failed(), 2)
+    assert replay(path).valid
+
+
+class Hangs:
+    """A step that never returns: its step deadline ends each of its attempts."""
+
+    def __init__(self) -> None:
+        self.attempts: list[int] = []
+
+    async def run(self, ctx: StepContext) -> JSON:
+        self.attempts.append(ctx.attempt)
+        await asyncio.Event().wait()
+        return None
+
+
+def hanging(hangs: Hangs, policy: RetryPolicy) -> Workflow:
+    return load_workflow("w", [Step(name="s", run=hangs.run, retry=policy, step_deadline=0.01)])
+
+
+def test_the_last_try_ended_by_its_step_deadline_says_so_in_a_result(tmp_path: Path) -> None:
+    """Two tries allowed, both past their deadline: the second's end is a result that says
+    `retry: false`, written before its TimedOut; the first writes none (a try follows it)."""
+    hangs, time = Hangs(), FakeTime()
+    report = execute(tmp_path / "log", hanging(hangs, RetryPolicy(max_attempts=2)), time)
+    assert hangs.attempts == [1, 2] and report.status == "failed"
+    assert (the_step(report).state, the_step(report).error) == (TimedOut(), "step deadline passed")
+    assert [(r.attempt, r.error, r.retryable) for r in results(tmp_path / "log")] == [
+        (2, "step deadline passed", False)
+    ]
+    assert replay(tmp_path / "log").valid
+
+
+def test_a_deadline_the_policy_does_not_retry_ends_the_step_at_its_first_try_and_says_so(tmp_path: Path) -> None:
+    """retry_on_timeout=False with five tries allowed: the first deadline ends the step, in the log."""
+    hangs, time = Hangs(), FakeTime()
+    report = execute(tmp_path / "log", hanging(hangs, RetryPolicy(max_attempts=5, retry_on_timeout=False)), time)
+    assert hangs.attempts == [1] and the_step(report).state == TimedOut()
+    assert [(r.attempt, r.retryable) for r in results(tmp_path / "log")] == [(1, False)]
+
+
+def test_a_step_whose_last_try_passed_its_deadline_is_not_retried_under_a_policy_that_now_allows_more(
+    tmp_path: Path,
+) -> None:
+    """Timed out on the last of two tries, then a crash before the run's end was written;
+    the code now allows five tries. The step was done: recovery runs nothing again (it
+    ran tries 3, 4 and 5 when the log did not say so)."""
+    hangs, time = Hangs(), FakeTime()
+    execute(tmp_path / "clean", hanging(hangs, RetryPolicy(max_attempts=2)), time)
+    lines = (tmp_path / "clean").read_bytes().splitlines(keepends=True)
+    assert b"run_finished" in lines[-1]
+    path = tmp_path / "log"
+    path.write_bytes(b"".join(lines[:-1]))
+    hangs = Hangs()
+    report = resume(path, hanging(hangs, RetryPolicy(max_attempts=5)), time)
+    assert hangs.attempts == [] and report.status == "failed"
+    assert (the_step(report).state, the_step(report).attempts) == (TimedOut(), 2)
     assert replay(path).valid
 
 

@@ -82,6 +82,7 @@ from ._ledger import (
     RunStatus,
     RunView,
     StepView,
+    deadline_message,
     has_succeeded,
     may_run_again,
     retry_wait,
@@ -369,6 +370,7 @@ _SUCCEED: Final = Succeed()
 _FAIL: Final = Fail()
 _QUEUE_DEADLINE_PASSED: Final = QueueDeadlinePassed()
 _STEP_DEADLINE_PASSED: Final = StepDeadlinePassed()
+_STEP_DEADLINE_MESSAGE: Final = deadline_message(_STEP_DEADLINE_PASSED)
 _DISPATCH: Final = Dispatch()
 _PLANNED: Final = Planned()
 
@@ -1184,7 +1186,16 @@ class Executor:
             try:
                 output = await _guarded_within(self._deadlines, step.step_deadline, step.run(context))
             except asyncio.TimeoutError:
-                self._move(run, name, _STEP_DEADLINE_PASSED)
+                if step.retry.retry_on_timeout and not self._last_try(run, step):
+                    self._move(run, name, _STEP_DEADLINE_PASSED)
+                else:
+                    # No try follows: that decision is a record, as a failed last
+                    # try's is (`_last_try`), so recovery keeps it under any policy
+                    self._conclude(
+                        run, name,
+                        StepResult(step=name, attempt=number, error=_STEP_DEADLINE_MESSAGE, retryable=False),
+                        _STEP_DEADLINE_PASSED,
+                    )  # fmt: skip
                 return
             except asyncio.CancelledError:
                 if self._ledger.runs[run].stop_requested:
