@@ -2390,11 +2390,16 @@ class RunHolds:
             "SELECT EXISTS (SELECT 1 FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
             " WHERE r.run = %s AND NOT r.done AND NOT w.dead)"
         ).format(s=sql.Identifier(schema))
+        # Held for good by another process, and by this session: a lock granted
+        # just as its lock timeout fired stays held though the statement failed
+        # (PostgreSQL grants a lock that came while the timeout was handled).
         self._held_for_good: Final = (
-            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            "SELECT coalesce(bool_or(pid <> pg_backend_pid()), false),"
+            " coalesce(bool_or(pid = pg_backend_pid()), false) FROM pg_locks"
+            " WHERE locktype = 'advisory' AND granted"
             " AND mode = 'ExclusiveLock' AND database = (SELECT oid FROM pg_database"
             " WHERE datname = current_database()) AND classid = %s::oid AND objid = %s::oid"
-            " AND objsubid = 1)"
+            " AND objsubid = 1"
         )
         self._closing: Final = threading.Event()
         self._watcher: threading.Thread | None = None
@@ -2440,7 +2445,9 @@ class RunHolds:
         taken = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (True,)
         while not taken:
             held = self._conn.execute(self._held_for_good, oids).fetchone()
-            if held != (False,):
+            if held == (False, True):
+                break  # granted as the wait timed out: held once, as if the wait had succeeded
+            if held != (False, False):
                 return False
             try:
                 self._conn.execute("SELECT pg_advisory_lock(%s)", (key,))
