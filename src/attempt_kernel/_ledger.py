@@ -1108,7 +1108,7 @@ class Ledger:
                     f"attempt {change.attempt} of {_where(run, change)} created after attempt"
                     f" {previous.number} (expected {previous.number + 1})"
                 )
-            elif type(previous.state) is Succeeded:
+            elif has_succeeded(previous.state):
                 self._violate(
                     f"attempt {change.attempt} of {_where(run, change)} created after attempt"
                     f" {previous.number} Succeeded; that step is done"
