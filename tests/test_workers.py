@@ -12,6 +12,7 @@ runs the lease decisions (`_lease`) on a fake clock.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from attempt_kernel import (
     Dispatched,
     Indeterminate,
     IntentChanged,
+    IntentPlanned,
     Record,
     RunCancelRequested,
     RunFinished,
@@ -334,14 +336,23 @@ def test_a_view_that_does_not_hold_writes_each_record_at_once(pg_url: str, schem
 #  record 1 (the start) goes in with records 2 and 3 (prepare's creation
 #  and admission), 15 with 16 (finish's result and Succeed); 17 (the end)
 #  goes in with the close of the run's row (the test after this one).
+#  and what the taker says the charge's reconciler answered (None: not asked,
+#  no intent was outstanding).
+NOT_SENT = "it did not happen (intent Rejected)"
+SENT = "it happened (intent Confirmed)"
+UNKNOWN = "unknown (the test switched the reconciler off)"
 KILLS = [
-    pytest.param(1, {}, {}, "prepare-running", "succeeded", 1, id="after-the-start-and-the-first-admission"),
-    pytest.param(7, {}, {}, "charge-running", "succeeded", 1, id="charge-running"),
-    pytest.param(9, {}, {}, "dispatched", "succeeded", 1, id="after-dispatched-reconciled-not-sent"),
-    pytest.param(9, {}, {"RECONCILE": "off"}, "dispatched", "needs-reconciliation", 0, id="after-dispatched-unknown"),
-    pytest.param(0, {"CRASH_IN_EFFECT": "1"}, {}, "dispatched", "succeeded", 1, id="inside-the-effect-reconciled-sent"),
-    pytest.param(10, {}, {}, "confirmed", "succeeded", 1, id="after-confirmed"),
-    pytest.param(16, {}, {}, "finish-succeeded", "succeeded", 1, id="every-attempt-ended-no-run-end"),
+    pytest.param(1, {}, {}, "prepare-running", "succeeded", 1, None, id="after-the-start-and-the-first-admission"),
+    pytest.param(7, {}, {}, "charge-running", "succeeded", 1, None, id="charge-running"),
+    pytest.param(9, {}, {}, "dispatched", "succeeded", 1, NOT_SENT, id="after-dispatched-reconciled-not-sent"),
+    pytest.param(
+        9, {}, {"RECONCILE": "off"}, "dispatched", "needs-reconciliation", 0, UNKNOWN, id="after-dispatched-unknown"
+    ),
+    pytest.param(
+        0, {"CRASH_IN_EFFECT": "1"}, {}, "dispatched", "succeeded", 1, SENT, id="inside-the-effect-reconciled-sent"
+    ),
+    pytest.param(10, {}, {}, "confirmed", "succeeded", 1, None, id="after-confirmed"),
+    pytest.param(16, {}, {}, "finish-succeeded", "succeeded", 1, None, id="every-attempt-ended-no-run-end"),
 ]
 
 
@@ -361,7 +372,7 @@ def kind(record: Record) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("n", "killed_env", "taker_env", "nth", "outcome", "sent"), KILLS)
+@pytest.mark.parametrize(("n", "killed_env", "taker_env", "nth", "outcome", "sent", "answer"), KILLS)
 def test_a_killed_workers_run_is_taken_over_and_finished(
     pg_url: str,
     schema: str,
@@ -373,8 +384,10 @@ def test_a_killed_workers_run_is_taken_over_and_finished(
     nth: str,
     outcome: str,
     sent: int,
+    answer: str | None,
 ) -> None:
-    """SIGKILL right after record N; a second worker finds it dead and closes the run."""
+    """SIGKILL right after record N; a second worker finds it dead, says what the reconciler
+    answered about the outstanding charge, and closes the run."""
     submit_run(pg_url, "pay", "r1", schema=schema)
     env = {**killed_env, **({"KILL_AFTER": str(n)} if n else {})}
     code, out = finish(worker(pg_url, schema, tmp_path, **env))
@@ -388,12 +401,44 @@ def test_a_killed_workers_run_is_taken_over_and_finished(
     assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, outcome, 2)]
     records = journal_records(pg_url, schema)
     assert records[: len(before)] == before  # the taker only appended
+    told = [line for line in out.splitlines() if "asked the reconciler" in line]
+    if answer is None:
+        assert told == [], out
+    else:
+        [key] = {r.change.key for r in records if isinstance(r.change, IntentPlanned)}
+        assert told == [f"r1 charge#1: asked the reconciler about 'card' ({key}): {answer}"], out
     with PgJournal(pg_url, schema=schema) as journal:
         assert replay(journal).valid
     assert max(succeeded_per_step(records).values()) == 1
     keys = Counter(calls(downstream))
     assert keys == (Counter({"r1/charge/card": sent}) if sent else Counter())
     assert all(count == 1 for count in keys.values()) or ended_indeterminate(records, "charge")
+
+
+@pytest.mark.slow
+def test_a_reconciler_that_could_not_tell_is_a_warning_of_the_taker(
+    pg_url: str,
+    schema: str,
+    tmp_path: Path,
+    downstream: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The charge's reconciler cannot tell whether the card was charged: the worker that took the
+    run over logs that at WARNING (the attempt ends Indeterminate because of it), naming the key."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER="9"))
+    assert code == -signal.SIGKILL, out
+    assert len(expire_heartbeats(pg_url, schema)) == 1
+    monkeypatch.setenv("RECONCILE", "off")
+    with caplog.at_level(logging.INFO, logger="attempt_kernel"):
+        assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    [key] = {r.change.key for r in journal_records(pg_url, schema) if isinstance(r.change, IntentPlanned)}
+    told = [(r.levelname, r.getMessage()) for r in caplog.records if "asked the reconciler" in r.getMessage()]
+    assert told == [
+        ("WARNING", f"r1 charge#1: asked the reconciler about 'card' ({key}): unknown (the test switched the reconciler off)")
+    ]
+    assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "needs-reconciliation")]
 
 
 @pytest.mark.slow

@@ -252,6 +252,12 @@ def test_a_worker_killed_inside_the_agents_effect_is_taken_over_and_each_effect_
     assert code == 0, out
     assert "r1: taken over from worker" in out and "at fence 2" in out, out
     assert "r1 open_ticket@6#1: Running -> Cancelled" in out and "r1: succeeded" in out, out
+    [key] = {r["key"] for r in of_run(exported(db, tmp_path), "r1", "intent_planned") if r["step"] == "open_ticket@6"}
+    answer = "it happened (intent Confirmed)" if found == "Confirmed" else "it did not happen (intent Rejected)"
+    told = [line.split(" ", 1)[1] for line in out.splitlines() if "asked the reconciler" in line]
+    assert told == [
+        f"INFO    r1 open_ticket@6#1: asked the reconciler about 'ticket' ({key}): {answer}"
+    ], out
     assert "think@1" not in out and "send_email@4" not in out, out  # answered from the journal
     assert row(db, "r1") == [(True, "succeeded", 2)]
     assert raw_records(db, "r1")[: len(before)] == before  # the taker only appended

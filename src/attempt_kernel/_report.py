@@ -21,7 +21,7 @@ from typing_extensions import assert_never
 from ._attempt import TransitionCause, is_terminal
 from ._codec import cause_name, intent_cause_name, intent_state_name, state_name
 from ._outcome import RunReport
-from ._findings import EffectHappened, EffectNotHappened, EffectUnknown
+from ._findings import EffectFinding, EffectHappened, EffectNotHappened, EffectUnknown
 from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory, WaitHistory
 from ._ledger import OpenAttempt, signals_taken
 from ._records import JSON
@@ -278,23 +278,26 @@ def taken_up_text(recovery: Recovery) -> str:
     return "\n".join([f"recover: run {head}: its code matches the log", *_settled_lines(recovery)]) + "\n"
 
 
+def answer_text(finding: EffectFinding) -> str:
+    """What a reconciler answered, in words: ``it happened (intent Confirmed)``, ``unknown (why)``."""
+    match finding:
+        case EffectHappened():
+            return "it happened (intent Confirmed)"
+        case EffectNotHappened():
+            return "it did not happen (intent Rejected)"
+        case EffectUnknown():
+            return f"unknown ({finding.reason})" if finding.reason else "unknown"
+        case _:
+            assert_never(finding)
+
+
 def _settled_lines(recovery: Recovery) -> list[str]:
     """The reconcilers asked and the orphans ended, one line each."""
     out: list[str] = []
     for asked in recovery.asked:
-        finding = asked.finding
-        match finding:
-            case EffectHappened():
-                answer = "it happened (intent Confirmed)"
-            case EffectNotHappened():
-                answer = "it did not happen (intent Rejected)"
-            case EffectUnknown():
-                answer = f"unknown ({shown(finding.reason)})" if finding.reason else "unknown"
-            case _:
-                assert_never(finding)
         out.append(
             f"  asked the reconciler of {shown(asked.run)} / {shown(asked.step)} #{asked.attempt}"
-            f" about {shown(asked.intent)} ({shown(asked.key)}): {answer}"
+            f" about {shown(asked.intent)} ({shown(asked.key)}): {shown(answer_text(asked.finding))}"
         )
     for o in recovery.orphans:
         keys = (

@@ -90,12 +90,13 @@ from typing import Any, Final, Protocol
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
-from typing_extensions import LiteralString, final
+from typing_extensions import LiteralString, assert_never, final
 
 from .._codec import encode_record
 from .._errors import AttemptKernelError
 from .._coderun import WorkflowDiverged
 from .._executor import Executor, RunControl, RunRefused, handling_signals
+from .._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from .._observe import RunObserver, tell
 from ._journal import (
@@ -126,6 +127,7 @@ from .._operate import refusal
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
 from .._records import JSON, Change, LogItem, RunCancelRequested, RunFinished, RunStarted
 from .._recovery import Recovery, recover
+from .._report import answer_text
 from .._store import DispatchRefused
 from .._workflow import Workflow
 
@@ -907,6 +909,25 @@ class Worker:
         if self._progress is not None:
             self._progress(line)
 
+    def _say_asked(self, recovery: Recovery) -> None:
+        """What each reconciler asked in taking a run over answered. An answer nobody could give
+        (the reconciler said so, raised, or ran past its deadline) is a warning: it is why the
+        attempt ends Indeterminate, and the log keeps no record of it."""
+        for asked in recovery.asked:
+            finding = asked.finding
+            match finding:
+                case EffectUnknown():
+                    level = logging.WARNING
+                case EffectHappened() | EffectNotHappened():
+                    level = logging.INFO
+                case _:
+                    assert_never(finding)
+            self._say(
+                f"{asked.run} {asked.step}#{asked.attempt}: asked the reconciler about"
+                f" {asked.intent!r} ({asked.key}): {answer_text(asked.finding)}",
+                level,
+            )
+
     def _verdict(self) -> LeaseVerdict:
         heart = self._heart
         assert heart is not None
@@ -971,6 +992,7 @@ class Worker:
                 for change, time_us in written:  # told here, on the loop, as an executor tells them
                     tell(self._observers, run, change, time_us)
                 prior = next((r.steps for r in recovery.runs if r.run == run), None)
+                self._say_asked(recovery)
                 for orphan in recovery.orphans:
                     self._say(
                         f"{run}: orphan {orphan.step}#{orphan.attempt} ended"
@@ -993,6 +1015,7 @@ class Worker:
                 pools=self._pools,
                 let_go_after=LET_GO_AFTER,
                 observers=self._observers,
+                on_taken_up=self._say_asked,
             )
             self._executors.add(executor)
             self._driving[run] = executor
