@@ -566,6 +566,56 @@ def test_a_worker_serves_a_waiting_run_and_stops_on_sigterm_when_idle(tmp_path: 
 
 
 @pytest.mark.slow
+def test_an_idle_worker_waits_for_a_run_that_took_the_log_then_serves_what_it_left(tmp_path: Path) -> None:
+    """An idle worker holds no lock, so `run` may take the log: the worker, woken by its
+    records, says it waits for that process and stays; once the run is stopped (SIGTERM,
+    its run left waiting) the worker takes the run up, and a signal finishes it."""
+    (tmp_path / LOG).touch()
+    worker = start(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER", WAIT_BOOK="book")
+    read_until(worker, "worker: idle; watching a.jsonl and its inbox for changes\n")
+    runner = start(tmp_path, "run", "waitflows:APPROVER", "--log", LOG, "--run", RUN, WAIT_BOOK="book")
+    wait_for(has(tmp_path / LOG, WaitStarted), runner)
+    seen = read_until(
+        worker, "worker: another process is writing a.jsonl (a `run`, `recover` or `resume`); waiting until it lets go\n"
+    )
+    assert worker.poll() is None, seen
+    runner.send_signal(signal.SIGTERM)
+    runner.communicate(timeout=60)
+    assert runner.returncode == 143
+    wait_for(has(tmp_path / LOG, RunResumed), worker)
+    sent = cli(tmp_path, "signal", LOG, RUN, "approve")
+    assert sent.returncode == 0, sent.stderr
+    seen = read_until(worker, "worker: idle; watching a.jsonl and its inbox for changes\n")
+    assert "run status: succeeded\n" in seen, seen
+    worker.send_signal(signal.SIGTERM)
+    out, err = worker.communicate(timeout=60)
+    assert (worker.returncode, err) == (143, ""), seen + out + err
+    assert len(book(tmp_path / "book")) == 1
+    assert cli(tmp_path, "replay", LOG).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_worker_stopped_while_it_waits_for_the_log_exits_as_an_idle_one(tmp_path: Path) -> None:
+    """SIGINT while another process holds the log: the waiting worker stops at once (130),
+    having written nothing."""
+    (tmp_path / LOG).touch()
+    worker = start(tmp_path, "worker", LOG, "--workflows", "waitflows:APPROVER")
+    read_until(worker, "worker: idle; watching a.jsonl and its inbox for changes\n")
+    runner = start(tmp_path, "run", "waitflows:APPROVER", "--log", LOG, "--run", RUN)
+    wait_for(has(tmp_path / LOG, WaitStarted), runner)
+    read_until(
+        worker, "worker: another process is writing a.jsonl (a `run`, `recover` or `resume`); waiting until it lets go\n"
+    )
+    written = (tmp_path / LOG).read_bytes()
+    worker.send_signal(signal.SIGINT)
+    out, err = worker.communicate(timeout=60)
+    assert (worker.returncode, out, err) == (130, "worker: stopped by SIGINT while idle; no run was live\n", "")
+    runner.send_signal(signal.SIGTERM)
+    runner.communicate(timeout=60)
+    assert (tmp_path / LOG).read_bytes().startswith(written)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("torn", [False, True], ids=["clean", "torn-tail"])
 def test_worker_until_idle_finishes_a_run_signalled_from_outside(tmp_path: Path, torn: bool) -> None:
     """With a torn tail, the signal waited in the inbox: the worker cuts the tail, then takes it in."""

@@ -43,8 +43,8 @@ from .._executor import Job, RunsStopped, Stopper, recorded_report, run_jobs
 from .._history import run_history
 from .._ledger import Ledger, RunView
 from .._observe import utc
-from .._logfile import FileLog, LogWriteFailed, RunLogWriter, open_regular
-from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run
+from .._logfile import FileLog, LogLocked, LogWriteFailed, RunLogWriter, open_regular
+from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run, writer_holds
 from .._inbox import inbox_path, inbox_size, settle_inbox
 from .._operate import (
     MAX_JSON_DEPTH, Build, Delivered, Delivery, cancel_change, json_problem, reconcile_change, signal_change,
@@ -1736,10 +1736,6 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
     if len(names) < len(workflows):
         raise _Usage("two of the --workflows have the same name")
     again = _suggested("worker", log, *(word for t in targets for word in ("--workflows", t)))
-    caught: list[int] = []
-
-    def on_signal(number: int, frame: object) -> None:
-        caught.append(number)
 
     def print_recovery(recovery: Recovery) -> None:
         for line in recovery.taken_in:
@@ -1754,6 +1750,7 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
 
     print(f"worker: serving the runs of {shown(log)} ({', '.join(shown(n) for n in sorted(names))})", flush=True)
     diverged: set[str] = set()
+    first = True
     while True:
         before = _marks(log)
         try:
@@ -1774,6 +1771,20 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
             )
         except RunsStopped as error:
             return _stopped("worker", error, again)
+        except LogLocked:
+            if first:  # refused as `run` and `recover` are refused while a process writes the log
+                raise
+            # An idle worker holds no lock, so a `run`, `recover` or `resume` may have
+            # taken the log meanwhile: its turn first, then whatever it leaves.
+            stopped = _idle_until(
+                f"worker: another process is writing {shown(log)} (a `run`, `recover` or"
+                " `resume`); waiting until it lets go",
+                lambda: not writer_holds(log),
+            )
+            if stopped is not None:
+                return stopped
+            continue
+        first = False
         for report in resumed.reports:
             sys.stdout.write(_report.run_text(report))
         for wrong in resumed.diverged:
@@ -1794,18 +1805,36 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
                 print("worker: idle; no unfinished run of these workflows is left")
             # as `recover` exits: a run whose code diverged is an error the operator must see
             return EXIT_USAGE if diverged else EXIT_OK
-        handlers = {n: signal.signal(n, on_signal) for n in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            print(f"worker: idle; watching {shown(log)} and its inbox for changes", flush=True)
-            while _marks(log) == seen and not caught:
-                time.sleep(IDLE_POLL)
-        finally:
-            for number, handler in handlers.items():
-                signal.signal(number, handler)
-        if caught:
-            name = signal.Signals(caught[0]).name
-            print(f"worker: stopped by {name} while idle; no run was live", flush=True)
-            return 128 + caught[0]
+        stopped = _idle_until(
+            f"worker: idle; watching {shown(log)} and its inbox for changes", lambda: _marks(log) != seen
+        )
+        if stopped is not None:
+            return stopped
+
+
+def _idle_until(saying: str, done: Callable[[], bool]) -> int | None:
+    """Print ``saying``, then poll ``done`` every `IDLE_POLL` seconds, no run live, until it
+    holds (None) or SIGINT or SIGTERM comes: then say so and return the exit code (130, 143).
+
+    The signals are caught before the line is printed: one sent on seeing it stops the
+    worker as an idle one."""
+    caught: list[int] = []
+
+    def on_signal(number: int, frame: object) -> None:
+        caught.append(number)
+
+    handlers = {n: signal.signal(n, on_signal) for n in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        print(saying, flush=True)
+        while not caught and not done():
+            time.sleep(IDLE_POLL)
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+    if not caught:
+        return None
+    print(f"worker: stopped by {signal.Signals(caught[0]).name} while idle; no run was live", flush=True)
+    return 128 + caught[0]
 
 
 def _metrics_served(args: argparse.Namespace) -> _metrics.WorkerExposition | None:
