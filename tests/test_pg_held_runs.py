@@ -14,6 +14,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 import time
+from typing import Final
+
 import psycopg
 import pytest
 from psycopg import sql
@@ -25,7 +27,7 @@ from attempt_kernel._operate import Build, Delivery
 from attempt_kernel._records import Record, RunCancelRequested, RunStarted, SignalSent
 from attempt_kernel.postgres import PgJournal, PgJournalError
 from attempt_kernel.postgres._deliver import deliver_pg
-from attempt_kernel.postgres._journal import RunHolds, hold_key, send_key
+from attempt_kernel.postgres._journal import HELD_KEYS, RunHolds, hold_key, hold_key_head, hold_key_sql, send_key
 
 pytestmark = pytest.mark.postgres
 
@@ -330,3 +332,58 @@ def test_a_lock_granted_as_its_lock_timeout_fired_is_taken_not_mistaken_for_anot
                 assert other.take("r") is True
     finally:
         sender.close()
+
+
+# --------------------------------------------------------------------------
+# The run's key, in Python and in SQL
+# --------------------------------------------------------------------------
+
+RUN_IDS: Final = (
+    "r",
+    "orders-1",
+    "café",
+    "日本語の注文",
+    "🎉 party",
+    "tab\there",
+    "line\nfeed\r",
+    "\x01\x1b\x1f\x7f\x80\x9f",
+    "quote ' backslash \\ percent %s",
+    "\u200b\u00a0\ufeff",
+    "",
+)
+
+
+def test_hold_keys_are_the_first_64_bits_of_sha256_as_a_signed_bigint() -> None:
+    """Written down from ``printf 'attempt-kernel\\0attempt_kernel\\0r' | sha256sum`` and
+    the like: a process of one version and a worker of another must agree on every key."""
+    assert hold_key("attempt_kernel", "r") == 0x1A4992AB17ACEAC0
+    assert hold_key("attempt_kernel", "orders-1") == 0xE983907A74908172 - 2**64
+    assert hold_key("attempt_kernel", "café") == 0xBDCE2AB3218544D8 - 2**64
+    assert send_key("attempt_kernel", "r") == 0xD619DB46C6A13F6F - 2**64
+
+
+@pytest.mark.parametrize("run", RUN_IDS)
+def test_the_sql_hold_key_is_the_python_one(pg_url: str, schema: str, run: str) -> None:
+    """A worker's claim makes the key in SQL, `RunHolds` in Python: the same bigint for
+    every id, non-ASCII and control characters included, in any schema."""
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        for where in ("attempt_kernel", schema):
+            row = conn.execute(
+                "SELECT " + hold_key_sql("%(run)s::text"), {"hold": hold_key_head(where), "run": run}
+            ).fetchone()
+            assert row == (hold_key(where, run),), (where, run)
+
+
+def test_held_keys_lists_the_keys_processes_hold_and_not_an_operators(pg_url: str, schema: str) -> None:
+    """A key whose high bit is set (``orders-1``'s) too: ``pg_locks`` shows it as two oids."""
+    PgJournal(pg_url, schema=schema).close()  # the tables
+    keys = {run: hold_key(schema, run) for run in ("r", "orders-1", "s")}
+    with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema) as holds:
+        assert holds.take("r") and holds.take("orders-1")
+        with sender.transaction():
+            sender.execute("SELECT pg_advisory_xact_lock_shared(%s)", (keys["s"],))
+            row = sender.execute("SELECT " + HELD_KEYS).fetchone()
+        assert row is not None
+        [held] = row
+        assert isinstance(held, list)
+        assert sorted(keys[run] for run in keys if keys[run] in held) == sorted([keys["r"], keys["orders-1"]])

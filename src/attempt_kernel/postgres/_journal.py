@@ -2332,9 +2332,41 @@ def in_schema(text: LiteralString, schema: str) -> sql.Composed:
 
 def hold_key(schema: str, run: str, *, purpose: str = "attempt-kernel") -> int:
     """The advisory-lock key of ``run`` in ``schema`` (`RunHolds`; another ``purpose``, another
-    key, never the same text): 64 bits of BLAKE2b, as a signed bigint."""
-    text = f"{purpose}\0{schema}\0{run}".encode("utf-8", "surrogatepass")
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big", signed=True)
+    key, never the same text): the first 64 bits of SHA-256, as a signed bigint.
+
+    `hold_key_sql` makes the same key in SQL (a worker's claim passes over the
+    runs a process holds), so both hash the same bytes: `hold_key_head`, then
+    the run id in UTF-8."""
+    text = hold_key_head(schema, purpose=purpose) + run.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.sha256(text).digest()[:8], "big", signed=True)
+
+
+def hold_key_head(schema: str, *, purpose: str = "attempt-kernel") -> bytes:
+    """What a hold key hashes before the run id (`hold_key`): the parameter ``%(hold)s``
+    of `hold_key_sql`."""
+    return f"{purpose}\0{schema}\0".encode()
+
+
+def hold_key_sql(run: LiteralString) -> LiteralString:
+    """`hold_key` in SQL, of the run id the expression ``run`` gives, with ``%(hold)s``
+    bound to `hold_key_head`: SHA-256 is built into PostgreSQL (11 and later), so no
+    extension is needed, and ``bit(64)::bigint`` reads the first 8 bytes as a signed
+    bigint, as ``int.from_bytes(..., signed=True)`` does."""
+    return (
+        "('x' || encode(substr(sha256(%(hold)s::bytea || convert_to(" + run + ", 'UTF8')), 1, 8),"
+        " 'hex'))::bit(64)::bigint"
+    )
+
+
+HELD_KEYS: Final[LiteralString] = (
+    "ARRAY(SELECT (l.classid::bigint << 32) | l.objid::bigint FROM pg_locks AS l"
+    " WHERE l.locktype = 'advisory' AND l.mode = 'ExclusiveLock' AND l.objsubid = 1"
+    " AND l.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database()))"
+)
+"""The keys that processes hold for good, or wait to (`RunHolds` takes a run's key
+exclusively; an operator's change only ever takes it shared): a bigint key shows in
+``pg_locks`` as its high and low 32 bits. Compare `hold_key_sql` with it; a subquery,
+so PostgreSQL reads ``pg_locks`` once per statement, and only once a row asks."""
 
 
 def send_key(schema: str, run: str) -> int:
