@@ -4,9 +4,10 @@
 advisory lock (`RunHolds`) and number its records themselves. A change sent
 to such a run must not be written among those records (it would take the
 number the process gives its next record): it waits in the journal's inbox,
-and the process takes it in (`PgJournal.take_in`). These tests drive the
-pieces directly, against a real server; tests/test_cli_pg.py drives the
-commands.
+and the process takes it in (`PgJournal.take_in`). Nor may a worker claim
+such a run: its claim passes over a run whose key a process holds, made in
+SQL as `hold_key` makes it in Python. These tests drive the pieces
+directly, against a real server; tests/test_cli_pg.py drives the commands.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 import time
+from pathlib import Path
 from typing import Final
 
 import psycopg
 import pytest
+from pgtools import sql_in
 from psycopg import sql
 from typing_extensions import LiteralString
+from workerflows.pay import PAY, calls
 
 from attempt_kernel._codec import encode_record
 from attempt_kernel._ledger import Ledger
@@ -28,6 +32,8 @@ from attempt_kernel._records import Record, RunCancelRequested, RunStarted, Sign
 from attempt_kernel.postgres import PgJournal, PgJournalError
 from attempt_kernel.postgres._deliver import deliver_pg
 from attempt_kernel.postgres._journal import HELD_KEYS, RunHolds, hold_key, hold_key_head, hold_key_sql, send_key
+from attempt_kernel.postgres._worker import run_worker, submit_run
+from attempt_kernel.postgres._worker import _CLAIM, _statement  # pyright: ignore[reportPrivateUsage]  # the claim statement under test
 
 pytestmark = pytest.mark.postgres
 
@@ -203,7 +209,7 @@ def test_take_in_says_a_failed_look_once_and_takes_in_once_the_database_answers_
 
 
 def test_a_run_a_live_worker_claimed_is_not_taken_though_its_key_is_free(pg_url: str, schema: str) -> None:
-    """A worker claims first and then asks whether a process holds the run; a process
+    """A worker's claim tries the run's key in the statement that claims it; a process
     takes the key first and then asks whether a live worker claimed the run. So one of
     the two always sees the other. A run of a worker found dead is taken."""
     PgJournal(pg_url, schema=schema).close()  # the queue's tables
@@ -333,6 +339,135 @@ def test_a_lock_granted_as_its_lock_timeout_fired_is_taken_not_mistaken_for_anot
     finally:
         sender.close()
 
+
+# --------------------------------------------------------------------------
+# Workers leave a held run alone, unclaimed
+# --------------------------------------------------------------------------
+
+
+def note_claims(url: str, schema: str) -> None:
+    """Write down, in ``{s}.claims``, each update that moves a run's fence on: a claim."""
+    sql_in(url, schema, "CREATE TABLE {s}.claims (id serial, run text, fence bigint)")
+    sql_in(
+        url, schema,
+        "CREATE FUNCTION {s}.note_claim() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " INSERT INTO {s}.claims (run, fence) VALUES (NEW.run, NEW.fence); RETURN NEW; END $$",
+    )  # fmt: skip
+    sql_in(
+        url, schema,
+        "CREATE TRIGGER noted AFTER UPDATE ON {s}.runs FOR EACH ROW"
+        " WHEN (NEW.fence = OLD.fence + 1) EXECUTE FUNCTION {s}.note_claim()",
+    )  # fmt: skip
+
+
+def a_dead_workers_run_and_a_queued_one(url: str, schema: str) -> None:
+    """``r``: started by worker ``gone``, found dead, at fence 1, due an hour ago (a run
+    `recover URL` takes up, and so would a worker's claim); ``s``: queued, due after it."""
+    submit_run(url, "pay", "r", schema=schema)
+    with PgJournal(url, schema=schema) as journal:
+        journal.append("r", RunStarted(workflow="pay"))
+    sql_in(url, schema, "INSERT INTO {s}.workers (id, host, pid, dead) VALUES ('gone', 'h', 1, true)")
+    sql_in(url, schema, "UPDATE {s}.runs SET owner = 'gone', fence = 1, submitted_at = now() - interval '1 hour'")
+    submit_run(url, "pay", "s", schema=schema)
+    note_claims(url, schema)
+
+
+def claims(url: str, schema: str) -> list[tuple[object, ...]]:
+    return sql_in(url, schema, "SELECT run, fence FROM {s}.claims ORDER BY id")
+
+
+def test_a_worker_never_claims_a_run_a_process_holds_and_takes_it_up_once_let_go(
+    pg_url: str, schema: str, downstream: Path
+) -> None:
+    """A worker claimed a run that `recover URL` held (fence + 1), found it held and
+    released it, due a second later, and did so again every second for as long as the
+    hold lasted: a write and a fence each time, and the run late for up to a second once
+    let go. Its claim passes over a held run now: no claim, the row as it was (due), and
+    the worker goes on with the next run; once the run is let go, the next claim takes it."""
+    a_dead_workers_run_and_a_queued_one(pg_url, schema)
+    lines: list[str] = []
+    with RunHolds(pg_url, schema=schema) as holds:
+        assert holds.take("r") is True
+        closed = run_worker(
+            pg_url, [PAY], schema=schema, concurrency=1, heartbeat=0.2, dead_after=300,
+            stop_when_idle=True, progress=lines.append,
+        )  # fmt: skip
+        assert closed == 1
+        assert claims(pg_url, schema) == [("s", 1)]
+        assert sql_in(pg_url, schema, "SELECT owner, fence, wake_at IS NULL FROM {s}.runs WHERE run = 'r'") == [
+            ("gone", 1, True)
+        ]
+        assert [line for line in lines if line.startswith("r:")] == []
+    assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    assert claims(pg_url, schema) == [("s", 1), ("r", 2)]
+    assert sql_in(pg_url, schema, "SELECT run, done, outcome FROM {s}.runs ORDER BY run") == [
+        ("r", True, "succeeded"),
+        ("s", True, "succeeded"),
+    ]
+    assert sorted(calls(downstream)) == ["r/charge/card", "s/charge/card"]
+
+
+def test_a_run_a_process_waits_to_hold_is_not_claimed_either(pg_url: str, schema: str, downstream: Path) -> None:
+    """`recover URL` waits for the run's key while an operator's transaction holds it
+    (shared): the run is about to be held, and a worker's claim then took it and released
+    it as held. It passes over it now, as over a held run, and the process takes it."""
+    a_dead_workers_run_and_a_queued_one(pg_url, schema)
+    with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=60) as holds:
+        taken: list[bool] = []
+        with sender.transaction():
+            got = sender.execute(
+                "SELECT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),)
+            ).fetchone()
+            assert got == (True,)
+            taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
+            taker.start()
+            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+            while sender.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone() != (1,):
+                assert time.monotonic() < deadline, "the take never waited for the key"
+                time.sleep(0.01)
+            closed = run_worker(
+                pg_url, [PAY], schema=schema, concurrency=1, heartbeat=0.2, dead_after=300, stop_when_idle=True
+            )
+            assert closed == 1
+        taker.join()
+        assert taken == [True]
+        assert claims(pg_url, schema) == [("s", 1)]
+        assert sql_in(pg_url, schema, "SELECT owner, fence FROM {s}.runs WHERE run = 'r'") == [("gone", 1)]
+    assert calls(downstream) == ["s/charge/card"]
+
+
+
+def test_a_process_that_comes_for_a_run_as_a_worker_claims_it_leaves_it_to_the_worker(
+    pg_url: str, schema: str
+) -> None:
+    """The claim tries the run's key, shared, in the statement that claims it, and keeps
+    it until the claim commits: `recover` coming for the run meanwhile waits, then finds
+    the run a live worker's and leaves it. A look alone would not do: the process would
+    take the key at once, find the row still the dead worker's, and both would drive the
+    run."""
+    a_dead_workers_run_and_a_queued_one(pg_url, schema)
+    sql_in(pg_url, schema, "INSERT INTO {s}.workers (id, host, pid) VALUES ('w-live', 'h', 2)")
+    claim = _statement(_CLAIM, schema)
+    with psycopg.connect(pg_url) as claimer, RunHolds(pg_url, schema=schema, take_wait=60) as holds:
+        rows = claimer.execute(claim, {"me": "w-live", "names": ["pay"], "n": 1, "hold": hold_key_head(schema)})
+        assert [row[:2] for row in rows.fetchall()] == [("r", 2)]
+        taken: list[bool] = []
+        taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
+        taker.start()
+        with psycopg.connect(pg_url, autocommit=True) as look:
+            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+            while taker.is_alive() and look.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            ).fetchone() != (1,):
+                assert time.monotonic() < deadline, "the take never waited for the key"
+                time.sleep(0.01)
+        claimer.commit()
+        taker.join()
+        assert taken == [False]
+        assert (holds.held, holds.by_workers) == (set(), {"r"})
+    assert sql_in(pg_url, schema, "SELECT owner, fence FROM {s}.runs WHERE run = 'r'") == [("w-live", 2)]
 
 # --------------------------------------------------------------------------
 # The run's key, in Python and in SQL

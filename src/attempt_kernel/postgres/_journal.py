@@ -2404,7 +2404,8 @@ class RunHolds:
     ends its session when the connection drops). So a second ``run`` of the
     same id, or a ``recover`` while a ``run`` (or another ``recover``) drives
     a run, finds the run held and leaves it alone, as the file log's lock
-    makes a second writer wait. The locks last as long as the session: if
+    makes a second writer wait; and a worker's claim passes over a held run
+    (`Worker`), until it is let go. The locks last as long as the session: if
     its connection drops while the process goes on, `watch` says so, and
     the process must stop driving the runs.
     """
@@ -2486,9 +2487,11 @@ class RunHolds:
                 taken = True
             except psycopg.errors.LockNotAvailable:
                 pass  # only operators held it all along (a slow one): ask again
-        # Held, then asked whether a live worker claimed the run meanwhile: a worker
-        # claims first and then asks whether the run is held (`Worker`), so one of
-        # the two always sees the other, and never do both drive the run.
+        # Held, then asked whether a live worker claimed the run meanwhile: a worker's
+        # claim tries the run's key, shared, in the statement that claims it (`Worker`),
+        # and keeps it until that claim commits. So a claim that took the run came
+        # before this hold and is seen here, and one that came after found the key
+        # held and passed over the run: never do both drive it.
         try:
             row = self._conn.execute(self._worker_owns, (run,)).fetchone()
         except psycopg.errors.UndefinedTable:  # no queue in this schema: no worker either

@@ -18,7 +18,10 @@ Theory of operation:
   free slots: each run with no owner, or owned by a worker found dead, is
   locked ``FOR UPDATE SKIP LOCKED`` and given this worker's id with
   ``fence + 1``, on condition that owner and fence are still the ones
-  read; the runs come back in the order they became due. Before claiming (at most every half heartbeat
+  read; the runs come back in the order they became due. A run that a
+  process holds (``attempt-kernel run URL`` or ``recover URL``: `RunHolds`)
+  is passed over, its row untouched, and claimable again as soon as that
+  process lets it go. Before claiming (at most every half heartbeat
   period), a worker marks dead every worker whose heartbeat is older than
   ``dead_after`` by the database's clock; a worker marked dead stays dead
   (its heartbeat fails and it stops).
@@ -117,7 +120,9 @@ from ._journal import (
     INBOX_OF,
     INBOX_TAKEN,
     hand_in,
-    held_by_a_process,
+    HELD_KEYS,
+    hold_key_head,
+    hold_key_sql,
     inbox_change,
     migrate,
     usable,
@@ -205,14 +210,30 @@ _FIND_DEAD: Final[LiteralString] = (
 # signalled, or its wake time come (the runs_ready index is in this order and
 # ends the scan at now()). Up to %(n)s runs in one statement (a worker's free
 # slots), answered in the order they were due.
+#
+# Never a run that `attempt-kernel run URL` or `recover URL` holds (`RunHolds`):
+# the scan passes over a key held, or waited for, exclusively (a look at
+# pg_locks, only for a row that is otherwise claimable: the CASE keeps it
+# from rows that live workers own), so a held run neither takes a free slot
+# nor sees its fence moved; and each run picked is then tried with the
+# operators' shared try of its key (`held_by_a_process`), in the same
+# statement as its fenced update, after the LIMIT (so on %(n)s keys at most:
+# the lock table is small). That try is the worker's mark: held until the
+# claim commits, it makes a process that comes to hold the run meanwhile wait
+# for the commit, and that process then finds the run a live worker's and
+# lets it be (`RunHolds.take`); a run whose key a process took after the look
+# fails the try and is not updated. So a worker and a process never both
+# drive a run, and neither steps back for nothing.
 _CLAIM: Final[LiteralString] = (
     "WITH claimed AS (UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1, wake_at = NULL"
     " FROM (SELECT run, owner, fence, coalesce(wake_at, submitted_at) AS due FROM {s}.runs"
     "  WHERE NOT done AND coalesce(wake_at, submitted_at) <= now() AND workflow = ANY(%(names)s)"
-    "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))"
+    "  AND CASE WHEN owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead)"
+    "   THEN " + hold_key_sql("run") + " <> ALL (" + HELD_KEYS + ") ELSE false END"
     "  ORDER BY coalesce(wake_at, submitted_at), run LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS old"
     " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
     " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
+    " AND pg_try_advisory_xact_lock_shared(" + hold_key_sql("old.run") + ")"
     " RETURNING r.run, r.fence, r.workflow, r.input, old.owner,"
     " EXISTS (SELECT 1 FROM {s}.records WHERE run = r.run) AS written,"
     " EXISTS (SELECT 1 FROM {s}.inbox WHERE run = r.run) AS mail, old.due)"
@@ -228,13 +249,6 @@ _COMPLETE: Final[LiteralString] = (
 _RELEASE: Final[LiteralString] = (
     "UPDATE {s}.runs SET owner = NULL WHERE run = %s AND owner = %s AND fence = %s"
     " AND set_config('synchronous_commit', 'on', true) IS NOT NULL"
-)
-# A claimed run that `attempt-kernel run URL` or `recover URL` holds (`RunHolds`,
-# asked once the claim is committed; the holder asks the other way round):
-# released, due again in a second, for whenever that process lets it go.
-_BACK_OFF: Final[LiteralString] = (
-    "UPDATE {s}.runs SET owner = NULL, wake_at = now() + interval '1 second'"
-    " WHERE run = %s AND owner = %s AND fence = %s"
 )
 # Releasing a run that waits: the row is locked first, in a statement of its
 # own, so that the release's look at the inbox (a new snapshot in READ
@@ -253,10 +267,13 @@ _RELEASE_WAITING: Final[LiteralString] = (
 )
 # Work for a worker that stops when idle: a run claimable now, or one held
 # (by a live worker, or a dead one's to take over); a released run whose
-# wake time is still to come is not work to wait for.
+# wake time is still to come is not work to wait for, nor is a run that a
+# process holds (`RunHolds`, as in `_CLAIM`): no worker claims it while it
+# is held, and the process may hold it for as long as it runs.
 _OPEN_RUNS: Final[LiteralString] = (
-    "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%s)"
+    "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%(names)s)"
     " AND (owner IS NOT NULL OR coalesce(wake_at, submitted_at) <= now())"
+    " AND " + hold_key_sql("run") + " <> ALL (" + HELD_KEYS + ")"
 )
 LET_GO_AFTER: Final = 1.0
 """Seconds a run's every branch must wait, with no wake time sooner, before its
@@ -846,6 +863,7 @@ class Worker:
         self._closed = 0
         self._url: Final = url
         self._schema: Final = schema
+        self._hold: Final = hold_key_head(schema)
         self._workflows: Final = {w.name: w for w in workflows}
         if not self._workflows:
             raise ValueError("a worker needs at least one workflow")
@@ -947,13 +965,14 @@ class Worker:
         """One fenced statement: up to ``most`` runs, queued or held by a worker found dead
         (`_find_dead`), in the order they were due."""
         rows = conn.execute(
-            _statement(_CLAIM, self._schema), {"me": self.id, "names": self._names, "n": most}
+            _statement(_CLAIM, self._schema),
+            {"me": self.id, "names": self._names, "n": most, "hold": self._hold},
         ).fetchall()
         return [_claim_of(row) for row in rows]
 
     def _idle(self, conn: psycopg.Connection[tuple[object, ...]]) -> bool:
         row = conn.execute(
-            _statement(_OPEN_RUNS, self._schema), (self._names,)
+            _statement(_OPEN_RUNS, self._schema), {"names": self._names, "hold": self._hold}
         ).fetchone()
         return row is not None and row[0] == 0
 
@@ -968,12 +987,6 @@ class Worker:
         """Recover and drive one claimed run; True once its row is closed by this worker."""
         run = claim.run
         lease = Lease(owner=self.id, fence=claim.fence)
-        if claim.written and held_by_a_process(conn, self._schema, run):
-            # `recover URL` drives it (a run of a worker found dead, say): its records
-            # are that process's to write until it lets the run go.
-            conn.execute(_statement(_BACK_OFF, self._schema), (run, lease.owner, lease.fence))
-            self._say(f"{run}: another process (recover) drives it; released, to be claimed again in a second")
-            return False
         self._leases[run] = lease
         workflow = self._workflows[claim.workflow]
         if self._watcher is not None:
