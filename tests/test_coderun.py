@@ -778,6 +778,21 @@ def test_one_diverged_run_does_not_stop_the_others(tmp_path: Path) -> None:
     assert replay(FileLog(log)).violation_count == 0
 
 
+def test_on_diverged_is_told_of_each_run_whose_code_diverged_once(tmp_path: Path) -> None:
+    """``recover URL`` lets go of such a run there; the run is still reported as diverged."""
+    clean = tmp_path / "two.jsonl"
+    first, second = agent(Service(), ["search"]), agent(Service(), ["search"], name="other")
+    with RunLogWriter(clean, create=True) as writer:
+        run_jobs(writer, [Job(workflow=first, run="a-1"), Job(workflow=second, run="b-1")])
+    ends = [i for i, r in enumerate(records(clean)) if r["type"] == "run_finished"]
+    log = crash_after(clean, ends[0] - 1, tmp_path / "cut.jsonl")  # both unfinished
+    edited = agent(Service(), ["search"], use={"search": "email"})  # a-1's code was edited
+    told: list[str] = []
+    resumed = resume_log(log, [edited, agent(Service(), ["search"], name="other")], on_diverged=told.append)
+    assert told == ["a-1"]
+    assert [d.run for d in resumed.diverged] == ["a-1"]
+    assert [(r.run, r.status) for r in resumed.reports] == [("b-1", "succeeded")]
+
 def test_a_worker_of_another_kind_is_refused(tmp_path: Path) -> None:
     from attempt_kernel import RecoveryError, Step
 

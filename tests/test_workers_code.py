@@ -28,6 +28,7 @@ from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 
+import psycopg
 import pytest
 from pgtools import expire_heartbeats, sql_in
 from workerflows.agent import AGENT as AGENT_FLOW
@@ -35,6 +36,7 @@ from workerflows.agent import book_lines
 
 from attempt_kernel import replay
 from attempt_kernel.postgres import set_pool, submit_run
+from attempt_kernel.postgres._journal import HELD_KEYS, hold_key_head, hold_key_sql
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -396,6 +398,69 @@ def test_edited_code_that_diverges_on_a_takeover_writes_nothing_and_closes_the_r
     [end] = of_run(records, "d1", "run_finished")
     assert end["result"] == RESULT
     assert effects(downstream, "d1") == EFFECTS and each_key_sent_once(downstream)
+
+
+def held_by_a_process(url: str, run: str) -> bool:
+    """Does a process (`RunHolds`) hold ``run``'s key, or wait for it, now?"""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT " + hold_key_sql("%(run)s::text") + " = ANY (" + HELD_KEYS + ")",
+            {"hold": hold_key_head(SCHEMA), "run": run},
+        ).fetchone()
+    return row == (True,)
+
+
+def test_recover_url_lets_go_of_a_run_whose_code_diverged_while_it_drives_others(
+    db: str, tmp_path: Path, downstream: Path
+) -> None:
+    """`recover URL` held a run whose code diverged until it exited, though it would
+    write nothing more for it: while it drove its other runs (here one waiting at a
+    gate), a `recover` with the code the run started with left the run alone ("another
+    process drives it"), and no worker could claim it. It lets go of the run as soon as
+    the divergence is known now: that second `recover` finishes it meanwhile."""
+    first_gate, second_gate = tmp_path / "gate-1", tmp_path / "gate-2"
+    first_gate.mkdir()
+    second_gate.mkdir()
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", CLI_WITH_KILL, "run", AGENT, "--log", db, "--run", "d1"],
+        cwd=tmp_path, env=environment(AGENT_GATE=str(first_gate)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_at_gate(first_gate, doomed)  # past send_email@4: edited code diverges there
+    doomed.send_signal(signal.SIGKILL)
+    assert finish(doomed)[0] == -signal.SIGKILL
+    early = subprocess.run(
+        [sys.executable, "-c", CLI_WITH_KILL, "run", AGENT, "--log", db, "--run", "b1"],
+        cwd=tmp_path, env=environment(KILL_AFTER="1"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert early.returncode == -signal.SIGKILL, early.stdout + early.stderr  # its start only
+    before = raw_records(db, "d1")
+    with subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "recover", db, "--workflows", EDITED],
+        cwd=tmp_path, env=environment(AGENT_GATE=str(second_gate)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ) as recovering:  # fmt: skip
+        try:
+            wait_at_gate(second_gate, recovering)  # b1 runs on under the edited code
+            assert held_by_a_process(db, "b1")
+            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+            while held_by_a_process(db, "d1"):
+                assert time.monotonic() < deadline, "recover never let go of the run that diverged"
+                time.sleep(0.02)
+            other = cli(tmp_path, "recover", db, "--workflows", AGENT)
+        finally:
+            (second_gate / "open").touch()
+        out, err = recovering.communicate(timeout=60)
+    assert other.returncode == 0, other.stdout + other.stderr
+    assert "resuming run d1 (workflow agent)" in other.stdout, other.stdout
+    assert "recover: leaving run b1 alone: another process (run or recover) drives it" in other.stdout, other.stdout
+    assert recovering.returncode == 2, out + err
+    assert "run 'd1' diverged at position 4" in err, err
+    assert raw_records(db, "d1")[: len(before)] == before
+    assert statuses(db, tmp_path) == {"b1": "succeeded", "d1": "succeeded"}
+    assert effects(downstream, "d1") == EFFECTS
+    assert effects(downstream, "b1") == Counter({"post_chat@4/chat": 1, "open_ticket@6/ticket": 1})
+    assert each_key_sent_once(downstream)
 
 
 # --------------------------------------------------------------------------

@@ -1993,9 +1993,16 @@ def drive_jobs(
     on_wait: Callable[[str, WaitStarted], None] | None = None,
     stopper: Stopper | None = None,
     let_go_after: float | None = None,
+    on_diverged: Callable[[str], None] | None = None,
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
-    reports (``on_taken_up``, ``on_wait``, ``let_go_after``: as `Executor` says)."""
+    reports (``on_taken_up``, ``on_wait``, ``let_go_after``: as `Executor` says).
+
+    ``on_diverged`` is called with a run's id as soon as its code diverged
+    (nothing was written for it, and nothing more will be), while the other
+    runs go on, on the event loop's thread (the runs wait for it): a process
+    that holds the run may let it go there. From then on this call takes in
+    nothing for that run (its changes are the next holder's)."""
     caught: list[int] = []  # the stop's signal, from a signal or the stopper
     signalled: list[int] = []  # the signals themselves: a second one exits at once
 
@@ -2118,6 +2125,10 @@ def drive_jobs(
                             if task.done():
                                 del driving[run]
                                 ended[run] = task.result()
+                                if isinstance(ended[run], WorkflowDiverged) and on_diverged is not None:
+                                    runs.remove(run)  # the pump's, and the last look's
+                                    on_diverged(run)
+                                    continue
                                 # A change taken in as the run was let go (its report
                                 # not in yet, or the executor still finishing the let-go)
                                 # was recorded with no one to take the run up again.

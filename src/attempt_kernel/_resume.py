@@ -60,6 +60,7 @@ def resume_log(
     stopper: Stopper | None = None,
     let_go_after: float | None = None,
     claimable: Callable[[Collection[str]], Collection[str]] | None = None,
+    on_diverged: Callable[[str], None] | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -87,7 +88,9 @@ def resume_log(
     only waits is left to whoever claims waiting runs (PostgreSQL workers),
     but for those ``claimable`` (given the waiting runs, it returns those
     someone else can claim) leaves out: they are taken up here, as `recover`
-    says.
+    says. ``on_diverged`` is called with a run's id as soon as its code
+    diverged, while the other runs go on, as `drive_jobs` says (``recover
+    URL`` lets go of the run there).
     """
     by_name = {workflow.name: workflow for workflow in workflows}
     if isinstance(log, (str, os.PathLike)):
@@ -98,7 +101,7 @@ def resume_log(
             with writer:
                 done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
                                stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
-                               let_go_after)  # fmt: skip
+                               let_go_after, on_diverged)  # fmt: skip
         finally:
             # What a sender appended to the inbox while this process let the log go.
             settle_inbox(log, progress)
@@ -109,7 +112,7 @@ def resume_log(
         )  # fmt: skip
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
                        stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
-                       let_go_after)  # fmt: skip
+                       let_go_after, on_diverged)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -131,6 +134,7 @@ def _resume(
     on_wait: Callable[[str, WaitStarted], None] | None,
     stopper: Stopper | None,
     let_go_after: float | None,
+    on_diverged: Callable[[str], None] | None,
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -157,4 +161,5 @@ def _resume(
         on_wait=on_wait,
         stopper=stopper,
         let_go_after=let_go_after,
+        on_diverged=on_diverged,
     )

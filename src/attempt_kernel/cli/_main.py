@@ -1120,6 +1120,32 @@ def _let_go_of_the_rest(url: str, elsewhere: _HeldElsewhere, recovery: Recovery)
     return take_in_pg(url, skip=frozenset(), only=rest)
 
 
+def _let_go_of_the_diverged(url: str, elsewhere: _HeldElsewhere, run: str) -> list[str]:
+    """Let go of ``run``, whose code diverged as `recover URL` drove it, and record what
+    was sent to it while it was held; the lines saying so.
+
+    Once the executor found the divergence, nothing is written for the run
+    here (`drive_jobs` takes in nothing more for it either): held until
+    this process exits, it would keep off a `recover` with the code it
+    started with, and the workers, for as long as the other runs last.
+
+    Raises nothing: the other runs go on. Should the hold's session have
+    failed, `RunHolds.watch` stops them; should the inbox not be read, what
+    it holds for the run waits there for the run's next holder, as the
+    line returned says."""
+    import psycopg
+
+    from ..postgres._deliver import take_in_pg
+    from ..postgres._journal import PgJournalError
+
+    try:
+        elsewhere.let_go([run])
+        return take_in_pg(url, skip=frozenset(), only=[run]).lines
+    except (PgJournalError, psycopg.Error) as error:
+        why = " ".join(str(error).split()) or type(error).__name__
+        return [f"{run}: what was sent to it while it was held waits in the journal's inbox: {why}"]
+
+
 @final
 @dataclass(frozen=True)
 class _StillWaits:
@@ -1250,6 +1276,19 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             sys.stdout.write(_report.taken_up_text(done))
             sys.stdout.flush()
 
+    def let_go_of_the_diverged(run: str) -> None:
+        # Nothing was written for the run, nor will be here: let go at once, so that
+        # a `recover` with the code it started with, or a worker, may take it up
+        # while this one drives the others.
+        if elsewhere is None:
+            return
+        late = _let_go_of_the_diverged(log_path, elsewhere, run)
+        taken_in.extend(late)
+        if not as_json:
+            for line in late:
+                print(f"recover: {shown(line)}")
+            sys.stdout.flush()
+
     say_left_alone()
     taken_in: list[str] = []
     recorded_first = 0  # changes the inbox held that were recorded before recovery
@@ -1292,6 +1331,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             # take in a signal sent to it meanwhile).
             claimable=_submitted(log_path) if _is_url(log_path) else None,
             let_go_after=UNTIL_IDLE_LET_GO if _is_url(log_path) else None,
+            on_diverged=let_go_of_the_diverged if elsewhere is not None else None,
         )
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
