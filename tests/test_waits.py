@@ -39,6 +39,7 @@ from attempt_kernel import (
     RunReport,
     SignalSent,
     StepContext,
+    Succeeded,
     Workflow,
     WorkflowDiverged,
     WorkflowError,
@@ -432,6 +433,42 @@ def test_a_run_let_go_while_it_waits_writes_nothing_more_and_resumes(tmp_path: P
     report = drive(path, approver, "a-1", FakeTime(), resume=True, meanwhile=operator)
     assert report.result == {"approved": "ok"}
     assert kinds(path).count("step_called") == 1  # "ask" was not asked again
+
+
+async def step_after_turns(ctx: StepContext, text: str) -> JSON:
+    """A step that is still live when the wait beside it starts: it yields the loop a few times."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+    return text
+
+
+@workflow("wait-beside-a-step")
+async def wait_beside_a_step(run: RunContext) -> JSON:
+    go, done = await asyncio.gather(run.wait_for_signal("go"), run.step("work", step_after_turns, "done"))
+    return {"go": go, "work": done}
+
+
+def test_a_run_whose_last_step_ends_after_its_wait_began_is_let_go_once_the_step_is_done(tmp_path: Path) -> None:
+    """The wait starts while a step beside it is live, so the run is not quiet then; once the
+    step ends and only the wait is left, the run is let go (it would hold its worker's lease
+    and slot until the signal came)."""
+    path = tmp_path / "log.jsonl"
+
+    async def main() -> RunReport:
+        with RunLogWriter(path, create=True, clock=lambda: int(START * 1_000_000)) as log:
+            executor = Executor(log, clock=lambda: START, let_go_after=1.0)
+            # a safety net only: without the let-go the run waits for a signal no one sends
+            return await asyncio.wait_for(executor.run(wait_beside_a_step, "w-1"), timeout=60)
+
+    report = asyncio.run(main())
+    assert report.status == "waiting"
+    assert kinds(path)[-1] == "transition"  # the step's end, and nothing after it
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    view = ledger.runs["w-1"]
+    assert view.standing() == "waiting"
+    assert view.steps["work@2"].attempt.state == Succeeded()
+    assert replay(FileLog(path)).valid
 
 
 def test_can_go_on_says_whether_a_run_let_go_would_go_on_with_what_its_log_holds(tmp_path: Path) -> None:

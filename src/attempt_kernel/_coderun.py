@@ -581,8 +581,7 @@ class CodeRun:
                 self._blocked.add(position)
                 try:
                     if self._quiet_after is not None:
-                        quiet = asyncio.ensure_future(self._check_quiet())
-                        news.add_done_callback(lambda _: quiet.cancel())
+                        self._look_for_quiet()
                     await asyncio.wait(
                         [news] if timer is None else [news, timer],
                         return_when=asyncio.FIRST_COMPLETED,
@@ -597,6 +596,15 @@ class CodeRun:
         except BaseException as error:  # the log failed, most likely: the run stops
             future.cancel()
             self._fail(error)
+
+    def _look_for_quiet(self) -> None:
+        """Look, a few turns of the loop from now, whether the run is quiet (`on_quiet` if
+        so); news for its waits before then calls the look off."""
+        news = self._news
+        if news is None:
+            news = self._news = self._loop.create_future()
+        look = asyncio.ensure_future(self._check_quiet())
+        news.add_done_callback(lambda _: look.cancel())
 
     async def _check_quiet(self) -> None:
         # A few turns of the loop first: what a branch just handed back may
@@ -681,6 +689,10 @@ class CodeRun:
             # over then: `close` empties the set.)
             self.tasks.discard(asyncio.current_task(self._loop))
         self._settle(future, done)
+        if self._blocked and not self.tasks and self._quiet_after is not None:
+            # A wait that began while this step was live found the run busy
+            # (`quiet`); it looked then only: the last step's end looks again.
+            self._look_for_quiet()
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
