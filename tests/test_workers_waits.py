@@ -380,6 +380,59 @@ def test_a_release_that_waits_for_a_delivery_lock_sees_its_inbox_row(pg_url: str
     assert sql_in(pg_url, schema, "SELECT owner, wake_at FROM {s}.runs") == [(None, None)]
 
 
+@pytest.mark.slow
+def test_a_worker_frozen_inside_a_transaction_holds_its_locks_no_longer_than_its_dead_after(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    """A worker stopped (SIGSTOP) inside the transaction that releases a waiting run holds the
+    run's row: the server ends its session once it has idled there for dead_after, so an
+    operator's signal, which waits for that row, goes through instead of hanging; woken, the
+    worker finds its session gone, comes back under a fresh id, and the run takes the signal."""
+    submit_run(pg_url, "gated", "g", schema=schema)
+    process = worker(pg_url, schema, tmp_path, DEAD_AFTER="1")
+    wait_for("the run waiting while its step is at the gate", lambda: any(isinstance(r.change, WaitStarted) for r in records(pg_url, schema)), process)
+    s = sql.Identifier(schema)
+    # The row, share-locked before the release asks for it: the appends of the step's end,
+    # which share-lock it too, go through, and the release, which locks it for update, waits.
+    with psycopg.connect(pg_url) as holder:
+        holder.execute(sql.SQL("SELECT 1 FROM {s}.runs WHERE run = 'g' FOR SHARE").format(s=s))
+        (tmp_path / "gate").touch()
+        pid = holder.info.backend_pid
+
+        blocked: list[tuple[object, ...]] = []
+
+        def release_waits() -> bool:  # the worker's release, and only it, waits for this lock
+            blocked[:] = sql_in(pg_url, schema, "SELECT pid FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))", pid)
+            return len(blocked) == 1
+
+        wait_for("the release waiting for the row lock", release_waits, process)
+        process.send_signal(signal.SIGSTOP)
+    # committed: the frozen worker's release now holds the row, idle in its transaction
+    [(release,)] = blocked
+    state = "SELECT state FROM pg_stat_activity WHERE pid = %s"
+    wait_for("the frozen release idle in its transaction", lambda: sql_in(pg_url, schema, state, release) != [("active",)])
+    assert sql_in(pg_url, schema, state, release) in ([("idle in transaction",)], [])  # [] once the server ended it
+    sent: list[object] = []
+    sender = threading.Thread(
+        target=lambda: sent.append(
+            deliver_pg(pg_url, lambda ledger: ("g", signal_change(ledger, "g", "go", {"ok": 1})), run="g", schema=schema)
+        )
+    )
+    sender.start()
+    sender.join(timeout=60)
+    frozen = sender.is_alive()
+    process.send_signal(signal.SIGCONT)
+    sender.join(timeout=60)
+    assert not frozen, "the signal waited for the frozen worker's lock until it was woken"
+    assert len(sent) == 1
+    wait_for("the run's end", lambda: sql_in(pg_url, schema, "SELECT done FROM {s}.runs") == [(True,)], process)
+    out = stop(process)
+    assert sql_in(pg_url, schema, "SELECT outcome FROM {s}.runs") == [("succeeded",)], out
+    with PgJournal(pg_url, schema=schema) as journal:
+        assert replay(journal).valid
+    assert results(records(pg_url, schema)) == {"g": {"go": {"ok": 1}, "gate": "open"}}
+
+
 def cli(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "attempt_kernel", *args],

@@ -12,7 +12,8 @@ file named by ``GATE`` exists), so the worker holds the run while it
 waits; returns ``{"go": <payload>, "gate": "open"}``.
 
 ``python -c 'from workerflows.waits import main; main()' URL SCHEMA``
-serves them with heartbeat 0.2 s and dead after 300 s, printing each
+serves them with heartbeat 0.2 s and dead after 300 s (``DEAD_AFTER``
+says otherwise), printing each
 progress line; it stops on SIGTERM (``stopped N``), or when idle with
 ``UNTIL_IDLE=1``. With ``FREEZE_ON=TEXT`` it stops itself (SIGSTOP) right
 after the first progress line holding TEXT, until the test sends SIGCONT:
@@ -32,7 +33,7 @@ from attempt_kernel import JSON, RunContext, StepContext, workflow
 from attempt_kernel.postgres._worker import run_worker
 
 HEARTBEAT = 0.2
-DEAD_AFTER = 300.0
+DEAD_AFTER = float(os.environ.get("DEAD_AFTER", "300"))
 
 
 async def noted(ctx: StepContext, text: str) -> JSON:

@@ -930,10 +930,39 @@ def connection_lost(error: BaseException) -> bool:
     return False
 
 
-def connect(url: str, *, connect_timeout: int = 10) -> psycopg.Connection[TupleRow]:
-    """An autocommit connection to ``url``, or `PgConnectFailed` naming the host and why."""
+IDLE_IN_TRANSACTION: Final = 30.0
+"""Seconds a session of this library may sit idle inside a transaction before the server ends
+it (``idle_in_transaction_session_timeout``), the default of `connect`.
+
+None of its transactions waits on its client for more than a moment, but a
+process stopped in the middle of one (SIGSTOP, a paused VM, Ctrl-Z) would
+hold its row locks for as long as it stays stopped, and every operator's
+change to that run, and a worker taking the run over, would wait for it.
+The server ends such a session instead, which rolls its transaction back;
+the process, once it goes on, finds its connection gone. A worker's own
+sessions use its ``dead_after`` (`Worker`)."""
+
+
+def connect(
+    url: str, *, connect_timeout: int = 10, idle_in_transaction: float | None = IDLE_IN_TRANSACTION
+) -> psycopg.Connection[TupleRow]:
+    """An autocommit connection to ``url``, or `PgConnectFailed` naming the host and why.
+
+    ``idle_in_transaction``: the seconds after which the server ends the session when it
+    idles inside a transaction (`IDLE_IN_TRANSACTION`); None leaves the server's setting,
+    for a reader whose snapshot stays open while its caller takes its time."""
     try:
-        return psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout)
+        if idle_in_transaction is not None:
+            try:
+                conn.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                    (f"{max(1, round(idle_in_transaction * 1000))}ms",),
+                )
+            except BaseException:
+                conn.close()
+                raise
+        return conn
     except psycopg.Error as error:
         failure = _connect_error(url, error)
     # Raised out here, with no driver error as its context: `connection_lost`
@@ -1251,7 +1280,11 @@ class PgJournal:
         """The reading connection: read-only, each transaction one snapshot (repeatable read)."""
         reader = self._reader
         if reader is None or reader.closed:
-            reader = self._reader = connect(self._url, connect_timeout=self._connect_timeout)
+            # No idle-in-transaction limit: a snapshot stays open while the caller takes
+            # its time over what was read (an export to a slow pipe); it locks no row.
+            reader = self._reader = connect(
+                self._url, connect_timeout=self._connect_timeout, idle_in_transaction=None
+            )
             reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
             reader.read_only = True
         return reader

@@ -1120,7 +1120,7 @@ class Worker:
         """
         with PgJournal(self._url, schema=self._schema, leases=self._leases) as journal:
             if mail:
-                with connect(self._url) as inbox:
+                with connect(self._url, idle_in_transaction=self._dead_after) as inbox:
                     self._take_in_at_claim(journal, inbox, run)
             noted = _Noted(journal)
             recovery = recover(
@@ -1274,7 +1274,10 @@ class Worker:
         conn: psycopg.Connection[tuple[object, ...]] | None = None
         slots_conn: psycopg.Connection[tuple[object, ...]] | None = None
         try:
-            conn = connect(url)
+            # A worker stopped inside one of its transactions is presumed dead after
+            # dead_after: the server ends the session then, and its row locks go
+            # (`IDLE_IN_TRANSACTION`), so a takeover or an operator never waits for it.
+            conn = connect(url, idle_in_transaction=self._dead_after)
             # Claims commit asynchronously: the run's synchronous
             # commits (Dispatched, its closing) come later in the WAL and make
             # them durable too.
@@ -1286,7 +1289,7 @@ class Worker:
             if pools_named(self._workflows.values()) or any(
                 w.function is not None for w in self._workflows.values()
             ):
-                slots_conn = connect(url)
+                slots_conn = connect(url, idle_in_transaction=self._dead_after)
             fresh = str(uuid.uuid4()) if self._registered else self._id
             with conn.transaction():
                 if self._registered:
