@@ -471,6 +471,28 @@ def test_a_run_whose_last_step_ends_after_its_wait_began_is_let_go_once_the_step
     assert replay(FileLog(path)).valid
 
 
+@workflow("wait-beside-a-nap")
+async def wait_beside_a_nap(run: RunContext) -> JSON:
+    go, _ = await asyncio.gather(run.wait_for_signal("go"), run.sleep(0.5))
+    return {"go": go}
+
+
+def test_a_run_whose_short_sleep_ends_beside_a_wait_is_let_go_then(tmp_path: Path) -> None:
+    """The signal's wait begins with a sleep of half a second beside it (a wake time within
+    the second: not quiet); once the sleep is over only the signal's wait is left, and the
+    run is let go."""
+    path = tmp_path / "log.jsonl"
+    time = FakeTime()
+    report = drive(path, wait_beside_a_nap, "n-1", time, let_go_after=1.0)
+    assert report.status == "waiting"
+    assert time.slept == [0.5]
+    assert kinds(path)[-1] == "wait_ended"  # the sleep's end, and nothing after it
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    assert ledger.runs["n-1"].standing() == "waiting"
+    assert replay(FileLog(path)).valid
+
+
 def test_can_go_on_says_whether_a_run_let_go_would_go_on_with_what_its_log_holds(tmp_path: Path) -> None:
     """`Executor.can_go_on`: False for a run let go that only waits, for a signal it does
     not wait for, for a run the executor does not know, for one it drives and for one that

@@ -573,6 +573,7 @@ class CodeRun:
                     self._write(WaitEnded(position=position, signal=number))
                     # as the log gives it back, so a resumed run sees the same value
                     future.set_result(None if taken is None else as_logged(taken.payload))
+                    self._look_again()
                     return
                 news = self._news
                 if news is None:
@@ -596,6 +597,14 @@ class CodeRun:
         except BaseException as error:  # the log failed, most likely: the run stops
             future.cancel()
             self._fail(error)
+
+    def _look_again(self) -> None:
+        """A step or a wait ended: if waits are left blocked and no step is live, look whether
+        the run is quiet now. Each wait looked when it began, and a step live beside it, or a
+        wake time within ``quiet_after`` then, made the run busy; no later look comes unless
+        an end asks for one."""
+        if self._blocked and not self.tasks and self._quiet_after is not None:
+            self._look_for_quiet()
 
     def _look_for_quiet(self) -> None:
         """Look, a few turns of the loop from now, whether the run is quiet (`on_quiet` if
@@ -689,10 +698,7 @@ class CodeRun:
             # over then: `close` empties the set.)
             self.tasks.discard(asyncio.current_task(self._loop))
         self._settle(future, done)
-        if self._blocked and not self.tasks and self._quiet_after is not None:
-            # A wait that began while this step was live found the run busy
-            # (`quiet`); it looked then only: the last step's end looks again.
-            self._look_for_quiet()
+        self._look_again()
 
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
