@@ -754,6 +754,19 @@ def test_a_port_in_use_exits_2_naming_it(approvals: Path) -> None:
     assert done.stderr == f"attempt-kernel serve: error: port {port} on 127.0.0.1 is in use; pick another with --port\n"
 
 
+@pytest.mark.parametrize("port", ["65536", "99999"])
+def test_a_port_outside_the_tcp_range_is_a_usage_error_as_metrics_port_is(
+    approvals: Path, capsys: pytest.CaptureFixture[str], port: str
+) -> None:
+    """argparse refuses it (exit 2, one line): bind() raised OverflowError with a traceback, exit 1."""
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", str(approvals), "--port", port])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"attempt-kernel serve: error: argument --port: expected a TCP port (0 to 65535), got {port}\n"), err
+    assert "Traceback" not in err
+
+
 def test_serve_without_jinja2_exits_2_saying_to_install_the_web_extra(
     approvals: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -422,7 +422,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=_non_negative_int, default=8421, metavar="N",
+    serve.add_argument("--port", type=_port, default=8421, metavar="N",
                        help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
     _workflows_flag(serve, "workflows that resume may drive in this process (a file log)")
     for command_parser in commands.choices.values():
