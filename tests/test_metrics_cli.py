@@ -48,6 +48,17 @@ def test_a_port_outside_the_tcp_range_is_a_usage_error(capsys: pytest.CaptureFix
     assert "expected a TCP port (0 to 65535), got 65536" in capsys.readouterr().err
 
 
+def test_an_empty_metrics_host_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--metrics-host ''` served on every interface, as `serve --host ''` did: refused as serve's is."""
+    with pytest.raises(SystemExit) as exited:
+        main(["worker", "log", "--workflows", "waitflows:BLOCKED", "--metrics-port", "0", "--metrics-host", ""])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.endswith(
+        "attempt-kernel worker: error: argument --metrics-host: expected an address, got an empty one"
+        " (0.0.0.0 listens on every IPv4 interface)\n"
+    )
+
+
 @pytest.mark.slow
 def test_without_prometheus_client_the_flag_exits_2_naming_the_extra(tmp_path: Path) -> None:
     """A Python where prometheus_client cannot be imported: exit 2, install attempt-kernel[metrics]."""

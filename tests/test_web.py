@@ -767,6 +767,19 @@ def test_a_port_outside_the_tcp_range_is_a_usage_error_as_metrics_port_is(
     assert "Traceback" not in err
 
 
+@pytest.mark.slow  # before it was refused, serve listened on every interface: a subprocess, with a timeout
+def test_an_empty_host_is_refused_not_taken_for_every_interface(approvals: Path) -> None:
+    """`--host ''` (an unset variable, say) listened on all interfaces, warning "listening on ,
+    not loopback"; it is a usage error now, naming 0.0.0.0 for every IPv4 interface."""
+    done = cli(approvals.parent, "serve", str(approvals), "--host", "", "--port", "0")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout == ""
+    assert done.stderr.endswith(
+        "attempt-kernel serve: error: argument --host: expected an address, got an empty one"
+        " (0.0.0.0 listens on every IPv4 interface)\n"
+    ), done.stderr
+
+
 def test_serve_without_jinja2_exits_2_saying_to_install_the_web_extra(
     approvals: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

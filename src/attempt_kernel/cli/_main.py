@@ -364,8 +364,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-port", type=_port, metavar="N",
                         help="serve Prometheus metrics at http://HOST:N/metrics (0: any free port;"
                         " needs attempt-kernel[metrics])")  # fmt: skip
-    worker.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                        help="the address --metrics-port listens on (default 127.0.0.1)")  # fmt: skip
+    worker.add_argument("--metrics-host", type=_host, default="127.0.0.1", metavar="HOST",
+                        help="the address --metrics-port listens on (default 127.0.0.1; 0.0.0.0: every"
+                        " IPv4 interface; not empty)")  # fmt: skip
     worker.add_argument("--log-level", choices=_LOG_LEVELS, default="info",
                         help="with a URL: the least level of the lines it prints, each with its UTC"
                         " time and level (default info: claims, takeovers, every state change;"
@@ -421,7 +422,8 @@ def _parser() -> argparse.ArgumentParser:
         "stop came while it drove a run it resumed on a log file (that run stays unfinished).",
     )
     serve.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
-    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--host", type=_host, default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; 0.0.0.0: every IPv4 interface; not empty)")  # fmt: skip
     serve.add_argument("--port", type=_port, default=8421, metavar="N",
                        help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
     _workflows_flag(serve, "workflows that resume may drive in this process (a file log)")
@@ -489,6 +491,15 @@ def _port(text: str) -> int:
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a TCP port (0 to 65535), got {value}")
     return value
+
+
+def _host(text: str) -> str:
+    """``--host``, ``--metrics-host``: an address to listen on. An empty one would listen
+    on every interface (what bind() makes of ``''``), which an unset shell variable
+    should not open up: that takes ``0.0.0.0``, said."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected an address, got an empty one (0.0.0.0 listens on every IPv4 interface)")
+    return text
 
 
 def _statuses(text: str) -> tuple[ListedStatus, ...]:
