@@ -186,6 +186,23 @@ def test_help_says_which_commands_take_a_postgresql_url(command: str, capsys: py
         assert "URL a PostgreSQL journal's postgresql:// URL (this command has no log file form)" in text
 
 
+def test_cancel_help_lists_the_refusals_the_readme_table_lists(capsys: pytest.CaptureFixture[str]) -> None:
+    """A second cancel is refused (its cancel is recorded already): the README's table said
+    so, `cancel --help` listed only an unknown or finished run."""
+    assert exit_code(["cancel", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "Exit 0, or 2 for an unknown or finished run, one whose cancel is recorded already,"
+        " or other usage or I/O errors (nothing is written then)."
+    ) in text, text
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [row] = [line for line in readme.splitlines() if line.startswith("| `attempt-kernel cancel ")]
+    assert row.endswith(
+        "| 0, 2 usage or I/O error, an unknown or finished run, one whose cancel is recorded already"
+        " (nothing written) |"
+    ), row
+
+
 # --------------------------------------------------------------------------
 # Errors: a missing file, a FIFO, a missing argument
 # --------------------------------------------------------------------------

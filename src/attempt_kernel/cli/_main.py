@@ -277,7 +277,8 @@ def _parser() -> argparse.ArgumentParser:
         "when an effect was dispatched; waits end; the run finishes cancelled. When another "
         "process is writing the log file, the cancel waits in the log's inbox (LOG.inbox) "
         "and that process takes it in within about a second." + _PG_INBOX_HELP + " Exit 0, or 2 for"
-        " an unknown or finished run, or other usage or I/O errors (nothing is written then).",
+        " an unknown or finished run, one whose cancel is recorded already, or other usage or I/O"
+        " errors (nothing is written then).",
     )
     cancel.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     cancel.add_argument("run", metavar="RUN", help="the run's id")
