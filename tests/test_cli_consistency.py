@@ -275,6 +275,8 @@ def test_a_missing_file_exits_2_naming_it(tmp_path: Path, capsys: pytest.Capture
         assert message == f"{command} works on a PostgreSQL journal: give a postgresql:// URL, not {str(missing)!r}"
     elif command == "serve":
         assert message == f"no run log file {str(missing)!r} (serve reads a log that exists)"
+    elif command in ("demo", "run"):  # they create the log: what is missing is its folder
+        assert message == f"{folder}: no such folder (the log's folder must exist)"
     else:
         assert message == f"{missing}: no such file"
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing was created

@@ -151,11 +151,15 @@ def open_regular(path: Path, flags: int, doing: str, *, not_what: str = RUN_LOG)
 
     O_NONBLOCK keeps ``open`` from waiting for a FIFO's other end; the flag
     is cleared again once the file is known to be regular. Anything else is
-    `LogOpenError`: ``<path>: is <what it is>, <not_what>``.
+    `LogOpenError`: ``<path>: is <what it is>, <not_what>``; with ``O_CREAT``
+    in ``flags``, a missing folder is named as such, not the file it would hold.
     """
     try:
         fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except FileNotFoundError:
+        if flags & os.O_CREAT:  # a missing file would be made: its folder is what is missing
+            whose = "the log's" if not_what == RUN_LOG else "the file's"
+            raise LogOpenError(f"{path.parent}: no such folder ({whose} folder must exist)") from None
         raise LogOpenError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise LogOpenError(f"{path}: is a directory, {not_what}") from None
