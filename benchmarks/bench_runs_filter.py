@@ -48,11 +48,17 @@ FILTERED_ROUNDS: Final = 20
 ONLY: Final = RunFilter(statuses=frozenset({"failed"}), limit=50)
 
 
+def listing(rows: list[RunRow], url: str, violations: int) -> str:
+    """What `runs URL --status failed --limit 50` prints: the rows, then the warning if any."""
+    text = _report.runs_text(rows, url, filtered=True)
+    return text + (_report.violations_warning(violations, f"attempt-kernel replay {url}") if violations else "")
+
+
 def filtered(url: str) -> tuple[float, str]:
     """The listing through the summaries, as `runs URL --status failed --limit 50` makes it."""
     start = time.perf_counter()
     rows, violations = listed_runs(url, ONLY)
-    text = _report.runs_text(rows, url, violations, filtered=True)
+    text = listing(rows, url, violations)
     return time.perf_counter() - start, text
 
 
@@ -64,7 +70,7 @@ def folded(url: str) -> tuple[float, str]:
         ledger.feed(journal.read())
     held = held_runs(url)
     rows = [RunRow.of(view, view.run in held) for view in ledger.runs.values()]
-    text = _report.runs_text(select(rows, ONLY), url, ledger.violation_count, filtered=True)
+    text = listing(select(rows, ONLY), url, ledger.violation_count)
     return time.perf_counter() - start, text
 
 

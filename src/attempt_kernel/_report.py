@@ -433,8 +433,15 @@ def _wait_json(wait: WaitOn) -> dict[str, object]:
     return {"signal": wait.signal, "until": None if wait.wake_us is None else when(wait.wake_us), "came": wait.came}
 
 
-def runs_text(rows: list[RunRow], source: str, violations: int, *, filtered: bool = False) -> str:
-    """The runs of a log, one line each, for people (``filtered``: only those a filter kept)."""
+def violations_warning(violations: int, replay: str) -> str:
+    """The line `runs` and `show` end with when what they read breaks the kernel's rules
+    (``replay``: the command that lists the violations), whatever rows they printed."""
+    return f"warning: the log breaks the kernel's rules {violations} time(s); see `{shown(replay)}`\n"
+
+
+def runs_text(rows: list[RunRow], source: str, *, filtered: bool = False) -> str:
+    """The runs of a log, one line each, for people (``filtered``: only those a filter kept);
+    the caller adds `violations_warning` when the log has violations."""
     if not rows:
         return f"no runs in {shown(source)}{' match the filters' if filtered else ''}\n"
     table = [("RUN", "WORKFLOW", "STATUS", "ATTEMPTS", "STARTED", "ENDED", "DOMAIN STATE")]
@@ -453,11 +460,6 @@ def runs_text(rows: list[RunRow], source: str, violations: int, *, filtered: boo
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in table]
     out += [line for r in rows for line in _waiting_lines(r.run, r.waiting_on, r.cancel_requested)]
-    if violations:
-        out.append(
-            f"warning: the log breaks the kernel's rules {violations} time(s);"
-            f" see `attempt-kernel replay {shown(source)}`"
-        )
     return "\n".join(out) + "\n"
 
 

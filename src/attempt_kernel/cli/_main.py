@@ -1431,7 +1431,9 @@ def _runs(args: argparse.Namespace) -> int:
         sys.stdout.write(_report.runs_json(rows, _redacted(log_path), violations))
     else:
         filtered = only != RunFilter()
-        sys.stdout.write(_report.runs_text(rows, _redacted(log_path), violations, filtered=filtered))
+        sys.stdout.write(_report.runs_text(rows, _redacted(log_path), filtered=filtered))
+        if violations:  # rows or none: a file that is no run log at all lists no run
+            sys.stdout.write(_report.violations_warning(violations, _suggested("replay", _redacted(log_path))))
     return EXIT_OK
 
 
@@ -1474,12 +1476,8 @@ def _show(args: argparse.Namespace) -> int:
         _print_json(doc)
     else:
         sys.stdout.write(_report.show_text(history, live))
-        if violations:
-            # The line `runs` ends with.
-            print(
-                f"warning: the log breaks the kernel's rules {violations} time(s);"
-                f" see `{shown(_suggested('replay', _redacted(log_path)))}`"
-            )
+        if violations:  # the line `runs` ends with
+            sys.stdout.write(_report.violations_warning(violations, _suggested("replay", _redacted(log_path))))
     return EXIT_OK
 
 
