@@ -285,6 +285,27 @@ def test_an_unfinished_run_id_is_refused_pointing_at_recover(flow: Path) -> None
     assert len(sent(flow, "charge-card")) == 1
 
 
+def test_an_unfinished_run_id_of_another_workflow_is_refused_naming_that_workflow(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`run cliflows:GREETER --run a-1`, where a-1 is a waiting run of workflow 'approver':
+    the hint named `--workflows cliflows:GREETER`, which recover then refuses (a-1 belongs
+    to 'approver'). It names the run's own workflow now (its MODULE:ATTR is not known here)."""
+    from attempt_kernel.cli._main import main
+    from test_cli_waits import waiting_log
+
+    log = waiting_log(tmp_path / "a.jsonl")
+    before = log.read_bytes()
+    assert main(["run", "cliflows:GREETER", "--log", str(log), "--run", "a-1"]) == 2
+    assert capsys.readouterr().err == (
+        f"attempt-kernel run: error: run 'a-1' is already in {log} and has not finished, and it is a run"
+        " of workflow 'approver', not 'greeter'; resume it with"
+        f" `attempt-kernel recover {log} --workflows MODULE:ATTR` (MODULE:ATTR: your workflow approver),"
+        " or pick another --run\n"
+    )
+    assert log.read_bytes() == before
+
+
 def test_two_demos_started_together_never_pick_the_same_run_id(tmp_path: Path) -> None:
     """Two demos launched at once on a log holding trip-1: distinct ids, a valid log."""
     log = tmp_path / "demo.jsonl"

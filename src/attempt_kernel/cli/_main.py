@@ -980,6 +980,13 @@ def _run(args: argparse.Namespace) -> int:
                     " or its wake time passes (`attempt-kernel worker URL --workflows MODULE:ATTR`);"
                     " nothing was written: pick another --run"
                 )
+            if not known.finished and known.workflow != workflow.name:
+                # --workflows TARGET would be refused: the run is another workflow's
+                raise _Usage(
+                    f"run {run!r} is already in {_redacted(log_path)} and has not finished, and it is a run of"
+                    f" workflow {known.workflow!r}, not {workflow.name!r}; resume it with"
+                    f" {_recover_hint(log_path, known.workflow)}, or pick another --run"
+                )
             if not known.finished:
                 raise _Usage(
                     f"run {run!r} is already in {_redacted(log_path)} and has not finished; resume it"
@@ -1512,11 +1519,17 @@ def _resume_hint(log: str, workflow: str | None) -> str:
             f" worker {shown(_redacted(log))} --workflows MODULE:ATTR`), or `attempt-kernel recover"
             f" {shown(_redacted(log))} --workflows MODULE:ATTR`"
         )
+    return shown(_recover_hint(log, workflow))
+
+
+def _recover_hint(log: str, workflow: str | None) -> str:
+    """The `recover` that resumes a run of ``workflow``, whose MODULE:ATTR is not known
+    here (the demo's needs none), as text to escape where it is printed."""
     if workflow == TRIP_PLANNER:
-        return f"`{shown(_suggested('recover', _redacted(log)))}`"
+        return f"`{_suggested('recover', _redacted(log))}`"
     return (
-        f"`{shown(_suggested('recover', _redacted(log), '--workflows', 'MODULE:ATTR'))}`"
-        f" (MODULE:ATTR: your workflow {shown(workflow or '-')})"
+        f"`{_suggested('recover', _redacted(log), '--workflows', 'MODULE:ATTR')}`"
+        f" (MODULE:ATTR: your workflow {workflow or '-'})"
     )
 
 
