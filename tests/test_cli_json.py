@@ -193,9 +193,10 @@ def test_demo_json_holds_the_run_and_the_replay(tmp_path: Path, capsys: pytest.C
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["signal", "{log}", "a-9", "approve", "--json"], "attempt-kernel signal: error: signal 'approve' to run 'a-9': no run 'a-9' in the log"),
-        (["cancel", "{log}", "a-9", "--json"], "attempt-kernel cancel: error: cancel of run 'a-9': no run 'a-9' in the log"),
-        (["reconcile", "{log}", "--key", "nope", "--rejected", "--json"], "attempt-kernel reconcile: error: "),
+        (["signal", "{log}", "a-9", "approve", "--json"], "attempt-kernel signal: error: signal 'approve' to run 'a-9': no run 'a-9' in {log}\n"),
+        (["cancel", "{log}", "a-9", "--json"], "attempt-kernel cancel: error: cancel of run 'a-9': no run 'a-9' in {log}\n"),
+        (["reconcile", "{log}", "--key", "nope", "--rejected", "--json"],
+         "attempt-kernel reconcile: error: no intent with key 'nope' is outstanding in {log}\n"),
         (["resume", "{log}", "a-9", "--json"], "attempt-kernel resume: error: no run 'a-9' in "),
         (["run", "cliflows:NOPE", "--log", "{log}", "--json"], "attempt-kernel run: error: module 'cliflows' has no attribute 'NOPE'"),
         (["recover", "{log}", "--json", "--workflows", "cliflows:GREETER", "--workflows", "cliflows:GREETER"],
@@ -211,7 +212,7 @@ def test_an_error_under_json_prints_nothing_on_stdout_and_exits_2(
     assert main([str(log) if part == "{log}" else part for part in argv]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert captured.err.startswith(message), captured.err
+    assert captured.err.startswith(message.replace("{log}", str(log))), captured.err
     assert log.read_bytes() == before
 
 

@@ -89,13 +89,16 @@ def test_a_bad_payload_exits_2_and_writes_nothing(
 @pytest.mark.parametrize(
     ("command", "message"),
     [
-        (["signal", "{log}", "a-9", "approve"], "no run 'a-9' in the log"),
-        (["cancel", "{log}", "a-9"], "cancel of run 'a-9': no run 'a-9' in the log"),
+        (["signal", "{log}", "a-9", "approve"], "attempt-kernel signal: error: signal 'approve' to run 'a-9': no run 'a-9' in {log}\n"),
+        (["cancel", "{log}", "a-9"], "attempt-kernel cancel: error: cancel of run 'a-9': no run 'a-9' in {log}\n"),
+        (["cancel", "{log}", ""], "attempt-kernel cancel: error: cancel of run '': no run '' in {log}\n"),
+        (["reconcile", "{log}", "--key", "nope", "--rejected"],
+         "attempt-kernel reconcile: error: no intent with key 'nope' is outstanding in {log}\n"),
         (["signal", "{log}", RUN, "ap\x1bprove"], "holds a control character at index 2"),
         # a byte that is not UTF-8, as Python hands it from the command line
         (["signal", "{log}", RUN, "ap\udcffprove"], "is not UTF-8: byte 0xff at index 2; send a UTF-8 name"),
     ],
-    ids=["signal-unknown", "cancel-unknown", "control-character", "not-utf8"],
+    ids=["signal-unknown", "cancel-unknown", "cancel-empty", "reconcile-unknown", "control-character", "not-utf8"],
 )
 @pytest.mark.parametrize("held", [False, True], ids=["free", "held"])
 def test_a_refused_change_exits_2_with_the_files_byte_identical(
@@ -111,7 +114,7 @@ def test_a_refused_change_exits_2_with_the_files_byte_identical(
         code = main(argv)
     assert code == 2
     err = capsys.readouterr().err
-    assert message in err
+    assert message.replace("{log}", str(log)) in err  # an unknown run or key: in which log
     assert "\x1b" not in err  # control characters are shown escaped
     assert log.read_bytes() == before
     assert not (tmp_path / f"{LOG}.inbox").exists()

@@ -464,7 +464,7 @@ def test_reconcile_of_an_unknown_key_while_a_writer_holds_the_log_writes_nothing
     before = (held / LOG).read_bytes()
     done = cli(held, "reconcile", LOG, "--key", "ak1-any", "--rejected")
     assert done.returncode == 2
-    assert "no intent with key 'ak1-any' is outstanding in the log" in done.stderr
+    assert done.stderr == "attempt-kernel reconcile: error: no intent with key 'ak1-any' is outstanding in orders.jsonl\n"
     assert (held / LOG).read_bytes() == before
     assert not (held / f"{LOG}.inbox").exists()
 

@@ -36,6 +36,9 @@ signal's payload, a reconciled result, a run's input given on the command line):
 ``[]`` is 1 level, ``[[]]`` 2. Deeper values are refused before anything is written
 (a viewer, or Python's own JSON code, would recurse past its limit on them)."""
 
+THE_LOG: Final = "the log"
+"""How a refusal names the log when its caller does not say which (``where``)."""
+
 Delivery: TypeAlias = Union[SignalSent, RunCancelRequested, IntentReconciled]
 """A change an operator delivers to a run from outside."""
 
@@ -135,10 +138,10 @@ def value_problem(value: JSON) -> str | None:
     return None if problem is None else f"is refused: {problem}"
 
 
-def _open_run(ledger: Ledger, run: str, doing: str) -> RunView:
+def _open_run(ledger: Ledger, run: str, doing: str, where: str) -> RunView:
     view = ledger.runs.get(run)
     if view is None:
-        raise OperationRefused(f"{doing}: no run {run!r} in the log")
+        raise OperationRefused(f"{doing}: no run {run!r} in {where}")
     if view.finished:
         raise OperationRefused(
             f"{doing}: run {run!r} has finished ({view.standing()}); nothing was written"
@@ -156,13 +159,14 @@ _NO_START: Final = (
 
 
 def signal_change(
-    ledger: Ledger, run: str, name: str, payload: JSON = None, *, id: str | None = None
+    ledger: Ledger, run: str, name: str, payload: JSON = None, *, id: str | None = None, where: str = THE_LOG
 ) -> SignalSent:
     """The record of signal ``name`` sent to ``run`` with ``payload`` (None: ``{}``).
 
     Refused for a run the log does not hold, that has finished, or whose
     cancel is recorded (no wait of it takes a signal then), a bad name, and
-    a payload JSON cannot carry. ``id`` defaults to a random one.
+    a payload JSON cannot carry. ``id`` defaults to a random one. ``where``
+    names the log in a refusal (its path, a URL without its password).
     """
     doing = f"signal {name!r} to run {run!r}"
     check_signal_name(name, doing)
@@ -170,7 +174,7 @@ def signal_change(
     why = value_problem(value)
     if why is not None:
         raise OperationRefused(f"{doing}: the payload {why}")
-    view = _open_run(ledger, run, doing)
+    view = _open_run(ledger, run, doing, where)
     if not view.code:
         raise OperationRefused(
             f"{doing}: run {run!r} is a DAG workflow's run; only a workflow written as code"
@@ -186,11 +190,11 @@ def signal_change(
     return SignalSent(name=name, payload=value, id=secrets.token_hex(8) if id is None else id)
 
 
-def cancel_change(ledger: Ledger, run: str, reason: str = "") -> RunCancelRequested:
+def cancel_change(ledger: Ledger, run: str, reason: str = "", *, where: str = THE_LOG) -> RunCancelRequested:
     """The record of an operator's decision to cancel ``run`` (refused when it is
-    unknown, finished, or its cancel is recorded already)."""
+    unknown, finished, or its cancel is recorded already; ``where`` as `signal_change` says)."""
     doing = f"cancel of run {run!r}"
-    view = _open_run(ledger, run, doing)
+    view = _open_run(ledger, run, doing, where)
     if view.cancel_requested:
         raise OperationRefused(f"{doing}: its cancel is recorded already; nothing was written")
     return RunCancelRequested(reason=reason or "cancelled by an operator")
@@ -204,11 +208,13 @@ def reconcile_change(
     result: JSON = None,
     note: str = "",
     by: str = "operator",
+    where: str = THE_LOG,
 ) -> tuple[str, IntentReconciled]:
     """The run and the record that reconciles the outstanding intent with ``key``.
 
     ``confirmed``: the effect happened (with ``result``, if known); else it
-    did not. Refused when no intent has that key or it is not outstanding.
+    did not. Refused when no intent has that key or it is not outstanding
+    (``where`` as `signal_change` says).
     """
     if result is not None and not confirmed:
         raise OperationRefused("a rejected effect has no result (give a result with a confirm only)")
@@ -222,7 +228,7 @@ def reconcile_change(
                 if step.keys.get(name) == key:
                     found = (view, step, name)
     if found is None:
-        raise OperationRefused(f"no intent with key {key!r} is outstanding in the log")
+        raise OperationRefused(f"no intent with key {key!r} is outstanding in {where}")
     view, step, name = found
     if key not in step.outstanding():
         state = step.attempt.intents[name]

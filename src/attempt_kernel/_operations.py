@@ -143,6 +143,11 @@ def deliver(log: str | os.PathLike[str], build: Build, *, run: str | None = None
     return deliver_to_file(log, build)
 
 
+def _named(log: str | os.PathLike[str]) -> str:
+    """How a refusal names ``log``: its path, or its URL without the password."""
+    return redacted(os.fspath(log))
+
+
 def _needs_postgres(url: str, error: ImportError) -> OperationRefused:
     return OperationRefused(
         f"a PostgreSQL journal needs psycopg ({error}); install attempt-kernel[postgres];"
@@ -162,7 +167,8 @@ def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON 
     that has finished or whose cancel is recorded, a DAG workflow's run, a bad name, or a payload JSON
     cannot carry or nested deeper than 100 levels.
     """
-    return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload)), run=run)
+    where = _named(log)
+    return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload, where=where)), run=run)
 
 
 def cancel_run(log: str | os.PathLike[str], run: str, reason: str = "") -> Delivered:
@@ -175,7 +181,8 @@ def cancel_run(log: str | os.PathLike[str], run: str, reason: str = "") -> Deliv
     (`OperationRefused`, nothing written) for an unknown or finished run, or
     one whose cancel is recorded already.
     """
-    return deliver(log, lambda ledger: (run, cancel_change(ledger, run, reason)), run=run)
+    where = _named(log)
+    return deliver(log, lambda ledger: (run, cancel_change(ledger, run, reason, where=where)), run=run)
 
 
 def reconcile_intent(
@@ -197,8 +204,10 @@ def reconcile_intent(
     deeper than 100 levels or holds a number that is not finite.
     """
 
+    where = _named(log)
+
     def build(ledger: Ledger) -> tuple[str, IntentReconciled]:
-        return reconcile_change(ledger, key, confirmed=confirmed, result=result, note=note)
+        return reconcile_change(ledger, key, confirmed=confirmed, result=result, note=note, where=where)
 
     return deliver(log, build)
 

@@ -1555,7 +1555,7 @@ def _signal(args: argparse.Namespace) -> int:
         if payload is None:
             raise _Usage("--payload is null, and a signal's payload never is (omit it to send {})")
     delivered, ledger = _deliver_cli(
-        log, lambda ledger: (run, signal_change(ledger, run, name, payload)), run
+        log, lambda ledger: (run, signal_change(ledger, run, name, payload, where=_redacted(log))), run
     )
     change = delivered.change
     assert isinstance(change, SignalSent)
@@ -1612,7 +1612,9 @@ def _unsubmitted_hint(url: str, run: str) -> str:
 def _cancel(args: argparse.Namespace) -> int:
     log: str = args.log
     run: str = args.run
-    delivered, ledger = _deliver_cli(log, lambda ledger: (run, cancel_change(ledger, run, args.reason)), run)
+    delivered, ledger = _deliver_cli(
+        log, lambda ledger: (run, cancel_change(ledger, run, args.reason, where=_redacted(log))), run
+    )
     if args.json:
         _print_json({"log": _redacted(log), "run": run, "reason": args.reason, "recorded": delivered.recorded})
         return EXIT_OK
@@ -1657,7 +1659,9 @@ def _reconcile(args: argparse.Namespace) -> int:
     result = None if args.result is None else _json_argument(args.result, "--result")
     delivered, ledger = _deliver_cli(
         log_path,
-        lambda ledger: reconcile_change(ledger, key, confirmed=confirmed, result=result, note=args.note),
+        lambda ledger: reconcile_change(
+            ledger, key, confirmed=confirmed, result=result, note=args.note, where=_redacted(log_path)
+        ),
         None,
     )
     change = delivered.change
