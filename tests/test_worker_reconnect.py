@@ -136,9 +136,10 @@ def test_a_worker_that_cannot_reach_its_database_retries_on_the_schedule_then_gi
     message = str(raised.value)
     assert message.startswith(
         f"database unavailable: PostgreSQL at 127.0.0.1:{port}, database jobs stayed unreachable"
-        " for 2.0 s (reconnect_for is 2 s), so worker "
+        " for 2.0 s (last error: connection failed: "
     ), message
-    assert "last error: connection failed: " in message and "Connection refused" in message, message
+    assert "Connection refused" in message and "reconnect_for" not in message, message
+    assert message.endswith(" stopped after trying to reconnect for 2 s"), message
     assert len(lines) == 5 and all("is unreachable" in line for line in lines), lines
     assert lines[4].endswith("connecting again in 0.50 s (attempt 5)"), lines[4]
     assert lines[0].endswith("connecting again in 0.10 s (attempt 1)"), lines[0]
@@ -146,7 +147,11 @@ def test_a_worker_that_cannot_reach_its_database_retries_on_the_schedule_then_gi
 
 def test_reconnect_for_zero_gives_up_at_the_first_failure_without_waiting() -> None:
     fake = FakeTime()
-    with pytest.raises(PgConnectFailed, match=r"stayed unreachable for 0\.0 s \(reconnect_for is 0 s\)"):
+    with pytest.raises(
+        PgConnectFailed,
+        match=r"was unreachable \(last error: .*\), so worker \S+ stopped at the first failure, without trying to"
+        r" reconnect$",
+    ):
         run_worker(
             f"postgresql://postgres@127.0.0.1:{closed_port()}/jobs", [PAY],
             reconnect_for=0, backoff=Backoff(sleep=fake.sleep, clock=fake.clock),
@@ -188,6 +193,30 @@ def test_an_unreachable_database_is_exit_3_naming_it(
     assert code == 3, err
     assert f"PostgreSQL at 127.0.0.1:{port}, database jobs" in err and "secret" not in err, err
     assert err.startswith(f"attempt-kernel {argv[0]}: error: "), err
+
+
+@pytest.mark.parametrize(
+    ("window", "how"),
+    [
+        ("0", " was unreachable (last error: "),
+        ("0.3", " stayed unreachable for 0.3 s (last error: "),
+    ],
+)
+def test_a_worker_that_gave_up_names_the_flag_that_sets_its_window(
+    capsys: pytest.CaptureFixture[str], window: str, how: str
+) -> None:
+    """The command line's message named the Python parameter: `(reconnect_for is 0 s)`."""
+    port = closed_port()
+    url = f"postgresql://ak@127.0.0.1:{port}/jobs"
+    assert main(["worker", url, "--workflows", "workerflows.pay:PAY", "--reconnect-for", window]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"attempt-kernel worker: error: database unavailable: PostgreSQL at 127.0.0.1:{port}, database jobs{how}"
+        "connection failed: "
+    ), err
+    tried = "at the first failure, without trying to reconnect" if window == "0" else f"after trying to reconnect for {window} s"
+    assert err.endswith(f" stopped {tried} (--reconnect-for {window})\n"), err
+    assert "reconnect_for" not in err
 
 
 def test_a_reconnect_window_that_is_not_seconds_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

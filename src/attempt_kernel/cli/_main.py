@@ -1984,6 +1984,7 @@ def _worker(args: argparse.Namespace) -> int:
     exposition = _metrics_served(args)
     if not _is_url(url):
         return _worker_file(args, workflows)
+    from ..postgres._journal import PgConnectFailed
     from ..postgres._worker import WorkerDeclaredDead, run_worker
 
     try:
@@ -2004,6 +2005,9 @@ def _worker(args: argparse.Namespace) -> int:
     except WorkerDeclaredDead as error:
         print(f"attempt-kernel worker: {shown(str(error))}", file=sys.stderr)
         return EXIT_NOT_SUCCEEDED
+    except PgConnectFailed as error:
+        # It gave up reconnecting (its message ends saying for how long): the flag that says so.
+        raise PgConnectFailed(f"{error} (--reconnect-for {args.reconnect_for:g})") from error
     print(f"worker stopped; runs closed: {closed}", flush=True)
     return EXIT_OK
 

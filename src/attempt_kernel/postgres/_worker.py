@@ -1244,11 +1244,16 @@ class Worker:
             attempt += 1
             waited = backoff.clock() - began
             if self._reconnect_for == 0 or last or waited >= self._reconnect_for:
+                # Said in words, not as the parameter: the CLI adds the flag that sets the
+                # window (`--reconnect-for`) after the last words.
                 raise PgConnectFailed(
+                    f"database unavailable: {database_named(self._url)} was unreachable (last error:"
+                    f" {reason}), so worker {self.id} stopped at the first failure, without trying to reconnect"
+                    if self._reconnect_for == 0 else
                     f"database unavailable: {database_named(self._url)} stayed unreachable for"
-                    f" {waited:.1f} s (reconnect_for is {self._reconnect_for:g} s), so worker"
-                    f" {self.id} stopped; last error: {reason}"
-                )
+                    f" {waited:.1f} s (last error: {reason}), so worker {self.id} stopped after trying to"
+                    f" reconnect for {self._reconnect_for:g} s"
+                )  # fmt: skip
             if waited + delay >= self._reconnect_for:  # one more try, as the window ends
                 delay, last = self._reconnect_for - waited, True
             self._say(
