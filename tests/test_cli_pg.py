@@ -84,6 +84,20 @@ def test_a_crash_on_a_url_is_recovered_reconciled_and_resumed(db: str, shop: Pat
     assert json.loads((shop / "outbox.json").read_text()) == {intent["key"]: "receipt for order 8"}
 
 
+def test_recover_url_without_the_workflow_names_the_url_not_a_python_repr(db: str, shop: Path) -> None:
+    """The refusal began `PgJournal(schema='attempt_kernel'): run ...`; a log file's names its path."""
+    secret = db.replace("postgres@", "postgres:s3cret-pw@", 1)
+    crashed = cli(shop, "run", "flows:orders", "--log", secret, "--input", ORDER, crash="email-receipt")
+    assert crashed.returncode == -9
+    refused = cli(shop, "recover", secret)
+    assert refused.returncode == 2
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    assert refused.stderr == (
+        f"attempt-kernel recover: error: {where}: run 'orders-1' belongs to workflow 'orders', which this"
+        " program was not given (given: trip-planner); pass it with --workflows MODULE:ATTR\n"
+    )
+
+
 def test_a_urls_password_is_never_printed(db: str, shop: Path) -> None:
     """run, a crash, recover, replay, runs and show on a URL with a password: none prints it."""
     secret = db.replace("postgres@", "postgres:s3cret-pw@", 1)

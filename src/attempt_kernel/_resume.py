@@ -61,6 +61,7 @@ def resume_log(
     let_go_after: float | None = None,
     claimable: Callable[[Collection[str]], Collection[str]] | None = None,
     on_diverged: Callable[[str], None] | None = None,
+    source: str | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -90,7 +91,9 @@ def resume_log(
     someone else can claim) leaves out: they are taken up here, as `recover`
     says. ``on_diverged`` is called with a run's id as soon as its code
     diverged, while the other runs go on, as `drive_jobs` says (``recover
-    URL`` lets go of the run there).
+    URL`` lets go of the run there). ``source`` names a `Journal` in `RecoveryError` messages (default:
+    its repr; `attempt-kernel recover URL` gives the URL without its
+    password); a file is named by its path.
     """
     by_name = {workflow.name: workflow for workflow in workflows}
     if isinstance(log, (str, os.PathLike)):
@@ -107,7 +110,8 @@ def resume_log(
             settle_inbox(log, progress)
     else:
         recovery = recover(
-            log, by_name, source=repr(log), reconciler_deadline=reconciler_deadline, skip_runs=skip_runs,
+            log, by_name, source=repr(log) if source is None else source, reconciler_deadline=reconciler_deadline,
+            skip_runs=skip_runs,
             claimable=claimable,
         )  # fmt: skip
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,

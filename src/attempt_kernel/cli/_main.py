@@ -1351,6 +1351,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             claimable=_submitted(log_path) if _is_url(log_path) else None,
             let_go_after=UNTIL_IDLE_LET_GO if _is_url(log_path) else None,
             on_diverged=let_go_of_the_diverged if elsewhere is not None else None,
+            source=_redacted(log_path),  # a URL as other errors show it, not the journal's repr
         )
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
