@@ -98,6 +98,28 @@ def test_recover_url_without_the_workflow_names_the_url_not_a_python_repr(db: st
     )
 
 
+def test_reconcile_of_a_run_that_run_url_started_names_only_recover(db: str, shop: Path) -> None:
+    """No worker takes up a run that `run --log URL` started (never submitted), so once its
+    last key is reconciled only `recover URL` goes on with it, as `signal` and `cancel` say;
+    reconcile named a worker first."""
+    crashed = cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER, crash="email-receipt")
+    assert crashed.returncode == -9
+    assert cli(shop, "recover", db, "--workflows", "flows:orders").returncode == 0
+    shown = json.loads(cli(shop, "show", db, "orders-1", "--json").stdout)
+    [intent] = shown["steps"][1]["attempts"][0]["intents"]
+    key = intent["key"]
+    reconciled = cli(shop, "reconcile", db, "--key", key, "--rejected", "--note", "x")
+    assert reconciled.returncode == 0, reconciled.stderr
+    where = "postgresql://postgres@" + db.partition("@")[2]
+    assert reconciled.stdout == (
+        f"reconcile: intent email-receipt of run orders-1 / step send-receipt #1 ({key}) is now Rejected"
+        " (it did not happen)\n"
+        "  nothing of run orders-1 is outstanding now; no process drives run orders-1 now, and no worker"
+        " takes it up (`attempt-kernel run` started it, never submitted):"
+        f" `attempt-kernel recover {where} --workflows MODULE:ATTR` resumes it\n"
+    )
+
+
 def test_a_urls_password_is_never_printed(db: str, shop: Path) -> None:
     """run, a crash, recover, replay, runs and show on a URL with a password: none prints it."""
     secret = db.replace("postgres@", "postgres:s3cret-pw@", 1)

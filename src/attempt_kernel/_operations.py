@@ -2,9 +2,9 @@
 
 The one place the command line (and the web view) asks to act on a run,
 and to know what an action needs: which runs a live process drives now
-(`held_runs`), the runs a filter keeps (`listed_runs`: on PostgreSQL from
-the runs' summaries, never a read of the journal) and the next free run id
-(`next_run_id`).
+(`held_runs`), whether a worker takes a run up (`submitted_for`), the runs
+a filter keeps (`listed_runs`: on PostgreSQL from the runs' summaries, never
+a read of the journal) and the next free run id (`next_run_id`).
 
 The transports: `deliver_to_file` for a file log (recorded at once when no
 other process writes the log, else left in its inbox, which that process
@@ -222,6 +222,21 @@ def next_run_id(ledger: Ledger, workflow: str, also_taken: Callable[[str], bool]
     while f"{workflow}-{n}" in taken or (also_taken is not None and also_taken(f"{workflow}-{n}")):
         n += 1
     return f"{workflow}-{n}"
+
+
+def submitted_for(log: str | os.PathLike[str], run: str) -> str | None:
+    """The workflow ``run`` was submitted for to a PostgreSQL journal's queue, whose workers
+    take it up (a resume makes it claimable); None for a run never submitted, which
+    ``attempt-kernel run --log URL`` started and only ``attempt-kernel recover URL`` goes
+    on with, and for every run of a log file (which has no queue)."""
+    if not _is_url(log):
+        return None
+    assert isinstance(log, str)
+    try:
+        from .postgres._deliver import submitted_for as pg_submitted_for  # psycopg is optional
+    except ImportError as error:
+        raise _needs_postgres(log, error) from None
+    return pg_submitted_for(log, run)
 
 
 def writer_holds(path: str | os.PathLike[str]) -> bool:

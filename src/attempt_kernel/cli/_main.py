@@ -44,7 +44,7 @@ from .._history import run_history
 from .._ledger import Ledger, RunView
 from .._observe import utc
 from .._logfile import FileLog, LogLocked, LogWriteFailed, RunLogWriter, open_regular
-from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run, writer_holds
+from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run, submitted_for, writer_holds
 from .._inbox import inbox_path, inbox_size, settle_inbox
 from .._operate import (
     MAX_JSON_DEPTH, Build, Delivered, Delivery, cancel_change, json_problem, reconcile_change, signal_change,
@@ -630,8 +630,6 @@ def _submitted(url: str) -> Callable[[Collection[str]], Collection[str]]:
 
 def _submitted_for(url: str, run: str) -> str | None:
     """The workflow ``run`` was submitted for to the journal at ``url``'s queue, if it was."""
-    from ..postgres._deliver import submitted_for
-
     return submitted_for(url, run)
 
 
@@ -1688,10 +1686,10 @@ def _reconcile(args: argparse.Namespace) -> int:
     elif view.cancel_requested:  # a cancel is for good: nothing resumes the run
         print(f"  nothing of run {shown(view.run)} is outstanding now; it was cancelled, and stays so")
     else:
-        print(
-            f"  nothing of run {shown(view.run)} is outstanding now;"
-            f" {_resume_hint(log_path, view.workflow)} resumes it"
-        )
+        # as signal and cancel say it: no worker takes up a run `run --log URL` started
+        unsubmitted = _is_url(log_path) and _submitted_for(log_path, view.run) is None
+        then = _unsubmitted_hint(log_path, view.run) if unsubmitted else _resume_hint(log_path, view.workflow)
+        print(f"  nothing of run {shown(view.run)} is outstanding now; {then} resumes it")
     return EXIT_OK
 
 
