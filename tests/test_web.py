@@ -832,6 +832,43 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
     assert "<td>not taken yet</td>" in page
 
 
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_on_postgresql_resume_is_offered_only_for_a_run_a_worker_can_take(db: str) -> None:
+    """p-1 was started outside the queue (as `run --log URL` starts a run): no worker takes it,
+    and resume refuses it. Its page offered Resume all the same, saying a worker takes it up;
+    it names `recover` now, with no button. s-1, submitted, keeps the form."""
+    from attempt_kernel.postgres import PgJournal
+    from attempt_kernel.postgres._worker import run_worker, submit_run
+
+    async def go() -> None:
+        with PgJournal(db) as journal:
+            report = await Executor(journal, let_go_after=0).run(APPROVER, "p-1")
+            assert report.status == "waiting"
+
+    asyncio.run(go())
+    submit_run(db, "approver", "s-1")
+    run_worker(db, [APPROVER], stop_when_idle=True)  # s-1 waits for its signal, released
+    journal = PgJournal(db)
+    try:
+        with serving(db, journal, one_run=journal.read_run) as url:
+            client = Client(url)
+            unsubmitted = html.unescape(client.get("/runs/p-1")[1])
+            submitted = html.unescape(client.get("/runs/s-1")[1])
+            _, flash = client.act("s-1", "resume")
+    finally:
+        journal.close()
+    assert "a worker of its workflow takes it up" not in unsubmitted
+    assert "Resume run</button>" not in unsubmitted
+    assert (
+        "No worker takes this run up (`attempt-kernel run` started it, never submitted), so there is no"
+        f" Resume here: `attempt-kernel recover {db} --workflows MODULE:ATTR` goes on with it."
+    ) in unsubmitted, unsubmitted
+    assert "Reopens the run in the journal; a worker of its workflow takes it up." in submitted
+    assert "Resume run</button>" in submitted
+    assert flash == "run 's-1' is claimable now: a worker of its workflow takes it up at its next claim"
+
+
 def end_other_sessions(url: str) -> None:
     """End every session of ``url``'s database but this one, as a server restart or a
     proxy's idle timeout ends them."""

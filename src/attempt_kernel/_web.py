@@ -52,7 +52,9 @@ from ._history import IntentEvent, RunHistory, run_history
 from ._ledger import Ledger, RunStanding
 from ._operate import Delivered, OperationRefused
 from ._executor import Stopper
-from ._operations import cancel_run, held_runs, listed_runs, reconcile_intent, resume_run, send_signal
+from ._operations import (
+    cancel_run, held_runs, listed_runs, reconcile_intent, resume_run, send_signal, submitted_for,
+)  # fmt: skip
 from ._runlist import LISTED_STATUSES, RunFilter, listed_status, select
 from ._records import JSON, LogItem, RunCancelRequested
 from ._report import short, shown, when
@@ -627,6 +629,9 @@ class WebView:
         # as `runs` says it (RunRow.of): a finished run reconciled since is nobody's
         live = history.standing == "interrupted" and not history.finished and (held is None or run in held)
         status: RunStanding = "running" if live else history.standing
+        # finished for good: the page says resume is refused, whoever would take the run up
+        done = view is not None and view.finished and history.standing != "interrupted"
+        resume_hint, resume_offered = self._resume_hint(run, done)
         now_us = int(self._clock() * 1_000_000)
         open_until = now_us if status in ("running", "waiting") else 0
         return self._page(
@@ -637,18 +642,29 @@ class WebView:
             waits=_wait_rows(history), signals=_signal_rows(history),
             finished=view is not None and view.finished,
             csrf=self._token(session), actions={a: _action_href(run, a) for a in ACTIONS},
-            signal_name=_awaited(history), resume_hint=self._resume_hint(),
+            signal_name=_awaited(history), resume_hint=resume_hint, resume_offered=resume_offered,
         )  # fmt: skip
 
-    def _resume_hint(self) -> str:
+    def _resume_hint(self, run: str, done: bool) -> tuple[str, bool]:
+        """What Resume does for ``run``, and whether the page offers it: not for an unfinished
+        run no worker takes up (`resume_pg` refuses it), where it says what goes on with it
+        instead (``done``: finished for good, and refused as such)."""
         if is_url(self.log):
-            return "Reopens the run in the journal; a worker of its workflow takes it up."
+            if done or submitted_for(self.log, run) is not None:
+                return "Reopens the run in the journal; a worker of its workflow takes it up.", True
+            return (
+                "No worker takes this run up (`attempt-kernel run` started it, never submitted), so there is"
+                f" no Resume here: `attempt-kernel recover {shown(self._shown_as)} --workflows MODULE:ATTR`"
+                " goes on with it.",
+                False,
+            )
         if self._workflows:
             names = ", ".join(shown(w.name) for w in self._workflows)
-            return f"Drives the run in this server's process (its workflows: {names}) until it finishes or waits."
+            return f"Drives the run in this server's process (its workflows: {names}) until it finishes or waits.", True
         return (
             "Drives the run in this server's process when it was started with --workflows"
-            " naming the run's workflow; else it says which command resumes it."
+            " naming the run's workflow; else it says which command resumes it.",
+            True,
         )
 
     # ------------------------------------------------------------ actions

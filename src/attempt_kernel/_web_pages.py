@@ -57,7 +57,7 @@ button { font: inherit; font-size: 14px; padding: 5px 12px; border-radius: 6px; 
 button.secondary { background: #f6f8fa; color: var(--ink); border-color: var(--line); }
 button.danger { background: #cf222e; border-color: #cf222e; }
 .actions { display: grid; grid-template-columns: repeat(auto-fit, minmax(300px, 1fr)); gap: 14px; }
-.actions form { border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
+.actions form, .actions > div { border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px;
   display: flex; flex-direction: column; gap: 8px; }
 .actions h3 { margin: 0; font-size: 14px; }
 .inline { display: flex; gap: 6px; flex-wrap: wrap; align-items: center; }
@@ -265,7 +265,7 @@ RUN: Final = """{% extends "base.html" %}
 
 <section>
 <h2>Actions</h2>
-{% if finished and standing == "interrupted" %}<p class="muted">This run has finished and was reconciled since: signal and cancel are refused, and Resume goes on with it.</p>
+{% if finished and standing == "interrupted" %}<p class="muted">This run has finished and was reconciled since: signal and cancel are refused{% if resume_offered %}, and Resume goes on with it{% endif %}.</p>
 {% elif finished %}<p class="muted">This run has finished: signal, cancel and resume are refused (reconcile stays open for an outstanding intent).</p>{% endif %}
 <div class="actions">
 <form method="post" action="{{ actions.signal }}" id="signal-form">
@@ -281,12 +281,16 @@ RUN: Final = """{% extends "base.html" %}
 <label>Reason<input type="text" name="reason"></label>
 <button type="submit" class="danger">Cancel run</button>
 </form>
-<form method="post" action="{{ actions.resume }}" id="resume-form">
+{% if resume_offered %}<form method="post" action="{{ actions.resume }}" id="resume-form">
 <h3>Resume</h3>
 <input type="hidden" name="csrf" value="{{ csrf }}">
 <p class="muted">{{ resume_hint }}</p>
 <button type="submit" class="secondary">Resume run</button>
 </form>
+{% else %}<div id="resume-note">
+<h3>Resume</h3>
+<p class="muted">{{ resume_hint }}</p>
+</div>{% endif %}
 </div>
 </section>
 {% endblock %}
