@@ -215,6 +215,19 @@ def bench(session: nox.Session) -> None:
     run_benchmarks(session, smoke=False)
 
 
+@nox.session(default=False)
+def soak(session: nox.Session) -> None:
+    """Many workers on PostgreSQL under chaos (kills, stops past the lease, signals, cancels,
+    recover beside them, an operator reconciling), then checks that each effect was sent at
+    most once and after its Dispatched, every run ended, and the journal replays valid.
+
+    Not part of the gate: its moments come from a random seed (printed; give
+    it again with ``-- --seed N``). Other arguments: ``-- --runs R --seconds S``.
+    """
+    session.install(".[postgres]")
+    session.run("python", "tests/soak.py", *session.posargs)
+
+
 @nox.session(name="bench-smoke")
 def bench_smoke(session: nox.Session) -> None:
     """Every benchmark once, at sizes that take seconds: the gate runs no benchmark
