@@ -493,6 +493,87 @@ def test_a_run_whose_short_sleep_ends_beside_a_wait_is_let_go_then(tmp_path: Pat
     assert replay(FileLog(path)).valid
 
 
+async def brief(ctx: StepContext, text: str) -> JSON:
+    """A step that is live for a moment (so that the wait beside it begins while it runs)."""
+    await asyncio.sleep(0.02)
+    return text
+
+
+@workflow("fan-beside-a-wait")
+async def fan_beside_a_wait(run: RunContext) -> JSON:
+    """A two-level fan-out beside a wait: between its last step's result and its next call,
+    the branch goes through more turns of the loop than a gather of steps takes."""
+
+    async def one(x: str) -> JSON:
+        return await run.step("q", brief, x)
+
+    async def two(x: str) -> list[JSON]:
+        return list(await asyncio.gather(one(x + "1"), one(x + "2")))
+
+    async def branch() -> JSON:
+        await asyncio.gather(two("a"), two("b"))
+        return await run.step("ask", brief, "may I?")
+
+    go, asked = await asyncio.gather(run.wait_for_signal("go"), branch())
+    return {"go": go, "asked": asked}
+
+
+def test_a_branch_many_turns_from_its_next_call_is_not_cut_off_by_a_let_go(tmp_path: Path) -> None:
+    """The fan-out's four steps end; the branch takes its time to call ``ask``, and the run is
+    let go only once ``ask`` has run too and the wait is all that is left."""
+    path = tmp_path / "log.jsonl"
+
+    async def main() -> RunReport:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(log, let_go_after=1.0)
+            return await asyncio.wait_for(executor.run(fan_beside_a_wait, "f-1"), timeout=60)  # a safety net
+
+    report = asyncio.run(main())
+    assert report.status == "waiting"
+    ledger = Ledger()
+    ledger.feed(FileLog(path).read())
+    view = ledger.runs["f-1"]
+    assert sorted(view.steps) == ["ask@6", "q@2", "q@3", "q@4", "q@5"]
+    assert all(step.attempt.state == Succeeded() for step in view.steps.values())
+    assert replay(FileLog(path)).valid
+
+
+@workflow("dawdler")
+async def dawdler(run: RunContext) -> JSON:
+    """Awaits something that is no step nor wait (against the rules: a timer) between a step's
+    result and its next call, beside a wait."""
+
+    async def branch() -> JSON:
+        await run.step("first", brief, "1")
+        await asyncio.sleep(0.3)
+        return await run.step("second", brief, "2")
+
+    go, second = await asyncio.gather(run.wait_for_signal("go"), branch())
+    return {"go": go, "second": second}
+
+
+def test_a_function_that_awaits_no_step_for_long_is_let_go_and_goes_on_once_its_wait_ends(
+    tmp_path: Path,
+) -> None:
+    """The documented limit: nothing moves for longer than the settle (the branch awaits a
+    timer), so the run counts as quiet and is let go before ``second``; once the signal is
+    sent, the resumed run answers ``first`` from the log and runs ``second`` once."""
+    path = tmp_path / "log.jsonl"
+
+    async def main() -> RunReport:
+        with RunLogWriter(path, create=True) as log:
+            executor = Executor(log, let_go_after=1.0)
+            return await asyncio.wait_for(executor.run(dawdler, "d-1"), timeout=60)  # a safety net
+
+    assert asyncio.run(main()).status == "waiting"
+    assert kinds(path).count("step_called") == 1  # `second` was never called
+    send_signal(path, "d-1", "go", "yes")
+    [resumed] = resume_log(path, [dawdler]).reports
+    assert resumed.result == {"go": "yes", "second": "2"}
+    assert [(r["step"], r["attempt"]) for r in of_type(path, "created")] == [("first@2", 1), ("second@3", 1)]
+    assert replay(FileLog(path)).valid
+
+
 def test_can_go_on_says_whether_a_run_let_go_would_go_on_with_what_its_log_holds(tmp_path: Path) -> None:
     """`Executor.can_go_on`: False for a run let go that only waits, for a signal it does
     not wait for, for a run the executor does not know, for one it drives and for one that

@@ -299,6 +299,11 @@ Drive = Callable[[Step, StepCalled | None], Awaitable[StepOutcome]]
 EndOrphan = Callable[[Step], Awaitable[None]]
 
 
+QUIET_SETTLE: Final = 0.05
+"""Seconds in which a code run must make no call and see no end before it counts as quiet
+(`CodeRun.quiet`): its branches' awaits between an end and their next call run first."""
+
+
 def _no_quiet() -> None:
     pass
 
@@ -312,7 +317,7 @@ class CodeRun:
         "_run", "_input", "_ledger", "_defaults", "_declared", "_write", "_may_start", "_drive",
         "_end_orphan", "_replaying", "_clock", "_sleep", "_quiet_after", "_next", "_closed",
         "_loop", "tasks", "failure", "on_failure", "diverged", "_asked", "_asked_waits", "_held",
-        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten", "outcomes",
+        "_steps", "waiters", "_blocked", "_news", "on_quiet", "_unwritten", "outcomes", "_ends",
     )
 
     def __init__(
@@ -377,6 +382,8 @@ class CodeRun:
         self._news: asyncio.Future[None] | None = None
         """Resolved (and dropped) by `notify`: a signal may have come. Made by
         the first wait that waits for it (most runs never wait)."""
+        self._ends = 0
+        """Steps settled and waits ended so far (with ``_next``, what `_check_quiet` watches)."""
         self.on_quiet: Callable[[], None] = _no_quiet
         """Called when every branch of the function waits (no step live) and no
         wake time comes within ``quiet_after`` seconds (see `quiet`)."""
@@ -573,6 +580,7 @@ class CodeRun:
                     self._write(WaitEnded(position=position, signal=number))
                     # as the log gives it back, so a resumed run sees the same value
                     future.set_result(None if taken is None else as_logged(taken.payload))
+                    self._ends += 1
                     self._look_again()
                     return
                 news = self._news
@@ -616,10 +624,15 @@ class CodeRun:
         news.add_done_callback(lambda _: look.cancel())
 
     async def _check_quiet(self) -> None:
-        # A few turns of the loop first: what a branch just handed back may
-        # start another step.
-        for _ in range(3):
-            await asyncio.sleep(0)
+        # Only once nothing moved (no call, no end) for QUIET_SETTLE seconds: what a
+        # branch was just handed back may start another step, through as many turns
+        # of the loop as its awaits take (a gather of gathers). A timer fires only
+        # after the callbacks ready before it, so each such turn comes first.
+        while True:
+            moved = (self._next, self._ends)
+            await asyncio.sleep(QUIET_SETTLE)
+            if (self._next, self._ends) == moved:
+                break
         if self.quiet():
             self.on_quiet()
 
@@ -708,6 +721,7 @@ class CodeRun:
 
     def _settle(self, future: asyncio.Future[JSON], done: StepOutcome) -> None:
         self.outcomes[done.step] = done
+        self._ends += 1
         if future.done():
             return
         if has_succeeded(done.state):
