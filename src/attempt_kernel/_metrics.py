@@ -58,7 +58,7 @@ from ._attempt import (
 from ._codec import decode_line, state_name
 from ._ledger import Ledger, RunStanding
 from ._logfile import LogOpenError, open_regular
-from ._operations import writer_holds
+from ._operations import writer_listed
 from ._records import (
     AttemptCreated,
     AttemptTransitioned,
@@ -233,31 +233,6 @@ class WorkerMetrics:
 # --------------------------------------------------------------------------
 
 
-def _writer_listed(path: str | os.PathLike[str]) -> bool:
-    """`writer_holds`, asked without taking a lock where ``/proc/locks`` lists the system's locks.
-
-    For a scraper, which asks every second: the shared lock `writer_holds`
-    takes for an instant would make a writer starting in that instant fail
-    (`LogLocked`). Where ``/proc/locks`` cannot be read, `writer_holds` answers.
-    """
-    try:
-        info = os.stat(path)
-    except OSError:
-        return False
-    where = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
-    try:
-        with open("/proc/locks") as locks:
-            listed = locks.read()
-    except OSError:
-        return writer_holds(path)
-    for entry in listed.splitlines():
-        fields = entry.split()
-        # "1: FLOCK  ADVISORY  WRITE 123 fd:01:456 0 EOF"; a waiter's entry has "->"
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "WRITE" and fields[5] == where:
-            return True
-    return False
-
-
 @final
 class _Standings:
     """A ledger fed incrementally, and where each run it saw stands."""
@@ -366,7 +341,7 @@ class _FileSource:
         self._identity, self._offset, self._head, self._tail = identity, 0, b"", b""
 
     def live(self) -> bool:
-        return _writer_listed(self.path)
+        return writer_listed(self.path)
 
 
 def _texts(value: object) -> list[str]:

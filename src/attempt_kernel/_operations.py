@@ -254,6 +254,32 @@ def writer_holds(path: str | os.PathLike[str]) -> bool:
     return False
 
 
+def writer_listed(path: str | os.PathLike[str]) -> bool:
+    """`writer_holds`, asked without taking a lock where ``/proc/locks`` lists the system's locks.
+
+    For whoever asks again and again (a scraper every second, an idle worker
+    waiting for the log): the shared lock `writer_holds` takes for an
+    instant would make a writer starting in that instant fail (`LogLocked`).
+    Where ``/proc/locks`` cannot be read, `writer_holds` answers.
+    """
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    where = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    try:
+        with open("/proc/locks") as locks:
+            listed = locks.read()
+    except OSError:
+        return writer_holds(path)
+    for entry in listed.splitlines():
+        fields = entry.split()
+        # "1: FLOCK  ADVISORY  WRITE 123 fd:01:456 0 EOF"; a waiter's entry has "->"
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[3] == "WRITE" and fields[5] == where:
+            return True
+    return False
+
+
 def held_runs(log: str | os.PathLike[str]) -> frozenset[str] | None:
     """Which unfinished runs a live process drives right now.
 

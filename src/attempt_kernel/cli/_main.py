@@ -44,7 +44,7 @@ from .._history import run_history
 from .._ledger import Ledger, RunView
 from .._observe import utc
 from .._logfile import FileLog, LogLocked, LogWriteFailed, RunLogWriter, open_regular
-from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run, submitted_for, writer_holds
+from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run, submitted_for, writer_listed
 from .._inbox import inbox_path, inbox_size, settle_inbox
 from .._operate import (
     MAX_JSON_DEPTH, Build, Delivered, Delivery, cancel_change, json_problem, reconcile_change, signal_change,
@@ -1845,7 +1845,9 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
             stopped = _idle_until(
                 f"worker: another process is writing {shown(log)} (a `run`, `recover` or"
                 " `resume`); waiting until it lets go",
-                lambda: not writer_holds(log),
+                # asked without a lock: a probe's shared lock, taken just as the other
+                # process lets go, would refuse a `run` starting in that instant
+                lambda: not writer_listed(log),
             )
             if stopped is not None:
                 return stopped

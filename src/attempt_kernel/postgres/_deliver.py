@@ -23,10 +23,9 @@ Theory of operation:
   advisory lock on the run's key): the change goes to the ``inbox`` too,
   since that process numbers the run's records; it takes the change in
   within about a second (`PgJournal.take_in`). ``recorded`` is False. A
-  submitted run is woken as well (``wake_at`` cleared): a worker that
-  claims it while it is held leaves it for a second at a time, and once
-  the process lets go (or is stopped) one claims it and takes the change
-  in. The
+  submitted run is woken as well (``wake_at`` cleared): no worker claims it
+  while it is held, and once the process lets go (or is stopped) one
+  claims it and takes the change in. The
   check takes the same key shared for the transaction, so a process that
   comes to take the run up meanwhile finds it held (and leaves it, as it
   leaves a run another process drives) rather than reading its records
