@@ -31,7 +31,9 @@ from attempt_kernel._operate import Build, Delivery
 from attempt_kernel._records import Record, RunCancelRequested, RunStarted, SignalSent
 from attempt_kernel.postgres import PgJournal, PgJournalError
 from attempt_kernel.postgres._deliver import deliver_pg
-from attempt_kernel.postgres._journal import HELD_KEYS, RunHolds, hold_key, hold_key_head, hold_key_sql, send_key
+from attempt_kernel.postgres._journal import (
+    HELD_KEYS, RunHolds, hold_key, hold_key_head, hold_key_sql, send_key, server_hold_key,
+)  # fmt: skip
 from attempt_kernel.postgres._worker import run_worker, submit_run
 from attempt_kernel.postgres._worker import _CLAIM, _statement  # pyright: ignore[reportPrivateUsage]  # the claim statement under test
 
@@ -405,6 +407,38 @@ def test_a_worker_never_claims_a_run_a_process_holds_and_takes_it_up_once_let_go
         ("s", True, "succeeded"),
     ]
     assert sorted(calls(downstream)) == ["r/charge/card", "s/charge/card"]
+
+
+def test_in_a_database_that_is_not_utf8_a_held_run_is_passed_over_too(pg_url: str, schema: str) -> None:
+    """In an EUC_JP database a wave dash comes back from the server's encoding as other
+    UTF-8 than Python's, so a key made in Python is not the key the claim tries: the
+    process holding the run held another key, and a worker claimed the run beside it.
+    The hold's key is made by the server now, as the claim's is."""
+    database = f"euc_{schema}"
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} ENCODING 'EUC_JP' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").format(
+                sql.Identifier(database)
+            )
+        )
+    url = pg_url.rsplit("/", 1)[0] + "/" + database
+    run = "\u301cwave"  # WAVE DASH: EUC_JP maps it to and from another code point
+    try:
+        submit_run(url, "pay", run, schema=schema)
+        with PgJournal(url, schema=schema) as journal:
+            journal.append(run, RunStarted(workflow="pay"))
+        sql_in(url, schema, "INSERT INTO {s}.workers (id, host, pid, dead) VALUES ('gone', 'h', 1, true)")
+        sql_in(url, schema, "UPDATE {s}.runs SET owner = 'gone', fence = 1")
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert server_hold_key(conn, schema, run) != hold_key(schema, run)  # the case is real here
+        with RunHolds(url, schema=schema) as holds:
+            assert holds.take(run) is True
+            closed = run_worker(url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True)
+            assert closed == 0
+            assert sql_in(url, schema, "SELECT owner, fence FROM {s}.runs") == [("gone", 1)]
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(database)))
 
 
 def test_a_run_a_process_waits_to_hold_is_not_claimed_either(pg_url: str, schema: str, downstream: Path) -> None:

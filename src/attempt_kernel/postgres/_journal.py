@@ -2414,8 +2414,24 @@ def held_by_a_process(conn: psycopg.Connection[Any], schema: str, run: str) -> b
     `RunHolds`) hold ``run``? A shared try of the run's key: when none does, it stays
     taken until ``conn``'s transaction ends (at once in autocommit), so that no process
     takes the run up meanwhile (an operator's change is committed first)."""
-    row = conn.execute("SELECT NOT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, run),)).fetchone()
+    row = conn.execute(
+        "SELECT NOT pg_try_advisory_xact_lock_shared(" + hold_key_sql("%(run)s::text") + ")",
+        {"hold": hold_key_head(schema), "run": run},
+    ).fetchone()
     return row == (True,)
+
+
+def server_hold_key(conn: psycopg.Connection[Any], schema: str, run: str) -> int:
+    """`hold_key` of ``run`` as the server makes it (`hold_key_sql`), from the run id as the
+    database holds it: the key a worker's claim tries. In a UTF8 database it is
+    `hold_key`'s; in another encoding, a character that does not come back to the
+    same UTF-8 from it (a wave dash in EUC_JP) would make Python's key another one."""
+    row = conn.execute(
+        "SELECT " + hold_key_sql("%(run)s::text"), {"hold": hold_key_head(schema), "run": run}
+    ).fetchone()
+    assert row is not None
+    key: int = row[0]
+    return key
 
 
 TAKE_WAIT: Final = 0.25
@@ -2450,6 +2466,8 @@ class RunHolds:
         self._conn: Final = connect(url)
         self._conn.execute("SELECT set_config('lock_timeout', %s, false)", (f"{max(1, round(take_wait * 1000))}ms",))
         self.held: Final[set[str]] = set()
+        self._keys: Final[dict[str, int]] = {}
+        """Each run's key, as the server made it (`server_hold_key`), once asked."""
         self.by_workers: Final[set[str]] = set()
         """Runs `take` refused because a live worker had claimed them."""
         self._worker_owns: Final = sql.SQL(
@@ -2505,7 +2523,9 @@ class RunHolds:
     def _take(self, run: str) -> bool:
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
-        key = hold_key(self._schema, run)
+        key = self._keys.get(run)
+        if key is None:
+            key = self._keys[run] = server_hold_key(self._conn, self._schema, run)
         unsigned = key & 0xFFFF_FFFF_FFFF_FFFF  # pg_locks shows a bigint key as two oids
         oids = (str(unsigned >> 32), str(unsigned & 0xFFFF_FFFF))
         taken = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (key,)).fetchone() == (True,)
@@ -2547,7 +2567,7 @@ class RunHolds:
         if run in self.held:
             self.held.discard(run)
             try:
-                self._conn.execute("SELECT pg_advisory_unlock(%s)", (hold_key(self._schema, run),))
+                self._conn.execute("SELECT pg_advisory_unlock(%s)", (self._keys[run],))
                 with self._conn.transaction():
                     self._conn.execute("SET LOCAL lock_timeout = 0")  # a sender's transaction may be long
                     self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(self._schema, run),))
