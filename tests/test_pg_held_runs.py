@@ -34,7 +34,7 @@ from attempt_kernel.postgres._deliver import deliver_pg
 from attempt_kernel.postgres._journal import (
     HELD_KEYS, RunHolds, hold_key, hold_key_head, hold_key_sql, send_key, server_hold_key,
 )  # fmt: skip
-from attempt_kernel.postgres._worker import run_worker, submit_run
+from attempt_kernel.postgres._worker import _OPEN_RUNS, _statement, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the idle count is under test
 from attempt_kernel.postgres._worker import _CLAIM, _statement  # pyright: ignore[reportPrivateUsage]  # the claim statement under test
 
 pytestmark = pytest.mark.postgres
@@ -407,6 +407,24 @@ def test_a_worker_never_claims_a_run_a_process_holds_and_takes_it_up_once_let_go
         ("s", True, "succeeded"),
     ]
     assert sorted(calls(downstream)) == ["r/charge/card", "s/charge/card"]
+
+
+def test_a_live_workers_run_is_work_while_a_process_holds_its_key_for_a_moment(pg_url: str, schema: str) -> None:
+    """`RunHolds.take` holds a run's key before it asks whether a live worker owns the run
+    (then it lets go): meanwhile a worker stopping when idle counted that run out, and could
+    exit with work left. A run a live worker owns counts, whoever holds its key; one nobody
+    owns, held, does not."""
+    submit_run(pg_url, "pay", "r", schema=schema)
+    submit_run(pg_url, "pay", "q", schema=schema)
+    sql_in(pg_url, schema, "INSERT INTO {s}.workers (id, host, pid) VALUES ('live', 'h', 1)")
+    sql_in(pg_url, schema, "UPDATE {s}.runs SET owner = 'live', fence = 1 WHERE run = 'r'")
+    count = _statement(_OPEN_RUNS, schema)
+    params = {"names": ["pay"], "hold": hold_key_head(schema)}
+    with psycopg.connect(pg_url, autocommit=True) as conn, psycopg.connect(pg_url, autocommit=True) as holder:
+        assert conn.execute(count, params).fetchone() == (2,)
+        for run in ("r", "q"):
+            holder.execute("SELECT pg_advisory_lock(%s)", (server_hold_key(holder, schema, run),))
+        assert conn.execute(count, params).fetchone() == (1,)  # r: the live worker's; q: held
 
 
 def test_in_a_database_that_is_not_utf8_a_held_run_is_passed_over_too(pg_url: str, schema: str) -> None:

@@ -269,11 +269,14 @@ _RELEASE_WAITING: Final[LiteralString] = (
 # (by a live worker, or a dead one's to take over); a released run whose
 # wake time is still to come is not work to wait for, nor is a run that a
 # process holds (`RunHolds`, as in `_CLAIM`): no worker claims it while it
-# is held, and the process may hold it for as long as it runs.
+# is held, and the process may hold it for as long as it runs. A live
+# worker's run is work whoever holds its key: a process that takes the key
+# then finds the worker's claim and lets the run be (`RunHolds.take`).
 _OPEN_RUNS: Final[LiteralString] = (
     "SELECT count(*) FROM {s}.runs WHERE NOT done AND workflow = ANY(%(names)s)"
     " AND (owner IS NOT NULL OR coalesce(wake_at, submitted_at) <= now())"
-    " AND " + hold_key_sql("run") + " <> ALL (" + HELD_KEYS + ")"
+    " AND (owner IN (SELECT id FROM {s}.workers WHERE NOT dead)"
+    "  OR " + hold_key_sql("run") + " <> ALL (" + HELD_KEYS + "))"
 )
 LET_GO_AFTER: Final = 1.0
 """Seconds a run's every branch must wait, with no wake time sooner, before its
