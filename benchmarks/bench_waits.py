@@ -46,6 +46,7 @@ from attempt_kernel._operate import signal_change  # noqa: E402
 from attempt_kernel.postgres._deliver import deliver_pg  # noqa: E402
 from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
 # the worker's own claim statement, timed as the worker runs it
+from attempt_kernel.postgres._journal import hold_key_head  # noqa: E402
 from attempt_kernel.postgres._worker import _CLAIM, _statement, run_worker  # noqa: E402  # pyright: ignore[reportPrivateUsage]
 
 BUSY: Final = "attempt_kernel"
@@ -94,7 +95,7 @@ def claim_ms(conn: psycopg.Connection[tuple[object, ...]], schema: str, samples:
     times: list[float] = []
     for _ in range(samples):
         start = time.perf_counter()
-        conn.execute(claim, {"me": "bench-nobody", "names": ["waiter"], "n": 1}).fetchall()
+        conn.execute(claim, {"me": "bench-nobody", "names": ["waiter"], "n": 1, "hold": hold_key_head(schema)}).fetchall()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1000
 

@@ -77,6 +77,7 @@ from attempt_kernel import (  # noqa: E402
 from attempt_kernel._codec import encode_record  # noqa: E402  # the journal's own line encoder
 from attempt_kernel.postgres._journal import PgJournal  # noqa: E402
 # the worker's own statements, timed as the worker runs them
+from attempt_kernel.postgres._journal import hold_key_head  # noqa: E402
 from attempt_kernel.postgres._worker import _CLAIM, _FIND_DEAD, _statement, run_worker  # noqa: E402  # pyright: ignore[reportPrivateUsage]
 
 PROCESSES: Final = 4
@@ -161,7 +162,7 @@ def bare_loop(url: str, ready: Event, go: Event) -> None:
             if time.monotonic() - swept >= SWEEP_EVERY:
                 swept = time.monotonic()
                 cur.execute(FIND_DEAD, (me, 5.0)).fetchall()
-            row = cur.execute(CLAIM_B, {"me": me, "names": ["noop"], "n": 1}).fetchone()
+            row = cur.execute(CLAIM_B, {"me": me, "names": ["noop"], "n": 1, "hold": hold_key_head(SCHEMA)}).fetchone()
             if row is None:
                 return
             run, fence = str(row[0]), int(str(row[1]))
