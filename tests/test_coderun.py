@@ -762,14 +762,19 @@ def test_divergence_when_the_code_stops_asking(tmp_path: Path) -> None:
     assert log.read_bytes() == before
 
 
-def test_one_diverged_run_does_not_stop_the_others(tmp_path: Path) -> None:
+def two_runs_cut_before_either_ends(tmp_path: Path) -> tuple[Path, Workflow]:
+    """Runs a-1 and b-1 of two agents, the log cut before either ends, and a-1's agent with
+    its code edited (``search`` became ``email``)."""
     clean = tmp_path / "two.jsonl"
     first, second = agent(Service(), ["search"]), agent(Service(), ["search"], name="other")
     with RunLogWriter(clean, create=True) as writer:
         run_jobs(writer, [Job(workflow=first, run="a-1"), Job(workflow=second, run="b-1")])
     ends = [i for i, r in enumerate(records(clean)) if r["type"] == "run_finished"]
-    log = crash_after(clean, ends[0] - 1, tmp_path / "cut.jsonl")  # both unfinished
-    edited = agent(Service(), ["search"], use={"search": "email"})  # a-1's code was edited
+    return crash_after(clean, ends[0] - 1, tmp_path / "cut.jsonl"), agent(Service(), ["search"], use={"search": "email"})
+
+
+def test_one_diverged_run_does_not_stop_the_others(tmp_path: Path) -> None:
+    log, edited = two_runs_cut_before_either_ends(tmp_path)
     resumed = resume_log(log, [edited, agent(Service(), ["search"], name="other")])
     [diverged] = resumed.diverged
     assert diverged.run == "a-1"
@@ -780,13 +785,7 @@ def test_one_diverged_run_does_not_stop_the_others(tmp_path: Path) -> None:
 
 def test_on_diverged_is_told_of_each_run_whose_code_diverged_once(tmp_path: Path) -> None:
     """``recover URL`` lets go of such a run there; the run is still reported as diverged."""
-    clean = tmp_path / "two.jsonl"
-    first, second = agent(Service(), ["search"]), agent(Service(), ["search"], name="other")
-    with RunLogWriter(clean, create=True) as writer:
-        run_jobs(writer, [Job(workflow=first, run="a-1"), Job(workflow=second, run="b-1")])
-    ends = [i for i, r in enumerate(records(clean)) if r["type"] == "run_finished"]
-    log = crash_after(clean, ends[0] - 1, tmp_path / "cut.jsonl")  # both unfinished
-    edited = agent(Service(), ["search"], use={"search": "email"})  # a-1's code was edited
+    log, edited = two_runs_cut_before_either_ends(tmp_path)
     told: list[str] = []
     resumed = resume_log(log, [edited, agent(Service(), ["search"], name="other")], on_diverged=told.append)
     assert told == ["a-1"]

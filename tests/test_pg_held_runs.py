@@ -95,6 +95,25 @@ def test_a_change_to_a_run_another_process_holds_waits_in_the_inbox(pg_url: str,
     assert len(inbox(pg_url, schema)) == 1  # only the first, for the process that held it
 
 
+def a_take_behind_a_sender(
+    sender: psycopg.Connection[tuple[object, ...]], holds: RunHolds, schema: str, taken: list[bool]
+) -> threading.Thread:
+    """In ``sender``'s open transaction, an operator's check of run ``r`` (its key, shared);
+    then ``holds.take("r")`` in a thread, its answer into ``taken``: returned once the take
+    waits for the key."""
+    got = sender.execute("SELECT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),)).fetchone()
+    assert got == (True,)
+    taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
+    taker.start()
+    deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+    while sender.execute(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    ).fetchone() != (1,):
+        assert time.monotonic() < deadline, "the take never waited for the key"
+        time.sleep(0.01)
+    return taker
+
+
 def test_a_process_cannot_take_up_a_run_while_a_change_to_it_is_being_written(
     pg_url: str, schema: str
 ) -> None:
@@ -109,18 +128,7 @@ def test_a_process_cannot_take_up_a_run_while_a_change_to_it_is_being_written(
     with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=0.05) as holds:
         taken: list[bool] = []
         with sender.transaction():
-            got = sender.execute(
-                "SELECT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),)
-            ).fetchone()
-            assert got == (True,)
-            taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
-            taker.start()
-            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
-            while sender.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone() != (1,):
-                assert time.monotonic() < deadline, "the take never waited for the key"
-                time.sleep(0.01)
+            taker = a_take_behind_a_sender(sender, holds, schema, taken)
             time.sleep(0.5)  # ten times take_wait: the take asked again, and waits on
             assert taken == []
         taker.join()
@@ -467,18 +475,7 @@ def test_a_run_a_process_waits_to_hold_is_not_claimed_either(pg_url: str, schema
     with psycopg.connect(pg_url, autocommit=True) as sender, RunHolds(pg_url, schema=schema, take_wait=60) as holds:
         taken: list[bool] = []
         with sender.transaction():
-            got = sender.execute(
-                "SELECT pg_try_advisory_xact_lock_shared(%s)", (hold_key(schema, "r"),)
-            ).fetchone()
-            assert got == (True,)
-            taker = threading.Thread(target=lambda: taken.append(holds.take("r")))
-            taker.start()
-            deadline = time.monotonic() + 60  # waits for the event; bounds nothing
-            while sender.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-            ).fetchone() != (1,):
-                assert time.monotonic() < deadline, "the take never waited for the key"
-                time.sleep(0.01)
+            taker = a_take_behind_a_sender(sender, holds, schema, taken)
             closed = run_worker(
                 pg_url, [PAY], schema=schema, concurrency=1, heartbeat=0.2, dead_after=300, stop_when_idle=True
             )
