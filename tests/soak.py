@@ -1,8 +1,8 @@
 """A soak of many workers on PostgreSQL under chaos: `nox -s soak` (not part of the gate).
 
-A throwaway server (`pgserver.ThrowawayServer`), R runs of `soakflows.soak`
-submitted, three ``attempt-kernel worker`` processes, and for S seconds, at
-random moments drawn from the seed: a worker SIGKILLed (another started in
+A throwaway server (`pgserver.ThrowawayServer`), three ``attempt-kernel
+worker`` processes, R runs of `soakflows.soak` submitted one at each moment
+of the chaos, and for S seconds, at random moments drawn from the seed: a worker SIGKILLed (another started in
 its place), a worker stopped (SIGSTOP, another started) and woken again
 (SIGCONT) after 0.5 to 2.5 s, past its ``--dead-after``, a signal or a cancel
 sent to a run, an ``attempt-kernel recover URL`` beside the workers, and an
@@ -79,6 +79,8 @@ class Soak:
         self.recovers: list[subprocess.Popen[bytes]] = []
         self.events: Counter[str] = Counter()
         self.problems: list[str] = []
+        self.refusals: dict[str, str] = {}
+        """The last refusal of each kind of action (a run finished, a cancel recorded), for the report."""
 
     def start_worker(self) -> None:
         with (self.out / f"worker-{len(self.workers) + 1}.log").open("wb") as log:
@@ -100,8 +102,9 @@ class Soak:
         def go() -> None:
             try:
                 action()
-            except OperationRefused:
+            except OperationRefused as refused:
                 self.events[f"{what} refused"] += 1
+                self.refusals[what] = str(refused)
             except BaseException as error:  # noqa: BLE001  # reported, then the soak goes on
                 failed.append(error)
 
@@ -128,10 +131,15 @@ class Soak:
     def _reconcile(self, key: str, *, confirmed: bool) -> Callable[[], object]:
         return lambda: reconcile_intent(self.url, key, confirmed=confirmed, note="the soak's operator")
 
-    def chaos(self, ids: list[str], seconds: float) -> None:
+    def chaos(self, ids: list[str], runs: int, seconds: float) -> None:
+        """``seconds`` of chaos; a run submitted at each moment until there are ``runs``, so
+        that runs start, wait and end all along."""
         end = time.monotonic() + seconds
         while time.monotonic() < end:
             time.sleep(self.rnd.uniform(0.05, 0.6))
+            if len(ids) < runs:
+                ids.append(f"r{len(ids)}")
+                submit_run(self.url, "soak", ids[-1], {"n": ids[-1]})
             roll, live = self.rnd.random(), self.live()
             if roll < 0.25 and live:
                 self.rnd.choice(live).send_signal(signal.SIGKILL)
@@ -143,11 +151,11 @@ class Soak:
                 self.stopped[frozen.pid] = time.monotonic() + self.rnd.uniform(0.5, 2.5)
                 self.events["stop"] += 1
                 self.start_worker()
-            elif roll < 0.60:
-                run = self.rnd.choice(ids)
+            elif roll < 0.60 and ids:
+                run = self.rnd.choice(self.unfinished() or ids)
                 self.act("signal", lambda: send_signal(self.url, run, "approve", {"by": "soak"}))
-            elif roll < 0.66:
-                run = self.rnd.choice(ids)
+            elif roll < 0.66 and ids:
+                run = self.rnd.choice(self.unfinished() or ids)
                 self.act("cancel", lambda: cancel_run(self.url, run, "the soak"))
             elif roll < 0.72 and all(r.poll() is not None for r in self.recovers):
                 with (self.out / f"recover-{len(self.recovers) + 1}.log").open("wb") as log:
@@ -179,6 +187,12 @@ class Soak:
                 self.start_worker()
             time.sleep(1)
         self.problems.append(f"{self.open_runs()} run(s) still unfinished two minutes after the chaos ended")
+
+    def unfinished(self) -> list[str]:
+        """The runs not done yet, in id order (an operator acts on those, mostly)."""
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            rows = conn.execute("SELECT run FROM attempt_kernel.runs WHERE NOT done ORDER BY run").fetchall()
+        return [str(run) for (run,) in rows]
 
     def open_runs(self) -> int:
         with psycopg.connect(self.url, autocommit=True) as conn:
@@ -215,6 +229,8 @@ class Soak:
 
     def report(self) -> int:
         print(f"events: {dict(sorted(self.events.items()))}")
+        for what, why in sorted(self.refusals.items()):
+            print(f"last {what} refused: {why}")
         for problem in self.problems:
             print(f"PROBLEM: {problem}")
         return 1 if self.problems else 0
@@ -234,7 +250,7 @@ class Soak:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="soak many workers on PostgreSQL under chaos")
-    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--runs", type=int, default=120)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None)
@@ -252,12 +268,10 @@ def main() -> int:
     soak = Soak(url, out, random.Random(seed))
     try:
         subprocess.run(cli("migrate", url), check=True, capture_output=True)
-        ids = [f"r{i}" for i in range(args.runs)]
-        for run in ids:
-            submit_run(url, "soak", run, {"n": run})
+        ids: list[str] = []
         for _ in range(3):
             soak.start_worker()
-        soak.chaos(ids, args.seconds)
+        soak.chaos(ids, args.runs, args.seconds)
         soak.drain()
         soak.check()
     finally:
