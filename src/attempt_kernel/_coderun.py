@@ -615,8 +615,8 @@ class CodeRun:
             self._look_for_quiet()
 
     def _look_for_quiet(self) -> None:
-        """Look, a few turns of the loop from now, whether the run is quiet (`on_quiet` if
-        so); news for its waits before then calls the look off."""
+        """Look, once nothing has moved for `QUIET_SETTLE` seconds, whether the run is quiet
+        (`on_quiet` if so); news for its waits before then calls the look off."""
         news = self._news
         if news is None:
             news = self._news = self._loop.create_future()

@@ -2409,14 +2409,21 @@ def send_key(schema: str, run: str) -> int:
     return hold_key(schema, run, purpose="attempt-kernel-send")
 
 
+# The hold key of the run id a statement is given (`_given_run`), as the server makes it.
+_GIVEN_RUN_KEY: Final[LiteralString] = hold_key_sql("%(run)s::text")
+
+
+def _given_run(schema: str, run: str) -> dict[str, object]:
+    return {"hold": hold_key_head(schema), "run": run}
+
+
 def held_by_a_process(conn: psycopg.Connection[Any], schema: str, run: str) -> bool:
     """Does a process outside the workers (``attempt-kernel run URL`` or ``recover URL``,
     `RunHolds`) hold ``run``? A shared try of the run's key: when none does, it stays
     taken until ``conn``'s transaction ends (at once in autocommit), so that no process
     takes the run up meanwhile (an operator's change is committed first)."""
     row = conn.execute(
-        "SELECT NOT pg_try_advisory_xact_lock_shared(" + hold_key_sql("%(run)s::text") + ")",
-        {"hold": hold_key_head(schema), "run": run},
+        "SELECT NOT pg_try_advisory_xact_lock_shared(" + _GIVEN_RUN_KEY + ")", _given_run(schema, run)
     ).fetchone()
     return row == (True,)
 
@@ -2426,9 +2433,7 @@ def server_hold_key(conn: psycopg.Connection[Any], schema: str, run: str) -> int
     database holds it: the key a worker's claim tries. In a UTF8 database it is
     `hold_key`'s; in another encoding, a character that does not come back to the
     same UTF-8 from it (a wave dash in EUC_JP) would make Python's key another one."""
-    row = conn.execute(
-        "SELECT " + hold_key_sql("%(run)s::text"), {"hold": hold_key_head(schema), "run": run}
-    ).fetchone()
+    row = conn.execute("SELECT " + _GIVEN_RUN_KEY, _given_run(schema, run)).fetchone()
     assert row is not None
     key: int = row[0]
     return key
