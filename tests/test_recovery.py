@@ -191,6 +191,34 @@ def test_unknown_workflow_is_refused_and_nothing_is_written(tmp_path: Path) -> N
     assert path.read_bytes() == before
 
 
+def test_recover_log_given_a_list_of_workflows_says_it_takes_a_mapping(tmp_path: Path) -> None:
+    """recover_log maps names to workflows; a list (what resume_log takes) is named as such, nothing written."""
+    path = crashed(tmp_path, full_log(tmp_path), 6)
+    before = path.read_bytes()
+    with pytest.raises(TypeError) as caught:
+        recover_log(path, [World().workflow()])  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+    assert str(caught.value) == (
+        "recover_log: workflows must map each workflow's name to it ({'w': w}), got a list;"
+        " resume_log is the one that takes the workflows themselves"
+    )
+    assert path.read_bytes() == before
+
+
+def test_resume_log_given_a_mapping_of_workflows_says_it_takes_the_workflows(tmp_path: Path) -> None:
+    """resume_log takes the workflows; a name mapping (what recover_log takes) is named as such, nothing written."""
+    from attempt_kernel import resume_log
+
+    path = crashed(tmp_path, full_log(tmp_path), 6)
+    before = path.read_bytes()
+    with pytest.raises(TypeError) as caught:
+        resume_log(path, {"w": World().workflow()})  # type: ignore[dict-item]  # pyright: ignore[reportArgumentType]
+    assert str(caught.value) == (
+        "resume_log: workflows must be the workflows themselves ([w, ...]), got 'w', a str"
+        " (a dict's key?): pass the mapping's .values(); recover_log is the one that takes a mapping by name"
+    )
+    assert path.read_bytes() == before
+
+
 def test_run_without_run_started_is_refused(tmp_path: Path) -> None:
     """A live run that never said its workflow cannot be resumed."""
     path = write_log(tmp_path / "log", simple_changes()[:2])

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, cast
 
 from typing_extensions import assert_never, final
 
@@ -139,6 +139,25 @@ class Recovery:
 _SHOWN: Final = 3
 
 
+def check_by_name(workflows: object, where: str) -> None:
+    """Refuse ``workflows`` that are not a mapping by name, naming the fix.
+
+    `recover_log` and `recover` map each workflow's name to it, where
+    `resume_log` and `Worker` take the workflows themselves: given the
+    latter's form, the lookup by name would fail with an unrelated
+    ``TypeError`` deep inside, after the log was opened.
+    """
+    if isinstance(workflows, Mapping):
+        return
+    given = cast("list[object]", workflows) if type(workflows) in (list, tuple) else []
+    first = given[0] if given else None
+    example = f"{{{first.name!r}: {first.name}}}" if isinstance(first, Workflow) else "{'NAME': workflow}"
+    raise TypeError(
+        f"{where}: workflows must map each workflow's name to it ({example}), got a"
+        f" {type(workflows).__name__}; resume_log is the one that takes the workflows themselves"
+    )
+
+
 def recover(
     journal: Journal,
     workflows: Mapping[str, Workflow],
@@ -177,6 +196,7 @@ def recover(
     they can go on (a signal they wait for came, a wake time passed, a
     cancel came), and left waiting, named, until then.
     """
+    check_by_name(workflows, "recover")
     ledger = Ledger()
     ledger.feed(journal.read())
     if ledger.violation_count:
@@ -362,6 +382,7 @@ def recover_log(
     (`LogNeedsRecovery`, naming the line and why), and a log that breaks the
     kernel's rules or holds a run this program cannot resume (`RecoveryError`).
     """
+    check_by_name(workflows, "recover_log")  # before the log is opened: nothing is cut
     writer = RunLogWriter(path, cut_torn_tail=True, create=False)
     taken_in: list[str] = []
     try:
