@@ -203,6 +203,21 @@ def test_cancel_help_lists_the_refusals_the_readme_table_lists(capsys: pytest.Ca
     ), row
 
 
+def test_migrate_help_says_the_other_commands_read_only_the_default_schema(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`migrate --schema S` made tables that no other command reads (none takes --schema):
+    `runs URL` then listed nothing and `worker URL` served an empty journal in the default
+    schema, while the help said only "the PostgreSQL schema of the journal"."""
+    assert exit_code(["migrate", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert (
+        "--schema S the PostgreSQL schema of the journal (default attempt_kernel); the other"
+        " commands read and write attempt_kernel only, so a journal in another schema is for"
+        " Python programs that pass schema=S (PgJournal, Worker, run_worker, submit_run, migrate)"
+    ) in text, text
+
+
 # --------------------------------------------------------------------------
 # Errors: a missing file, a FIFO, a missing argument
 # --------------------------------------------------------------------------

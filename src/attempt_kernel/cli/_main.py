@@ -386,7 +386,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     migrate.add_argument("url", metavar="URL", help=_URL_HELP)
     migrate.add_argument("--schema", default="attempt_kernel", metavar="S",
-                         help="the PostgreSQL schema of the journal (default attempt_kernel)")  # fmt: skip
+                         help="the PostgreSQL schema of the journal (default attempt_kernel); the other"
+                         " commands read and write attempt_kernel only, so a journal in another schema"
+                         " is for Python programs that pass schema=S (PgJournal, Worker, run_worker,"
+                         " submit_run, migrate)")  # fmt: skip
     migrate.add_argument("--json", action="store_true",
                          help="print one JSON object: schema, version_before, version_after")  # fmt: skip
     pool = commands.add_parser(
