@@ -220,6 +220,21 @@ def test_tracing_doc_example_prints_its_span_names(
     assert (tmp_path / "greet.jsonl").exists()
 
 
+def test_agents_doc_determinism_rule_lets_the_function_await_its_durable_waits() -> None:
+    """docs/agents.md told code to "await nothing but its steps (a sleep or a socket read
+    belongs in a step too)": an agent that waits for a rate limit then sleeps inside an
+    attempt, holding a slot for the whole sleep and losing it to a crash. run.sleep and
+    run.wait_for_signal are what a workflow awaits to wait (docs/executor.md)."""
+    agents = (README.parent / "docs" / "agents.md").read_text()
+    rule = " ".join(agents.split("## What must be deterministic\n", 1)[1].split("```", 1)[0].split())
+    assert "a sleep or a socket read belongs in a step too" not in rule
+    assert (
+        "The function must also await nothing but what its `RunContext` gives it: its steps,"
+        " its waits (`run.sleep`, `run.wait_for_signal`) and `asyncio.gather` of them."
+        " A socket read belongs in a step, and a pause in `run.sleep`, never `asyncio.sleep`:"
+    ) in rule, rule
+
+
 def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     """No example escapes running: README has two python blocks, executor.md six (five run above,
     the one that submits on a connection by test_submit_conn.py), agents.md one (run by
