@@ -827,3 +827,37 @@ def test_the_argument_digest_is_the_documented_one(args: list[JSON]) -> None:
     digest, decoded = arguments_digest("s", args)
     assert digest == expected
     assert decoded == json.loads(text)
+
+
+def test_a_step_called_without_the_argument_its_function_needs_fails_like_one_called_with_too_many(
+    tmp_path: Path,
+) -> None:
+    """A type checker refuses a `run.step` whose arguments do not fit its function; a caller
+    that is not type-checked gets Python's own TypeError as the step's failure, an argument
+    short as one too many, which the workflow catches as StepFailed: nothing escapes the
+    executor."""
+
+    async def needs_x(ctx: StepContext, x: JSON) -> JSON:
+        return x
+
+    untyped: Any = needs_x  # what a caller no type checker reads passes
+
+    @workflow("arity")
+    async def flow(run: RunContext) -> JSON:
+        caught: list[JSON] = []
+        for name, args in (("few", ()), ("many", (1, 2))):
+            try:
+                await run.step(name, untyped, *args)
+            except StepFailed as failed:
+                caught.append(failed.outcome.error)
+        return caught
+
+    report = execute(tmp_path / "log.jsonl", flow, "r")
+    assert (report.status, report.result) == (
+        "succeeded",
+        [
+            "TypeError: test_a_step_called_without_the_argument_its_function_needs_fails_like_one_called_with_too_many.<locals>.needs_x() missing 1 required positional argument: 'x'",
+            "TypeError: test_a_step_called_without_the_argument_its_function_needs_fails_like_one_called_with_too_many.<locals>.needs_x() takes 2 positional arguments but 3 were given",
+        ],
+    )
+    assert replay(tmp_path / "log.jsonl").valid

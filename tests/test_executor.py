@@ -764,3 +764,21 @@ def test_a_refused_dispatch_stops_the_run_and_its_attempt_ends_as_recovery_would
     resumed = resume_log(path, [workflow])
     assert [r.status for r in resumed.reports] == ["succeeded"]
     assert sent == [key] and replay(path).valid
+
+
+def test_a_step_function_that_raises_before_making_its_coroutine_fails_its_attempt(tmp_path: Path) -> None:
+    """A step's callable that raises when called, before it returns an awaitable (a factory
+    that finds no client), fails the attempt as a raise inside the coroutine would: the
+    executor goes on, the run ends failed, and the log is valid."""
+
+    def no_client(ctx: StepContext) -> Awaitable[JSON]:
+        raise LookupError(f"no client configured for {ctx.step}")
+
+    report, check = execute(
+        tmp_path / "log",
+        [Step(name="a", run=no_client, retry=RetryPolicy(initial_interval=0, max_attempts=2))],
+    )
+    a = outcome(report, "a")
+    assert (a.state, a.attempts, a.error) == (Failed(), 2, "LookupError: no client configured for a")
+    assert report.status == "failed"
+    assert check.valid and check.final_states[Failed()] == 2

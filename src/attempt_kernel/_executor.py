@@ -364,6 +364,11 @@ class _Raised:
 
 _StepOutput: TypeAlias = Union[_Ok, _Raised]
 
+
+async def _raise(error: BaseException) -> JSON:
+    """An awaitable that raises ``error``: what a step's call raised before it made one."""
+    raise error
+
 # Causes carry no data: one value of each serves every attempt's moves.
 _ADMIT: Final = Admit()
 _SUCCEED: Final = Succeed()
@@ -1184,7 +1189,14 @@ class Executor:
             else:
                 self._created_and_admitted(run, created, lead, batch)
             try:
-                output = await _guarded_within(self._deadlines, step.step_deadline, step.run(context))
+                try:
+                    running = step.run(context)
+                except (Exception, SystemExit) as error:  # noqa: BLE001  # a step may raise anything
+                    # raised by the call itself, before any coroutine (a step function
+                    # called with an argument short): the attempt's failure, as a raise
+                    # inside it would be
+                    running = _raise(error)
+                output = await _guarded_within(self._deadlines, step.step_deadline, running)
             except asyncio.TimeoutError:
                 if step.retry.retry_on_timeout and not self._last_try(run, step):
                     self._move(run, name, _STEP_DEADLINE_PASSED)
