@@ -46,8 +46,11 @@ from attempt_kernel import (
     StepResult,
     WaitEnded,
     WaitStarted,
+    Job,
     load_workflow,
     read_log,
+    resume_log,
+    run_jobs,
 )
 from attempt_kernel._observe import UNLOGGED, progress_line, run_log_message
 
@@ -216,3 +219,34 @@ def test_the_records_the_run_logger_skips_unasked_are_those_it_has_no_line_for()
     assert silent == {
         StepCalled, AttemptCreated, IntentPlanned, IntentChanged, IntentReconciled, DomainStateSet, StepResult,
     }  # fmt: skip
+
+
+def test_run_jobs_tells_its_observers_of_every_record_of_every_run(tmp_path: Path) -> None:
+    """The observers given to `run_jobs` are its executor's: told of each run's records."""
+    seen = Seen()
+    workflow = load_workflow("w", [Step(name="greet", run=greet)])
+    with RunLogWriter(tmp_path / "log") as log:
+        run_jobs(log, [Job(workflow=workflow, run="r-1"), Job(workflow=workflow, run="r-2")], observers=[seen])
+    told = sorted((run, type(change).__name__) for run, change, _ in seen.records)
+    assert told == sorted(
+        (run, name)
+        for run in ("r-1", "r-2")
+        for name in ("RunStarted", "AttemptCreated", "AttemptTransitioned", "StepResult", "AttemptTransitioned", "RunFinished")
+    )
+
+
+def test_resume_log_tells_its_observers_of_the_records_the_resumed_runs_write(tmp_path: Path) -> None:
+    """A run cut after its RunStarted, resumed with observers: they are told of what the
+    resumed run writes, from its RunResumed to its RunFinished."""
+    workflow = load_workflow("w", [Step(name="greet", run=greet)])
+    whole = tmp_path / "whole"
+    _run(whole, [Step(name="greet", run=greet)], [])
+    log = tmp_path / "log"
+    log.write_bytes(whole.read_bytes().splitlines(keepends=True)[0])  # RunStarted only
+    seen = Seen()
+    resumed = resume_log(log, [workflow], observers=[seen])
+    assert [r.status for r in resumed.reports] == ["succeeded"]
+    assert [(run, type(change).__name__) for run, change, _ in seen.records] == [
+        ("r-1", "RunResumed"), ("r-1", "AttemptCreated"), ("r-1", "AttemptTransitioned"),
+        ("r-1", "StepResult"), ("r-1", "AttemptTransitioned"), ("r-1", "RunFinished"),
+    ]  # fmt: skip

@@ -1969,6 +1969,7 @@ def run_jobs(
     grace: float = 5.0,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
     stopper: Stopper | None = None,
+    observers: Sequence[RunObserver] = (),
 ) -> list[RunReport]:
     """Drive ``jobs`` concurrently on a new event loop; return their reports in order.
 
@@ -1976,7 +1977,8 @@ def run_jobs(
     (`Executor.stop` with ``grace`` seconds) and `RunsStopped` is raised once
     they are closed off; a second SIGINT exits the process at once (exit
     130), which recovery handles like a crash. ``stopper`` stops them the
-    same way from another thread (`Stopper`). ``on_wait``: as `Executor` says. A resumed code workflow whose
+    same way from another thread (`Stopper`). ``on_wait`` and ``observers``
+    (told of every record the runs write): as `Executor` says. A resumed code workflow whose
     code no longer matches its log does not stop the others: once they are
     done, the first `WorkflowDiverged` is raised (nothing was written for
     that run; `resume_log` reports every divergence instead).
@@ -1984,6 +1986,7 @@ def run_jobs(
     done = drive_jobs(
         log, jobs, admission_limit=admission_limit, progress=progress,
         stop_on_signals=stop_on_signals, grace=grace, on_wait=on_wait, stopper=stopper,
+        observers=observers,
     )  # fmt: skip
     reports: list[RunReport] = []
     for item in done:
@@ -2006,9 +2009,11 @@ def drive_jobs(
     stopper: Stopper | None = None,
     let_go_after: float | None = None,
     on_diverged: Callable[[str], None] | None = None,
+    observers: Sequence[RunObserver] = (),
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
-    reports (``on_taken_up``, ``on_wait``, ``let_go_after``: as `Executor` says).
+    reports (``on_taken_up``, ``on_wait``, ``let_go_after``, ``observers``: as
+    `Executor` says).
 
     ``on_diverged`` is called with a run's id as soon as its code diverged
     (nothing was written for it, and nothing more will be), while the other
@@ -2044,7 +2049,7 @@ def drive_jobs(
         # would cost a noticeable repr.
         executor = Executor(
             log, admission_limit=admission_limit, progress=progress, on_taken_up=on_taken_up,
-            on_wait=on_wait, let_go_after=let_go_after,
+            on_wait=on_wait, let_go_after=let_go_after, observers=observers,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
 

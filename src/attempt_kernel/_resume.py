@@ -10,7 +10,7 @@ on the same writer.
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from typing_extensions import TypeAlias, final
@@ -20,6 +20,7 @@ from ._executor import Job, RunControl, Stopper, drive_jobs
 from ._outcome import RunReport
 from ._findings import RECONCILER_DEADLINE
 from ._inbox import settle_inbox
+from ._observe import RunObserver
 from ._records import WaitStarted
 from ._recovery import Recovery, recover, recover_log
 from ._store import Journal
@@ -62,6 +63,7 @@ def resume_log(
     claimable: Callable[[Collection[str]], Collection[str]] | None = None,
     on_diverged: Callable[[str], None] | None = None,
     source: str | None = None,
+    observers: Sequence[RunObserver] = (),
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -91,7 +93,10 @@ def resume_log(
     someone else can claim) leaves out: they are taken up here, as `recover`
     says. ``on_diverged`` is called with a run's id as soon as its code
     diverged, while the other runs go on, as `drive_jobs` says (``recover
-    URL`` lets go of the run there). ``source`` names a `Journal` in `RecoveryError` messages (default:
+    URL`` lets go of the run there). ``observers`` are told of every record
+    the resumed runs write, as `Executor` says; the records recovery writes
+    before it resumes them (a DAG run's orphaned attempts it ends) are told
+    to none: ``on_recovered`` is given what it did. ``source`` names a `Journal` in `RecoveryError` messages (default:
     its repr; `attempt-kernel recover URL` gives the URL without its
     password); a file is named by its path.
     """
@@ -104,7 +109,7 @@ def resume_log(
             with writer:
                 done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
                                stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
-                               let_go_after, on_diverged)  # fmt: skip
+                               let_go_after, on_diverged, observers)  # fmt: skip
         finally:
             # What a sender appended to the inbox while this process let the log go.
             settle_inbox(log, progress)
@@ -116,7 +121,7 @@ def resume_log(
         )  # fmt: skip
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
                        stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
-                       let_go_after, on_diverged)  # fmt: skip
+                       let_go_after, on_diverged, observers)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -161,6 +166,7 @@ def _resume(
     stopper: Stopper | None,
     let_go_after: float | None,
     on_diverged: Callable[[str], None] | None,
+    observers: Sequence[RunObserver],
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -188,4 +194,5 @@ def _resume(
         stopper=stopper,
         let_go_after=let_go_after,
         on_diverged=on_diverged,
+        observers=observers,
     )
