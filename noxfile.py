@@ -142,8 +142,8 @@ def dist(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """Render the API reference of the public modules into build/api/ with pdoc; any warning fails.
 
-    docs/build_api.py renders `attempt_kernel`, `attempt_kernel.postgres` and
-    `attempt_kernel.cli`, and exits 1 on any warning pdoc emits or on a
+    docs/build_api.py renders `attempt_kernel`, `attempt_kernel.postgres`,
+    `attempt_kernel.metrics` and `attempt_kernel.cli`, and exits 1 on any warning pdoc emits or on a
     docstring naming an ``attempt_kernel.`` name that does not exist (checked
     against a copy with a missing ``.. include::`` file and an unknown name).
     tests/test_api_docs.py checks that every public name has a docstring.

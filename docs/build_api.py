@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-PUBLIC_MODULES = ("attempt_kernel", "attempt_kernel.postgres", "attempt_kernel.cli")
+PUBLIC_MODULES = ("attempt_kernel", "attempt_kernel.postgres", "attempt_kernel.metrics", "attempt_kernel.cli")
 # A qualified reference in a docstring: `attempt_kernel.X.y` or ``attempt_kernel.X.y()``.
 REFERENCE = re.compile(r"`+(attempt_kernel(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?:\(\))?`+")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-PUBLIC_MODULES = ("attempt_kernel", "attempt_kernel.postgres", "attempt_kernel.cli")
+PUBLIC_MODULES = ("attempt_kernel", "attempt_kernel.postgres", "attempt_kernel.metrics", "attempt_kernel.cli")
 # What the standard library writes into __doc__ when a class has none.
 ENUM_DEFAULT_DOC = "An enumeration."
 

@@ -174,3 +174,17 @@ def test_the_postgres_classes_are_final_but_the_error_base() -> None:
     not_final = {n for n in classes if getattr(getattr(postgres, n), "__final__", False) is not True}
     assert not_final == {"PgJournalError", "WorkerWatcher"}
     assert issubclass(postgres.PgJournalError, attempt_kernel.AttemptKernelError)
+
+
+def test_the_metrics_module_binds_exactly_its_hand_written_list() -> None:
+    """attempt_kernel.metrics, the documented way to serve a worker's metrics from Python:
+    __all__ is what it binds, and is the hand-written list; its classes are final."""
+    import attempt_kernel.metrics as metrics
+
+    bound = {
+        name
+        for name, value in vars(metrics).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert set(metrics.__all__) == bound == {"WorkerExposition", "metrics_app"}
+    assert getattr(metrics.WorkerExposition, "__final__", False) is True

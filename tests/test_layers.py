@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("runtime", ("_inbox", "_coderun", "_executor", "_recovery", "_replay", "_resume", "_report", "_demo")),
     ("postgres", ("postgres", "postgres._journal", "postgres._lease", "postgres._pools",
                   "postgres._deliver", "postgres._worker")),
-    ("operations and command line", ("_operations", "_metrics", "_web", "_web_pages", "_web_timeline",
+    ("operations and command line", ("_operations", "_metrics", "metrics", "_web", "_web_pages", "_web_timeline",
                                      "cli", "cli._main", "__main__")),
 )  # fmt: skip
 # The public doorway re-exports from every layer and holds no logic.

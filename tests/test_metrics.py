@@ -20,14 +20,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from attempt_kernel import Executor, RunControl, RunLogWriter, StepContext
 from attempt_kernel.cli._main import main
-from attempt_kernel._metrics import (
-    JournalCollector,
-    RunMetrics,
-    WorkerExposition,
-    journal_label,
-    journal_registry,
-    metrics_app,
-)
+from attempt_kernel._metrics import JournalCollector, RunMetrics, journal_label, journal_registry
+from attempt_kernel.metrics import WorkerExposition, metrics_app  # as docs/metrics.md says
 from attempt_kernel._observe import RunObserver
 from attempt_kernel._records import JSON, RunStarted
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
