@@ -397,3 +397,16 @@ def test_an_unreachable_database_exits_3_naming_host_and_database(
         assert message.startswith("database unavailable: PostgreSQL at 127.0.0.1:1, database none"), message
     else:
         assert message.startswith("cannot connect to PostgreSQL at 127.0.0.1:1, database none"), message
+
+
+def test_serve_a_url_with_workflows_is_a_usage_error_not_a_flag_ignored(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a PostgreSQL journal, Resume hands a run to the journal's workers, so `serve URL`
+    has no use for --workflows: refused, naming why, before anything is imported or a
+    database asked (this URL names no server)."""
+    assert exit_code(["serve", "postgresql://ak@localhost:1/jobs", "--workflows", "no_such_module:flow"]) == 2
+    assert last_error(capsys.readouterr().err, "serve") == (
+        "--workflows is for a log file: on a PostgreSQL journal, Resume hands a run to the"
+        " journal's workers, which load its workflow; serve the URL without it"
+    )

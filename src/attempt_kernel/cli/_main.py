@@ -430,7 +430,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="address to listen on (default 127.0.0.1; 0.0.0.0: every IPv4 interface; not empty)")  # fmt: skip
     serve.add_argument("--port", type=_port, default=8421, metavar="N",
                        help="port to listen on (default 8421; 0 picks a free one)")  # fmt: skip
-    _workflows_flag(serve, "workflows that resume may drive in this process (a file log)")
+    _workflows_flag(serve, "workflows that resume may drive in this process (a file log only: on a URL, refused)")
     for command_parser in commands.choices.values():
         # So that an error found later is told in the command's name, as argparse tells its own.
         command_parser.set_defaults(command_parser=command_parser)
@@ -2076,6 +2076,11 @@ def _serve(args: argparse.Namespace) -> int:
         from .._web import WebView, is_loopback, open_server, serve_until_stopped
     except ImportError as error:
         raise _Usage(f"serve needs Jinja2 ({error}); install attempt-kernel[web]") from None
+    if _is_url(log) and args.workflows:
+        raise _Usage(
+            "--workflows is for a log file: on a PostgreSQL journal, Resume hands a run to the"
+            " journal's workers, which load its workflow; serve the URL without it"
+        )
     workflows = [load_target(t) for t in args.workflows]
     if not _is_url(log):
         if not os.path.exists(log):
