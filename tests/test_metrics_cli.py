@@ -178,3 +178,42 @@ def test_the_metrics_address_on_ipv6_is_printed_as_a_url_that_answers(tmp_path: 
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_a_file_worker_counts_the_attempts_it_ends(tmp_path: Path) -> None:
+    """`worker LOG --metrics-port`: a run cut while its attempt ran is taken up; the orphan
+    ends Cancelled and the next attempt Succeeded, and the worker's counters count both
+    (they stayed at zero on a log file)."""
+    whole = tmp_path / "whole.jsonl"
+    assert main(["run", "cliflows:GREETER", "--log", str(whole), "--run", "g-1", "--input", '"ada"']) == 0
+    lines = whole.read_bytes().splitlines(keepends=True)
+    running = next(i for i, line in enumerate(lines) if b'"to":"Running"' in line)
+    log = tmp_path / "a.jsonl"
+    log.write_bytes(b"".join(lines[: running + 1]))
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "worker", str(log), "--workflows", "cliflows:GREETER",
+         "--metrics-port", "0"],
+        cwd=TESTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stdout is not None
+        found = re.fullmatch(r"metrics: serving (http://127\.0\.0\.1:[0-9]+/metrics)\n", process.stdout.readline())
+        assert found is not None
+        said: list[str] = []
+        while "run status: succeeded\n" not in said:
+            line = process.stdout.readline()
+            assert line, f"the worker ended before it finished g-1; it printed {said}"
+            said.append(line)
+        with urllib.request.urlopen(found.group(1), timeout=60) as answer:
+            text = answer.read().decode()
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    counted = {
+        state: float(value)
+        for state, value in re.findall(r'attempt_kernel_attempts_total\{journal="[^"]*",state="(\w+)"\} (\S+)', text)
+    }
+    assert counted == {
+        "Succeeded": 1.0, "Failed": 0.0, "Indeterminate": 0.0, "Cancelled": 1.0, "TimedOut": 0.0,
+    }  # fmt: skip

@@ -17,6 +17,7 @@ from attempt_kernel import (
     Admit,
     AttemptCreated,
     AttemptTransitioned,
+    Cancelled,
     Change,
     Confirm,
     Confirmed,
@@ -233,6 +234,33 @@ def test_run_jobs_tells_its_observers_of_every_record_of_every_run(tmp_path: Pat
         for run in ("r-1", "r-2")
         for name in ("RunStarted", "AttemptCreated", "AttemptTransitioned", "StepResult", "AttemptTransitioned", "RunFinished")
     )
+
+
+def test_resume_log_tells_its_observers_of_the_orphan_recovery_ends_before_the_run_goes_on(
+    tmp_path: Path,
+) -> None:
+    """A DAG run cut while its attempt ran: recovery ends the orphan (Cancelled: no intent was
+    dispatched) before the run is resumed, and the observers are told of that end first, as a
+    worker's observers are told of what recovery wrote when it took a run over."""
+    workflow = load_workflow("w", [Step(name="greet", run=greet)])
+    whole = tmp_path / "whole"
+    _run(whole, [Step(name="greet", run=greet)], [])
+    log = tmp_path / "log"
+    log.write_bytes(b"".join(whole.read_bytes().splitlines(keepends=True)[:3]))  # greet#1 Running
+    seen = Seen()
+    resumed = resume_log(log, [workflow], observers=[seen])
+    assert [r.status for r in resumed.reports] == ["succeeded"]
+    told = [(run, type(change).__name__) for run, change, _ in seen.records]
+    assert told == [
+        ("r-1", "AttemptTransitioned"), ("r-1", "RunResumed"), ("r-1", "AttemptCreated"),
+        ("r-1", "AttemptTransitioned"), ("r-1", "StepResult"), ("r-1", "AttemptTransitioned"),
+        ("r-1", "RunFinished"),
+    ]  # fmt: skip
+    ended = seen.records[0][1]
+    assert isinstance(ended, AttemptTransitioned)
+    assert (ended.step, ended.attempt, ended.from_state, ended.to_state) == ("greet", 1, Running(), Cancelled())
+    in_log = [item.change for item in read_log(log) if isinstance(item, Record)]
+    assert [change for _, change, _ in seen.records] == in_log[3:]
 
 
 def test_resume_log_tells_its_observers_of_the_records_the_resumed_runs_write(tmp_path: Path) -> None:

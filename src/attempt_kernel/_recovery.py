@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, cast
@@ -55,7 +55,8 @@ from ._inbox import LedgerDelivery, locked_inbox
 from ._intent import CONFIRMED, DISPATCHED, REJECTED, Confirm, Reject, is_outstanding
 from ._ledger import Ledger, PriorStep, snapshot
 from ._logfile import RunLogWriter
-from ._records import IntentReconciled, RunFinished, TornTail
+from ._observe import RunObserver, tell
+from ._records import Change, IntentReconciled, LogItem, RunFinished, TornTail
 from ._store import Journal
 from ._workflow import Workflow
 
@@ -139,6 +140,27 @@ class Recovery:
 _SHOWN: Final = 3
 
 
+@final
+class _Told:
+    """A journal whose appends are told to observers, with the time each was written:
+    what recovery writes, told as an executor tells what it writes."""
+
+    def __init__(self, journal: Journal, observers: Sequence[RunObserver]) -> None:
+        self._journal: Final = journal
+        self._observers: Final = tuple(observers)
+
+    def read(self) -> Iterator[LogItem]:
+        return self._journal.read()
+
+    def append(self, run: str, change: Change) -> int:
+        seq = self._journal.append(run, change)
+        tell(self._observers, run, change, time.time_ns() // 1000)  # the executor's clock
+        return seq
+
+    def flush(self) -> None:
+        self._journal.flush()
+
+
 def check_by_name(workflows: object, where: str) -> None:
     """Refuse ``workflows`` that are not a mapping by name, naming the fix.
 
@@ -168,6 +190,7 @@ def recover(
     skip_runs: Collection[str] = frozenset(),
     include_waiting: bool = False,
     claimable: Callable[[Collection[str]], Collection[str]] | None = None,
+    observers: Sequence[RunObserver] = (),
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, through the
     storage seam).
@@ -194,9 +217,13 @@ def recover(
     one else would take up (on PostgreSQL, runs that ``attempt-kernel run
     URL`` started, never submitted to the queue), are taken up here once
     they can go on (a signal they wait for came, a wake time passed, a
-    cancel came), and left waiting, named, until then.
+    cancel came), and left waiting, named, until then. ``observers`` are
+    told of each record recovery appends (`RunObserver`), once it is
+    appended, with the time it was written.
     """
     check_by_name(workflows, "recover")
+    if observers:
+        journal = _Told(journal, observers)
     ledger = Ledger()
     ledger.feed(journal.read())
     if ledger.violation_count:
@@ -365,6 +392,7 @@ def recover_log(
     *,
     reconciler_deadline: float = RECONCILER_DEADLINE,
     skip_runs: Collection[str] = frozenset(),
+    observers: Sequence[RunObserver] = (),
 ) -> tuple[RunLogWriter, Recovery]:
     """Recover the run log file at ``path``; return the open writer and what was done.
 
@@ -374,7 +402,8 @@ def recover_log(
     what became of each entry is in `Recovery.taken_in`),
     then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
-    returned writer and closes it.
+    returned writer and closes it. ``observers`` are told of every record it
+    appends (the inbox's changes taken in too), as `recover` says.
 
     Refused, nothing written: a missing file or one that is no regular file
     (`LogOpenError`), a log another writer holds (`LogLocked`), a corrupt
@@ -391,7 +420,7 @@ def recover_log(
         # An entry that no longer applies is dropped, with a line saying why.
         with locked_inbox(path, create=False) as inbox:
             if inbox is not None and inbox.size() > 0:
-                inbox.take_in(LedgerDelivery(writer), taken_in.append)
+                inbox.take_in(LedgerDelivery(_Told(writer, observers) if observers else writer), taken_in.append)
         done = recover(
             writer,
             workflows,
@@ -399,6 +428,7 @@ def recover_log(
             reconciler_deadline=reconciler_deadline,
             skip_runs=skip_runs,
             include_waiting=True,
+            observers=observers,
         )
     except BaseException:
         writer.close()

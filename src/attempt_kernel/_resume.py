@@ -94,16 +94,16 @@ def resume_log(
     says. ``on_diverged`` is called with a run's id as soon as its code
     diverged, while the other runs go on, as `drive_jobs` says (``recover
     URL`` lets go of the run there). ``observers`` are told of every record
-    the resumed runs write, as `Executor` says; the records recovery writes
-    before it resumes them (a DAG run's orphaned attempts it ends) are told
-    to none: ``on_recovered`` is given what it did. ``source`` names a `Journal` in `RecoveryError` messages (default:
+    written: by recovery first (the inbox's changes it takes in, the
+    orphaned attempts it ends), then by the resumed runs, as `Executor`
+    says. ``source`` names a `Journal` in `RecoveryError` messages (default:
     its repr; `attempt-kernel recover URL` gives the URL without its
     password); a file is named by its path.
     """
     by_name = _by_name(workflows)
     if isinstance(log, (str, os.PathLike)):
         writer, recovery = recover_log(
-            log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs
+            log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs, observers=observers
         )
         try:
             with writer:
@@ -118,6 +118,7 @@ def resume_log(
             log, by_name, source=repr(log) if source is None else source, reconciler_deadline=reconciler_deadline,
             skip_runs=skip_runs,
             claimable=claimable,
+            observers=observers,
         )  # fmt: skip
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
                        stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,

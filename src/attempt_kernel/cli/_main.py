@@ -1797,8 +1797,11 @@ def _left(log: str, names: set[str], skip: set[str]) -> list[tuple[str, bool]]:
     ]  # fmt: skip
 
 
-def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
-    """`worker LOG`: serve every unfinished run of a log file, in this process."""
+def _worker_file(
+    args: argparse.Namespace, workflows: list[Workflow], exposition: _metrics.WorkerExposition | None
+) -> int:
+    """`worker LOG`: serve every unfinished run of a log file, in this process (its
+    counters, when --metrics-port serves them, count what recovery and the runs write)."""
     log: str = args.url
     targets: list[str] = args.workflows
     names = {w.name for w in workflows}
@@ -1837,6 +1840,7 @@ def _worker_file(args: argparse.Namespace, workflows: list[Workflow]) -> int:
                 # With --until-idle a run that only waits is let go, or the worker
                 # would wait with it for a signal that may never come.
                 let_go_after=UNTIL_IDLE_LET_GO if args.until_idle else None,
+                observers=() if exposition is None else (exposition.observer,),
             )
         except RunsStopped as error:
             return _stopped("worker", error, again)
@@ -1987,7 +1991,7 @@ def _worker(args: argparse.Namespace) -> int:
     workflows = [load_target(t) for t in args.workflows]
     exposition = _metrics_served(args)
     if not _is_url(url):
-        return _worker_file(args, workflows)
+        return _worker_file(args, workflows, exposition)
     from ..postgres._journal import PgConnectFailed
     from ..postgres._worker import WorkerDeclaredDead, run_worker
 
