@@ -34,9 +34,10 @@ from pgtools import expire_heartbeats, sql_in
 from workerflows.agent import AGENT as AGENT_FLOW
 from workerflows.agent import book_lines
 
-from attempt_kernel import replay
+from attempt_kernel import SignalSent, replay
+from attempt_kernel._codec import encode_record
 from attempt_kernel.postgres import set_pool, submit_run
-from attempt_kernel.postgres._journal import HELD_KEYS, hold_key_head, hold_key_sql
+from attempt_kernel.postgres._journal import HELD_KEYS, hold_key_head, hold_key_sql, send_key
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 
@@ -461,6 +462,87 @@ def test_recover_url_lets_go_of_a_run_whose_code_diverged_while_it_drives_others
     assert effects(downstream, "d1") == EFFECTS
     assert effects(downstream, "b1") == Counter({"post_chat@4/chat": 1, "open_ticket@6/ticket": 1})
     assert each_key_sent_once(downstream)
+
+
+def waits_for_its_send_key(url: str, run: str) -> bool:
+    """Does a session wait for ``run``'s send key now (`RunHolds.let_go`, behind a sender)?"""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_locks AS l WHERE l.locktype = 'advisory' AND NOT l.granted"
+            " AND l.objsubid = 1 AND ((l.classid::bigint << 32) | l.objid::bigint) = %s)",
+            (send_key(SCHEMA, run),),
+        ).fetchone()
+    return row == (True,)
+
+
+def finished(url: str, run: str) -> bool:
+    """Does the journal hold ``run``'s end?"""
+    for _, line in raw_records(url, run):
+        assert isinstance(line, bytes), line
+        if json.loads(line)["type"] == "run_finished":
+            return True
+    return False
+
+
+def test_recover_url_drives_its_other_runs_while_the_let_go_of_a_diverged_run_waits_for_a_sender(
+    db: str, tmp_path: Path, downstream: Path
+) -> None:
+    """`recover URL` let go of a run whose code diverged on its event loop's thread, and the
+    let-go waits for a sender whose transaction holds the run's send key: every other run
+    it drove stood still meanwhile. It lets go on a thread of its own now: b1 finishes
+    while the let-go of d1 still waits, and once the sender commits, the let-go records
+    what it sent before `recover` exits."""
+    first_gate, second_gate = tmp_path / "gate-1", tmp_path / "gate-2"
+    first_gate.mkdir()
+    second_gate.mkdir()
+    doomed = subprocess.Popen(
+        [sys.executable, "-c", CLI_WITH_KILL, "run", AGENT, "--log", db, "--run", "d1"],
+        cwd=tmp_path, env=environment(AGENT_GATE=str(first_gate)),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    wait_at_gate(first_gate, doomed)  # past send_email@4: edited code diverges there
+    doomed.send_signal(signal.SIGKILL)
+    assert finish(doomed)[0] == -signal.SIGKILL
+    early = subprocess.run(
+        [sys.executable, "-c", CLI_WITH_KILL, "run", AGENT, "--log", db, "--run", "b1"],
+        cwd=tmp_path, env=environment(KILL_AFTER="1"), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert early.returncode == -signal.SIGKILL, early.stdout + early.stderr  # its start only
+    with psycopg.connect(db, autocommit=True) as sender:
+        with sender.transaction():  # a sender to d1, as `deliver_pg` is, in the middle of its transaction
+            sender.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(SCHEMA, "d1"),))
+            signalled = SignalSent(name="approve", payload={}, id="sig-1")
+            sender.execute(
+                "INSERT INTO attempt_kernel.inbox (run, line) VALUES (%s, %s)",
+                ("d1", encode_record(1, time.time_ns() // 1000, "d1", signalled)),
+            )
+            recovering = subprocess.Popen(
+                [sys.executable, "-m", "attempt_kernel", "recover", db, "--workflows", EDITED],
+                cwd=tmp_path, env=environment(AGENT_GATE=str(second_gate)),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )  # fmt: skip
+            try:
+                deadline = time.monotonic() + 60  # waits for each event; bounds nothing
+                while not waits_for_its_send_key(db, "d1"):
+                    assert recovering.poll() is None, "recover exited before it let go of d1"
+                    assert time.monotonic() < deadline, "recover never began to let go of d1"
+                    time.sleep(0.02)
+                (second_gate / "open").touch()  # b1 may end now
+                while not finished(db, "b1"):
+                    assert time.monotonic() < deadline, "b1 never finished while the let-go of d1 waited"
+                    time.sleep(0.02)
+                assert waits_for_its_send_key(db, "d1")  # the let-go waits on, behind the sender
+            except BaseException:
+                recovering.kill()
+                recovering.communicate()
+                raise
+        out, err = recovering.communicate(timeout=60)  # the sender committed: the let-go goes on
+    assert recovering.returncode == 2, out + err
+    assert "run 'd1' diverged at position 4" in err, err
+    assert "recover: d1: took in SignalSent from the inbox (recorded)" in out, out
+    assert not held_by_a_process(db, "d1")
+    assert statuses(db, tmp_path) == {"b1": "succeeded", "d1": "interrupted"}
+    assert effects(downstream, "b1") == Counter({"post_chat@4/chat": 1, "open_ticket@6/ticket": 1})
 
 
 # --------------------------------------------------------------------------

@@ -2017,8 +2017,8 @@ def drive_jobs(
 
     ``on_diverged`` is called with a run's id as soon as its code diverged
     (nothing was written for it, and nothing more will be), while the other
-    runs go on, on the event loop's thread (the runs wait for it): a process
-    that holds the run may let it go there. From then on this call takes in
+    runs go on, on the event loop's thread (the runs wait for it, so a let-go
+    that may wait belongs on another thread). From then on this call takes in
     nothing for that run (its changes are the next holder's)."""
     caught: list[int] = []  # the stop's signal, from a signal or the stopper
     signalled: list[int] = []  # the signals themselves: a second one exits at once

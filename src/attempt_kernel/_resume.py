@@ -93,7 +93,7 @@ def resume_log(
     someone else can claim) leaves out: they are taken up here, as `recover`
     says. ``on_diverged`` is called with a run's id as soon as its code
     diverged, while the other runs go on, as `drive_jobs` says (``recover
-    URL`` lets go of the run there). ``observers`` are told of every record
+    URL`` hands the run's let-go to a thread there). ``observers`` are told of every record
     written: by recovery first (the inbox's changes it takes in, the
     orphaned attempts it ends), then by the resumed runs, as `Executor`
     says. ``source`` names a `Journal` in `RecoveryError` messages (default:

@@ -13,6 +13,7 @@ a log another process is writing; writing ones are refused by its lock.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import errno
 import importlib
@@ -1246,10 +1247,17 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     # that process holds the run instead (`RunHolds`), and so does this one.
     stopper, lost = Stopper(), list[str]()
     elsewhere: _HeldElsewhere | None = None
+    letting_go: concurrent.futures.ThreadPoolExecutor | None = None
     if _is_url(log_path):
         holds = holding.enter_context(_run_holds(log_path))
         holds.watch(_on_lost(lost, stopper))
         elsewhere = _HeldElsewhere(holds, held or frozenset())
+        # Where a run whose code diverged is let go (`let_go_of_the_diverged`): one
+        # at a time (one session holds the runs), and shut down, each let-go done,
+        # before the holds close.
+        letting_go = holding.enter_context(
+            concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="recover-let-go")
+        )
     skipped: Collection[str] = frozenset() if elsewhere is None else elsewhere
 
     as_json: bool = args.json
@@ -1296,17 +1304,24 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             sys.stdout.write(_report.taken_up_text(done))
             sys.stdout.flush()
 
+    let_goes: list[concurrent.futures.Future[None]] = []
+
     def let_go_of_the_diverged(run: str) -> None:
         # Nothing was written for the run, nor will be here: let go at once, so that
         # a `recover` with the code it started with, or a worker, may take it up
-        # while this one drives the others.
-        if elsewhere is None:
+        # while this one drives the others. Not here, on the event loop's thread:
+        # the let-go waits for a sender still in a transaction on the run
+        # (`RunHolds.let_go`), and every other run would wait with it.
+        if elsewhere is None or letting_go is None:
             return
+        let_goes.append(letting_go.submit(let_go_now, elsewhere, run))
+
+    def let_go_now(elsewhere: _HeldElsewhere, run: str) -> None:  # on the let-go thread
         late = _let_go_of_the_diverged(log_path, elsewhere, run)
         taken_in.extend(late)
-        if not as_json:
-            for line in late:
-                print(f"recover: {shown(line)}")
+        if not as_json and late:
+            # One write: the loop's thread prints beside this one.
+            sys.stdout.write("".join(f"recover: {shown(line)}\n" for line in late))
             sys.stdout.flush()
 
     say_left_alone()
@@ -1357,6 +1372,8 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
         return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
+    for let_go in let_goes:  # each run that diverged is let go before the others, and before recover ends
+        let_go.result()
     ready: list[str] = []  # runs let go here that can go on, with what came as recover ended
     if elsewhere is not None:
         waiting = [r.run for r in resumed.reports if r.status == "waiting" and r.run in elsewhere.held_here]
