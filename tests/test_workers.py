@@ -28,13 +28,16 @@ from pgtools import expire_heartbeats, sql_in
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from hypothesis.strategies import sampled_from
-from workerflows.pay import PAY, calls
+from workerflows.pay import PAY, calls, charge, prepare
+from workerflows.pay import finish as finish_step
 
 from attempt_kernel import (
     AttemptCreated,
     AttemptTransitioned,
     Cancelled,
     Dispatched,
+    EffectFinding,
+    EffectNotHappened,
     Indeterminate,
     IntentChanged,
     IntentPlanned,
@@ -44,8 +47,10 @@ from attempt_kernel import (
     RunRefused,
     RunStarted,
     Running,
+    Step,
     Succeeded,
     UnencodableRecord,
+    load_workflow,
     replay,
 )
 from attempt_kernel.postgres._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
@@ -439,6 +444,81 @@ def test_a_reconciler_that_could_not_tell_is_a_warning_of_the_taker(
         ("WARNING", f"r1 charge#1: asked the reconciler about 'card' ({key}): unknown (the test switched the reconciler off)")
     ]
     assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "needs-reconciliation")]
+
+
+@pytest.mark.slow
+def test_a_reconcilers_reason_is_one_line_of_the_takers_log(
+    pg_url: str,
+    schema: str,
+    tmp_path: Path,
+    downstream: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A reconciler's reason is its own text, line breaks and terminal escapes included: the
+    taker's line says it escaped (as `shown` escapes names from a log), one answer one line."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER="9"))
+    assert code == -signal.SIGKILL, out
+    assert len(expire_heartbeats(pg_url, schema)) == 1
+    monkeypatch.setenv("RECONCILE", "off")
+    monkeypatch.setenv("RECONCILE_REASON", "the card service said:\nHTTP 503\x1b[2J")
+    with caplog.at_level(logging.INFO, logger="attempt_kernel"):
+        assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    [key] = {r.change.key for r in journal_records(pg_url, schema) if isinstance(r.change, IntentPlanned)}
+    told = [(r.levelname, r.getMessage()) for r in caplog.records if "asked the reconciler" in r.getMessage()]
+    assert told == [
+        ("WARNING", f"r1 charge#1: asked the reconciler about 'card' ({key}): unknown (the card service said:\\nHTTP 503\\x1b[2J)")
+    ]
+
+
+@pytest.mark.slow
+def test_what_a_reconciler_answered_is_logged_when_the_takeover_fails_after_asking(
+    pg_url: str,
+    schema: str,
+    tmp_path: Path,
+    downstream: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The taker's lease is lost while the charge's reconciler answers (another claim moves the
+    run's fence on): the takeover's records never commit, and what the reconciler said, a fact
+    about the card service, was logged nowhere. It is logged, at WARNING, saying the takeover did
+    not complete; the next takeover asks again and logs its own answer."""
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER="9"))  # Dispatched, never sent
+    assert code == -signal.SIGKILL, out
+    assert len(expire_heartbeats(pg_url, schema)) == 1
+    sql_in(pg_url, schema, "INSERT INTO {s}.workers (id, host, pid, dead) VALUES ('gone', 'test', 0, true)")
+    moved: list[str] = []
+
+    async def ask_as_the_lease_moves(key: str) -> EffectFinding:
+        if not moved:  # the first takeover only: the next one keeps its lease
+            moved.append(key)
+            sql_in(pg_url, schema, "UPDATE {s}.runs SET owner = 'gone', fence = fence + 1 WHERE run = 'r1'")
+        return EffectNotHappened()
+
+    pay = load_workflow(
+        "pay",
+        [
+            Step(name="prepare", run=prepare),
+            Step(name="charge", run=charge, after=("prepare",), reconcilers={"card": ask_as_the_lease_moves}),
+            Step(name="finish", run=finish_step, after=("charge",)),
+        ],
+    )
+    with caplog.at_level(logging.INFO, logger="attempt_kernel"):
+        assert run_worker(pg_url, [pay], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    [key] = {r.change.key for r in journal_records(pg_url, schema) if isinstance(r.change, IntentPlanned)}
+    told = [(r.levelname, r.getMessage()) for r in caplog.records if "asked the reconciler" in r.getMessage()]
+    assert told == [
+        (
+            "WARNING",
+            f"r1 charge#1: asked the reconciler about 'card' ({key}): it did not happen (intent Rejected);"
+            " the takeover did not complete, so the journal may not hold this answer",
+        ),
+        ("INFO", f"r1 charge#1: asked the reconciler about 'card' ({key}): it did not happen (intent Rejected)"),
+    ]
+    assert sql_in(pg_url, schema, "SELECT done, outcome, fence FROM {s}.runs") == [(True, "succeeded", 4)]
+    assert calls(downstream) == ["r1/charge/card"]
 
 
 @pytest.mark.slow

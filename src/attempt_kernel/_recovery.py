@@ -191,6 +191,7 @@ def recover(
     include_waiting: bool = False,
     claimable: Callable[[Collection[str]], Collection[str]] | None = None,
     observers: Sequence[RunObserver] = (),
+    on_asked: Callable[[Sequence[Asked]], None] | None = None,
 ) -> Recovery:
     """Recover a journal already held by this writer (any store, through the
     storage seam).
@@ -219,7 +220,11 @@ def recover(
     they can go on (a signal they wait for came, a wake time passed, a
     cancel came), and left waiting, named, until then. ``observers`` are
     told of each record recovery appends (`RunObserver`), once it is
-    appended, with the time it was written.
+    appended, with the time it was written. ``on_asked``, if
+    given, is called with the reconcilers' answers (`Asked`) once they came
+    and before anything is written: what they said about the downstream
+    system is known to the caller even when a write then fails (a
+    PostgreSQL worker that lost the run's lease meanwhile logs them).
     """
     check_by_name(workflows, "recover")
     if observers:
@@ -311,9 +316,13 @@ def recover(
         if questions
         else []
     )
-    asked: list[Asked] = []
+    asked = [
+        Asked(run=run, step=name, attempt=number, intent=intent, key=key, finding=finding)
+        for (run, name, number, intent, key, _), finding in zip(questions, findings)
+    ]
+    if on_asked is not None and asked:
+        on_asked(asked)
     for (run, name, number, intent, key, _), finding in zip(questions, findings):
-        asked.append(Asked(run=run, step=name, attempt=number, intent=intent, key=key, finding=finding))
         match finding:
             case EffectHappened():
                 change = IntentReconciled(

@@ -1,6 +1,7 @@
-"""Renderings of reports: for people, for machines (JSON), for scrapers.
+"""Renderings of reports: for people, for machines (JSON), for scrapers, for logs.
 
-Pure functions from a report to text; the CLI prints what they return.
+Pure functions from a report to text; the CLI prints what they return, and
+a worker and an executor log the lines made for logs (with their level).
 Reports carry typed states; only these functions turn them into words.
 Names read from a log (runs, steps, intents, errors) are data, never
 markup: `shown` escapes every character that is not printable (control
@@ -11,6 +12,7 @@ the report or reach a terminal raw.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -25,7 +27,7 @@ from ._findings import EffectFinding, EffectHappened, EffectNotHappened, EffectU
 from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory, WaitHistory
 from ._ledger import OpenAttempt, signals_taken
 from ._records import JSON
-from ._recovery import Recovery
+from ._recovery import Asked, Recovery
 from ._replay import ReplayReport
 from ._store import is_url
 from ._runlist import RunRow as RunRow
@@ -289,6 +291,36 @@ def answer_text(finding: EffectFinding) -> str:
             return f"unknown ({finding.reason})" if finding.reason else "unknown"
         case _:
             assert_never(finding)
+
+
+def asked_line(asked: Asked, *, completed: bool = True) -> tuple[int, str]:
+    """The log line saying what a reconciler answered about an outstanding intent, and its
+    level: a worker taking a run over and an executor stopping one both log it.
+
+    One line whatever the reconciler said: its reason, like the names from
+    the log, has its non-printable characters escaped (`shown`). WARNING
+    for an answer nobody could give (the reconciler said so, raised, or ran
+    past its deadline): it is why the attempt ends Indeterminate, and the
+    log keeps no record of it; INFO for an answer, which the log records.
+    ``completed`` False, the takeover that asked failed once the answers
+    came (its lease lost before their records committed, say): WARNING for
+    every answer, saying so, since the journal may not hold it.
+    """
+    finding = asked.finding
+    match finding:
+        case EffectUnknown():
+            level = logging.WARNING
+        case EffectHappened() | EffectNotHappened():
+            level = logging.INFO if completed else logging.WARNING
+        case _:
+            assert_never(finding)
+    line = (
+        f"{asked.run} {asked.step}#{asked.attempt}: asked the reconciler about"
+        f" {asked.intent!r} ({asked.key}): {answer_text(finding)}"
+    )
+    if not completed:
+        line += "; the takeover did not complete, so the journal may not hold this answer"
+    return level, shown(line)
 
 
 def _settled_lines(recovery: Recovery) -> list[str]:

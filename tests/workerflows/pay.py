@@ -4,7 +4,8 @@ The fake downstream service is the file named by ``DOWNSTREAM``: every call
 of the effect appends one line (``run/step/effect key``) and nothing is
 deduplicated, so a test counts how often each key was really sent. The
 charge step's reconciler asks that same file, unless ``RECONCILE=off``
-(then it cannot tell).
+(then it cannot tell, and says why: ``RECONCILE_REASON``, or that the test
+switched it off).
 
 ``CRASH_IN_EFFECT=1`` SIGKILLs the process inside the effect, right after
 the downstream service saw the call (as a power cut would).
@@ -75,7 +76,7 @@ async def charge(ctx: StepContext) -> JSON:
 
 async def ask_card(key: str) -> EffectFinding:
     if os.environ.get("RECONCILE") == "off":
-        return EffectUnknown(reason="the test switched the reconciler off")
+        return EffectUnknown(reason=os.environ.get("RECONCILE_REASON", "the test switched the reconciler off"))
     if any(line.split()[1] == key for line in _lines(_downstream())):
         return EffectHappened(result={"charged": key})
     return EffectNotHappened()

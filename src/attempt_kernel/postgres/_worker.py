@@ -93,13 +93,12 @@ from typing import Any, Final, Protocol
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
-from typing_extensions import LiteralString, assert_never, final
+from typing_extensions import LiteralString, final
 
 from .._codec import encode_record
 from .._errors import AttemptKernelError
 from .._coderun import WorkflowDiverged
 from .._executor import Executor, RunControl, RunRefused, handling_signals
-from .._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from .._observe import RunObserver, tell
 from ._journal import (
@@ -131,8 +130,8 @@ from .._ledger import Ledger
 from .._operate import refusal
 from ._pools import SlotAdmission, check_pools, free_slots_of_taken_over_run, pools_named
 from .._records import JSON, Change, LogItem, RunCancelRequested, RunFinished, RunStarted
-from .._recovery import Recovery, recover
-from .._report import answer_text
+from .._recovery import Asked, Recovery, recover
+from .._report import asked_line
 from .._store import DispatchRefused
 from .._workflow import Workflow
 
@@ -931,23 +930,16 @@ class Worker:
             self._progress(line)
 
     def _say_asked(self, recovery: Recovery) -> None:
-        """What each reconciler asked in taking a run over answered. An answer nobody could give
-        (the reconciler said so, raised, or ran past its deadline) is a warning: it is why the
-        attempt ends Indeterminate, and the log keeps no record of it."""
-        for asked in recovery.asked:
-            finding = asked.finding
-            match finding:
-                case EffectUnknown():
-                    level = logging.WARNING
-                case EffectHappened() | EffectNotHappened():
-                    level = logging.INFO
-                case _:
-                    assert_never(finding)
-            self._say(
-                f"{asked.run} {asked.step}#{asked.attempt}: asked the reconciler about"
-                f" {asked.intent!r} ({asked.key}): {answer_text(asked.finding)}",
-                level,
-            )
+        """What each reconciler asked in taking a run over answered (`asked_line`: an answer
+        nobody could give is a warning)."""
+        self._say_answers(recovery.asked, completed=True)
+
+    def _say_answers(self, answers: Sequence[Asked], *, completed: bool) -> None:
+        """Each answer's line (`asked_line`), at its level; ``completed`` False: the takeover
+        that asked failed once they came."""
+        for asked in answers:
+            level, line = asked_line(asked, completed=completed)
+            self._say(line, level)
 
     def _verdict(self) -> LeaseVerdict:
         heart = self._heart
@@ -1121,18 +1113,26 @@ class Worker:
         are taken in first (so that a cancel sent while the run was released
         closes it here), and their rows deleted once they are recorded.
         """
-        with PgJournal(self._url, schema=self._schema, leases=self._leases) as journal:
-            if mail:
-                with connect(self._url, idle_in_transaction=self._dead_after) as inbox:
-                    self._take_in_at_claim(journal, inbox, run)
-            noted = _Noted(journal)
-            recovery = recover(
-                _OneRun(noted, journal, run),
-                self._workflows,
-                source=f"journal {self._schema!r}",
-                only_runs=frozenset({run}),
-            )
-            return recovery, noted.written
+        answers: list[Asked] = []
+        try:
+            with PgJournal(self._url, schema=self._schema, leases=self._leases) as journal:
+                if mail:
+                    with connect(self._url, idle_in_transaction=self._dead_after) as inbox:
+                        self._take_in_at_claim(journal, inbox, run)
+                noted = _Noted(journal)
+                recovery = recover(
+                    _OneRun(noted, journal, run),
+                    self._workflows,
+                    source=f"journal {self._schema!r}",
+                    only_runs=frozenset({run}),
+                    on_asked=answers.extend,
+                )
+                return recovery, noted.written
+        except BaseException:
+            # What the reconcilers said is a fact about the downstream systems, which
+            # someone may need: said even though the takeover failed once they answered.
+            self._say_answers(answers, completed=False)
+            raise
 
     def _take_in_at_claim(
         self, journal: PgJournal, inbox: psycopg.Connection[tuple[object, ...]], run: str
