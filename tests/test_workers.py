@@ -522,6 +522,36 @@ def test_what_a_reconciler_answered_is_logged_when_the_takeover_fails_after_aski
 
 
 @pytest.mark.slow
+def test_a_stopped_worker_logs_what_the_reconciler_it_asked_could_not_tell(
+    db: str, tmp_path: Path, downstream: Path
+) -> None:
+    """SIGTERM to `attempt-kernel worker` while the charge is in flight: the stop ends the
+    attempt as a takeover would, its reconciler asked first, and the reconciler cannot tell.
+    That answer was recorded nowhere (the attempt ends Indeterminate with no word of why);
+    the worker logs it as a taker does, the same line at WARNING."""
+    submit_run(db, "pay", "r1")
+    environment = {**os.environ, "PYTHONPATH": str(TESTS), "HANG_IN_EFFECT": "1", "RECONCILE": "off"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "attempt_kernel", "worker", db, "--workflows", "workerflows.pay:PAY",
+         "--heartbeat", "0.2", "--dead-after", "300"],
+        cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60  # waits for the event; bounds nothing
+    while calls(downstream) != ["r1/charge/card"]:  # the effect went out and hangs
+        assert process.poll() is None, finish(process)[1]
+        assert time.monotonic() < deadline, "the charge never went out"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    _, out = finish(process)
+    [key] = {r.change.key for r in journal_records(db, "attempt_kernel") if isinstance(r.change, IntentPlanned)}
+    told = [line.split(" ", 1)[1] for line in out.splitlines() if "asked the reconciler" in line]
+    assert told == [
+        f"WARNING r1 charge#1: asked the reconciler about 'card' ({key}): unknown (the test switched the reconciler off)"
+    ], out
+    assert ended_indeterminate(journal_records(db, "attempt_kernel"), "charge")
+
+
+@pytest.mark.slow
 def test_a_worker_killed_right_after_the_runs_end_leaves_a_closed_row(
     pg_url: str, schema: str, tmp_path: Path, downstream: Path
 ) -> None:

@@ -113,6 +113,7 @@ from ._observe import UNLOGGED, LogRecords, ProgressLines, RunObserver, tell, te
 from ._operate import Delivery, refusal
 from ._outcome import RunReport, StepOutcome, describe, outcome
 from ._recovery import Asked, OrphanEnded, Recovery
+from ._report import asked_line
 from ._store import (
     BatchLog,
     DispatchRefused,
@@ -1213,8 +1214,12 @@ class Executor:
                 if self._ledger.runs[run].stop_requested:
                     # docs/contracts.md, "A graceful stop is not a cancel": a
                     # stop ends the attempt as recovery would, reconcilers
-                    # first
-                    await self._ask_reconcilers(run, step)
+                    # first, each answer said as a takeover says it
+                    for asked in await self._ask_reconcilers(run, step):
+                        level, line = asked_line(asked)
+                        self._log_records.say(level, line)
+                        if self._progress is not None:
+                            self._progress(line)
                 self._cancel(run, name)
                 raise
             match output:

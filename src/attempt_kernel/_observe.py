@@ -231,3 +231,12 @@ class LogRecords:
                 self._logger.log(level, "%s", message)
         except Exception:  # an observer never stops a run (module doc)
             LOGGER.exception("observer %r failed on a record of run %r", self, run)
+
+    def say(self, level: int, line: str) -> None:
+        """Log ``line`` at ``level``: a line of a run's course that no record carries (what a
+        reconciler asked as a graceful stop ended an attempt answered, `asked_line`); like
+        `log`, it never raises."""
+        try:
+            self._logger.log(level, "%s", line)
+        except Exception:  # an observer never stops a run (module doc)
+            LOGGER.exception("observer %r failed on the line %r", self, line)

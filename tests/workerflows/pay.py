@@ -8,7 +8,9 @@ charge step's reconciler asks that same file, unless ``RECONCILE=off``
 switched it off).
 
 ``CRASH_IN_EFFECT=1`` SIGKILLs the process inside the effect, right after
-the downstream service saw the call (as a power cut would).
+the downstream service saw the call (as a power cut would);
+``HANG_IN_EFFECT=1`` keeps the effect in flight there (an hour), until the
+worker is stopped.
 
 The run's input steers the charge step: ``{"sleep": S}`` makes its first
 attempt sleep S seconds before the effect; ``{"gate": PATH}`` makes it wait
@@ -69,6 +71,8 @@ async def charge(ctx: StepContext) -> JSON:
             book.write(f"{ctx.run}/{ctx.step}/card {key}\n")
         if os.environ.get("CRASH_IN_EFFECT") == "1":
             os.kill(os.getpid(), signal.SIGKILL)
+        if os.environ.get("HANG_IN_EFFECT") == "1":
+            await asyncio.sleep(3600)
         return {"charged": key}
 
     return await ctx.effect("card", charge_card)
