@@ -16,7 +16,7 @@ from workerflows.pay import PAY
 
 from attempt_kernel._codec import encode_record
 from attempt_kernel._metrics import JournalCollector, WorkerExposition
-from attempt_kernel.postgres._journal import PgJournal
+from attempt_kernel.postgres._journal import PgJournal, RunHolds
 from attempt_kernel._records import RunStarted
 from attempt_kernel.postgres._worker import Worker, submit_run
 
@@ -65,6 +65,22 @@ def test_queued_runs_are_the_queue_depth(pg_url: str, schema: str) -> None:
     registry.register(collector)
     assert value(registry, "attempt_kernel_queue_depth", journal=pg_url) == 3
     assert value(registry, "attempt_kernel_runs", journal=pg_url, status="interrupted") == 0
+    collector.close()
+
+
+def test_a_run_a_process_holds_is_not_in_the_queue_depth(pg_url: str, schema: str) -> None:
+    """Two runs submitted and due, one held by a process (`RunHolds`, as `recover URL` holds
+    a run it drives): no claim takes the held one while it is held, so the queue is one;
+    let go, it is two."""
+    for run in ("q1", "q2"):
+        submit_run(pg_url, "pay", run, schema=schema)
+    collector = JournalCollector(pg_url, schema=schema)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    with RunHolds(pg_url, schema=schema) as holds:
+        assert holds.take("q1")
+        assert value(registry, "attempt_kernel_queue_depth", journal=pg_url) == 1
+    assert value(registry, "attempt_kernel_queue_depth", journal=pg_url) == 2
     collector.close()
 
 

@@ -378,7 +378,7 @@ class _PgSource:
         import psycopg
         from psycopg import sql
 
-        from .postgres._journal import connect
+        from .postgres._journal import CLAIMABLE_NOW, connect, hold_key_head
 
         self._conn: Final = connect(url)
         self._conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
@@ -390,16 +390,18 @@ class _PgSource:
             return sql.SQL(text).format(s=s).as_bytes(conn)
 
         # One round trip for all but the records: the snapshot's bounds, the
-        # runs live workers hold, the queue (as the worker's claim sees it:
-        # a run no live worker holds, due now) and the slots of these workers.
+        # runs live workers hold, the queue (by the worker's claim's own rule,
+        # `CLAIMABLE_NOW`: due, no live worker's, held by no process) and the
+        # slots of these workers.
         self._state: Final = statement(
             "SELECT txid_snapshot_xmin(txid_current_snapshot()), txid_snapshot_xmax(txid_current_snapshot()),"
             " ARRAY(SELECT r.run FROM {s}.runs r JOIN {s}.workers w ON w.id = r.owner"
             "  WHERE NOT r.done AND NOT w.dead),"
-            " (SELECT count(*) FROM {s}.runs WHERE NOT done AND coalesce(wake_at, submitted_at) <= now()"
-            "  AND (owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead))),"
-            " ARRAY(SELECT worker || ' ' || count(*) FROM {s}.slots WHERE worker = ANY(%s) GROUP BY worker)"
+            " (SELECT count(*) FROM {s}.runs WHERE " + CLAIMABLE_NOW + "),"
+            " ARRAY(SELECT worker || ' ' || count(*) FROM {s}.slots WHERE worker = ANY(%(workers)s)"
+            "  GROUP BY worker)"
         )
+        self._hold: Final = hold_key_head(schema)
         self._rows: Final = statement(
             "SELECT pos, line FROM {s}.records WHERE pos > %s ORDER BY pos LIMIT %s"
         )
@@ -434,7 +436,7 @@ class _PgSource:
     def _read(self, workers: Sequence[str], apply: Callable[[list[Record | CorruptLine]], None]) -> None:
         conn = self._conn
         with conn.transaction():
-            row = conn.execute(self._state, (list(workers),)).fetchone()
+            row = conn.execute(self._state, {"workers": list(workers), "hold": self._hold}).fetchone()
             if row is None:
                 raise AssertionError("the journal's state query answered no row")
             low, high, held, depth, slots = row
@@ -497,7 +499,8 @@ class JournalCollector:
     ``attempt_kernel_outstanding_intents``: intents Dispatched with no
     recorded outcome; ``attempt_kernel_runs{status}``: runs by where they
     stand, as `attempt-kernel runs` says it. On PostgreSQL also
-    ``attempt_kernel_queue_depth`` (runs claimable now) and, for the
+    ``attempt_kernel_queue_depth`` (runs a worker's claim could take now:
+    due, no live worker's, held by no process) and, for the
     workers of ``worker_ids``, ``attempt_kernel_slots_held``.
     """
 
@@ -557,7 +560,7 @@ class JournalCollector:
         if self._file is None:
             out += [
                 GaugeMetricFamily(
-                    "attempt_kernel_queue_depth", "Runs submitted and claimable now.", labels=journal
+                    "attempt_kernel_queue_depth", "Runs a worker's claim could take now.", labels=journal
                 ),
                 GaugeMetricFamily(
                     "attempt_kernel_slots_held",

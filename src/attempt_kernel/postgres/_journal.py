@@ -2402,6 +2402,20 @@ exclusively; an operator's change only ever takes it shared): a bigint key shows
 so PostgreSQL reads ``pg_locks`` once per statement, and only once a row asks."""
 
 
+CLAIMABLE_NOW: Final[LiteralString] = (
+    "NOT done AND coalesce(wake_at, submitted_at) <= now()"
+    " AND CASE WHEN owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead)"
+    "  THEN " + hold_key_sql("run") + " <> ALL (" + HELD_KEYS + ") ELSE false END"
+)
+"""A ``{s}.runs`` row that a worker's claim takes now (of any workflow): not done; due (queued,
+signalled, or its wake time come); no owner, or one found dead; and not held by a process
+(`RunHolds`: ``attempt-kernel run URL`` or ``recover URL`` drives it), whose key the look
+at ``pg_locks`` (`HELD_KEYS`) finds held or waited for. The CASE keeps that look from the
+rows live workers own. Over the row's own columns, unqualified, with ``%(hold)s`` bound to
+`hold_key_head`: the claim (`Worker`) adds its workflows, and the queue-depth gauge
+(``attempt_kernel_queue_depth``) counts these rows, so the two never disagree."""
+
+
 def send_key(schema: str, run: str) -> int:
     """The advisory-lock key an operator's delivery to ``run`` holds for its transaction
     (`deliver_pg`): senders to a run go one at a time, and `RunHolds.let_go` waits

@@ -102,6 +102,7 @@ from .._executor import Executor, RunControl, RunRefused, handling_signals
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
 from .._observe import RunObserver, tell
 from ._journal import (
+    CLAIMABLE_NOW,
     DEFAULT_SCHEMA,
     PG_SCHEMA_VERSION,
     Lease,
@@ -212,8 +213,8 @@ _FIND_DEAD: Final[LiteralString] = (
 #
 # Never a run that `attempt-kernel run URL` or `recover URL` holds (`RunHolds`):
 # the scan passes over a key held, or waited for, exclusively (a look at
-# pg_locks, only for a row that is otherwise claimable: the CASE keeps it
-# from rows that live workers own), so a held run neither takes a free slot
+# pg_locks, only for a row that is otherwise claimable: `CLAIMABLE_NOW`, the
+# rule the queue-depth gauge counts by too), so a held run neither takes a free slot
 # nor sees its fence moved; and each run picked is then tried with the
 # operators' shared try of its key (`held_by_a_process`), in the same
 # statement as its fenced update, after the LIMIT (so on %(n)s keys at most:
@@ -226,9 +227,7 @@ _FIND_DEAD: Final[LiteralString] = (
 _CLAIM: Final[LiteralString] = (
     "WITH claimed AS (UPDATE {s}.runs AS r SET owner = %(me)s, fence = r.fence + 1, wake_at = NULL"
     " FROM (SELECT run, owner, fence, coalesce(wake_at, submitted_at) AS due FROM {s}.runs"
-    "  WHERE NOT done AND coalesce(wake_at, submitted_at) <= now() AND workflow = ANY(%(names)s)"
-    "  AND CASE WHEN owner IS NULL OR owner IN (SELECT id FROM {s}.workers WHERE dead)"
-    "   THEN " + hold_key_sql("run") + " <> ALL (" + HELD_KEYS + ") ELSE false END"
+    "  WHERE " + CLAIMABLE_NOW + " AND workflow = ANY(%(names)s)"
     "  ORDER BY coalesce(wake_at, submitted_at), run LIMIT %(n)s FOR UPDATE SKIP LOCKED) AS old"
     " WHERE r.run = old.run AND r.owner IS NOT DISTINCT FROM old.owner AND r.fence = old.fence"
     " AND EXISTS (SELECT 1 FROM {s}.workers WHERE id = %(me)s AND NOT dead)"
