@@ -230,6 +230,32 @@ def test_a_wake_time_already_past_resumes_at_once(tmp_path: Path) -> None:
     assert later.slept == []
 
 
+def test_a_sleep_resumed_on_a_clock_set_back_waits_until_its_wake_time_on_that_clock(tmp_path: Path) -> None:
+    """Resumed where the clock reads 1000 s before the sleep began (a clock set back, a machine
+    whose clock is behind): the wake time is a moment, so the 30 s sleep lasts 1030 s by that
+    clock, as docs/executor.md says; it never ends sooner than its wake time."""
+    path = tmp_path / "log.jsonl"
+    drive(path, napper, "n-1", FakeTime())
+    cut_after(path, "wait_started")
+    behind = FakeTime(START - 1000)
+    report = drive(path, napper, "n-1", behind, resume=True)
+    assert report.status == "succeeded" and report.result == ["a", "b"]
+    assert behind.slept == [1030.0]
+    assert replay(FileLog(path)).valid
+
+
+def test_a_signal_wait_resumed_on_a_clock_set_back_times_out_at_its_wake_time_on_that_clock(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "log.jsonl"
+    drive(path, approver, "a-1", FakeTime())
+    cut_after(path, "wait_started")  # the process died while it waited
+    behind = FakeTime(START - 1000)
+    report = drive(path, approver, "a-1", behind, resume=True)
+    assert (report.status, report.result) == ("succeeded", "timed out")
+    assert behind.slept == [4600.0]
+
+
 @pytest.mark.parametrize(
     "seconds", [-1, -0.001, math.inf, -math.inf, math.nan, "3", True, None, 1e303, sys.float_info.max]
 )
