@@ -421,6 +421,14 @@ def test_a_killed_workers_run_is_taken_over_and_finished(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (None, "unknown (the test switched the reconciler off)"),
+        # its own text, line breaks and terminal escapes included: escaped, one answer one line
+        ("the card service said:\nHTTP 503\x1b[2J", "unknown (the card service said:\\nHTTP 503\\x1b[2J)"),
+    ],
+)
 def test_a_reconciler_that_could_not_tell_is_a_warning_of_the_taker(
     pg_url: str,
     schema: str,
@@ -428,48 +436,25 @@ def test_a_reconciler_that_could_not_tell_is_a_warning_of_the_taker(
     downstream: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
+    reason: str | None,
+    said: str,
 ) -> None:
     """The charge's reconciler cannot tell whether the card was charged: the worker that took the
-    run over logs that at WARNING (the attempt ends Indeterminate because of it), naming the key."""
+    run over logs that at WARNING (the attempt ends Indeterminate because of it), naming the key,
+    on one line whatever the reconciler's reason holds (escaped, as `shown` escapes names)."""
     submit_run(pg_url, "pay", "r1", schema=schema)
     code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER="9"))
     assert code == -signal.SIGKILL, out
     assert len(expire_heartbeats(pg_url, schema)) == 1
     monkeypatch.setenv("RECONCILE", "off")
+    if reason is not None:
+        monkeypatch.setenv("RECONCILE_REASON", reason)
     with caplog.at_level(logging.INFO, logger="attempt_kernel"):
         assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
     [key] = {r.change.key for r in journal_records(pg_url, schema) if isinstance(r.change, IntentPlanned)}
     told = [(r.levelname, r.getMessage()) for r in caplog.records if "asked the reconciler" in r.getMessage()]
-    assert told == [
-        ("WARNING", f"r1 charge#1: asked the reconciler about 'card' ({key}): unknown (the test switched the reconciler off)")
-    ]
+    assert told == [("WARNING", f"r1 charge#1: asked the reconciler about 'card' ({key}): {said}")]
     assert sql_in(pg_url, schema, "SELECT done, outcome FROM {s}.runs") == [(True, "needs-reconciliation")]
-
-
-@pytest.mark.slow
-def test_a_reconcilers_reason_is_one_line_of_the_takers_log(
-    pg_url: str,
-    schema: str,
-    tmp_path: Path,
-    downstream: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """A reconciler's reason is its own text, line breaks and terminal escapes included: the
-    taker's line says it escaped (as `shown` escapes names from a log), one answer one line."""
-    submit_run(pg_url, "pay", "r1", schema=schema)
-    code, out = finish(worker(pg_url, schema, tmp_path, KILL_AFTER="9"))
-    assert code == -signal.SIGKILL, out
-    assert len(expire_heartbeats(pg_url, schema)) == 1
-    monkeypatch.setenv("RECONCILE", "off")
-    monkeypatch.setenv("RECONCILE_REASON", "the card service said:\nHTTP 503\x1b[2J")
-    with caplog.at_level(logging.INFO, logger="attempt_kernel"):
-        assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
-    [key] = {r.change.key for r in journal_records(pg_url, schema) if isinstance(r.change, IntentPlanned)}
-    told = [(r.levelname, r.getMessage()) for r in caplog.records if "asked the reconciler" in r.getMessage()]
-    assert told == [
-        ("WARNING", f"r1 charge#1: asked the reconciler about 'card' ({key}): unknown (the card service said:\\nHTTP 503\\x1b[2J)")
-    ]
 
 
 @pytest.mark.slow

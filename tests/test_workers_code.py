@@ -411,14 +411,10 @@ def held_by_a_process(url: str, run: str) -> bool:
     return row == (True,)
 
 
-def test_recover_url_lets_go_of_a_run_whose_code_diverged_while_it_drives_others(
-    db: str, tmp_path: Path, downstream: Path
-) -> None:
-    """`recover URL` held a run whose code diverged until it exited, though it would
-    write nothing more for it: while it drove its other runs (here one waiting at a
-    gate), a `recover` with the code the run started with left the run alone ("another
-    process drives it"), and no worker could claim it. It lets go of the run as soon as
-    the divergence is known now: that second `recover` finishes it meanwhile."""
+def crashed_d1_past_its_divergence_and_b1_at_its_start(db: str, tmp_path: Path) -> Path:
+    """Two crashed runs for `recover URL` with the edited code: d1, killed past send_email@4
+    (where the edited code diverges), and b1, killed after its start; returns the second
+    gate, made for b1's resumed step to wait at."""
     first_gate, second_gate = tmp_path / "gate-1", tmp_path / "gate-2"
     first_gate.mkdir()
     second_gate.mkdir()
@@ -435,6 +431,18 @@ def test_recover_url_lets_go_of_a_run_whose_code_diverged_while_it_drives_others
         cwd=tmp_path, env=environment(KILL_AFTER="1"), capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert early.returncode == -signal.SIGKILL, early.stdout + early.stderr  # its start only
+    return second_gate
+
+
+def test_recover_url_lets_go_of_a_run_whose_code_diverged_while_it_drives_others(
+    db: str, tmp_path: Path, downstream: Path
+) -> None:
+    """`recover URL` held a run whose code diverged until it exited, though it would
+    write nothing more for it: while it drove its other runs (here one waiting at a
+    gate), a `recover` with the code the run started with left the run alone ("another
+    process drives it"), and no worker could claim it. It lets go of the run as soon as
+    the divergence is known now: that second `recover` finishes it meanwhile."""
+    second_gate = crashed_d1_past_its_divergence_and_b1_at_its_start(db, tmp_path)
     before = raw_records(db, "d1")
     with subprocess.Popen(
         [sys.executable, "-m", "attempt_kernel", "recover", db, "--workflows", EDITED],
@@ -492,22 +500,7 @@ def test_recover_url_drives_its_other_runs_while_the_let_go_of_a_diverged_run_wa
     it drove stood still meanwhile. It lets go on a thread of its own now: b1 finishes
     while the let-go of d1 still waits, and once the sender commits, the let-go records
     what it sent before `recover` exits."""
-    first_gate, second_gate = tmp_path / "gate-1", tmp_path / "gate-2"
-    first_gate.mkdir()
-    second_gate.mkdir()
-    doomed = subprocess.Popen(
-        [sys.executable, "-c", CLI_WITH_KILL, "run", AGENT, "--log", db, "--run", "d1"],
-        cwd=tmp_path, env=environment(AGENT_GATE=str(first_gate)),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    wait_at_gate(first_gate, doomed)  # past send_email@4: edited code diverges there
-    doomed.send_signal(signal.SIGKILL)
-    assert finish(doomed)[0] == -signal.SIGKILL
-    early = subprocess.run(
-        [sys.executable, "-c", CLI_WITH_KILL, "run", AGENT, "--log", db, "--run", "b1"],
-        cwd=tmp_path, env=environment(KILL_AFTER="1"), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert early.returncode == -signal.SIGKILL, early.stdout + early.stderr  # its start only
+    second_gate = crashed_d1_past_its_divergence_and_b1_at_its_start(db, tmp_path)
     with psycopg.connect(db, autocommit=True) as sender:
         with sender.transaction():  # a sender to d1, as `deliver_pg` is, in the middle of its transaction
             sender.execute("SELECT pg_advisory_xact_lock(%s)", (send_key(SCHEMA, "d1"),))
