@@ -282,6 +282,36 @@ def test_a_worker_killed_inside_the_agents_effect_is_taken_over_and_each_effect_
     assert each_key_sent_once(downstream)
 
 
+def test_what_the_reconciler_answered_is_logged_when_taking_up_the_code_run_fails_after_asking(
+    db: str, tmp_path: Path, downstream: Path
+) -> None:
+    """The taker runs the agent's function again and asks open_ticket's reconciler, which
+    moves the run's lease on as it answers (another worker's claim): the taking up fails with
+    LeaseLost, and what the reconciler said, a fact about the ticket service, was logged
+    nowhere. It is logged at WARNING, saying the takeover did not complete; the next
+    takeover asks again and logs its own answer."""
+    submit(db, tmp_path, "r1")
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    doomed = worker(db, tmp_path, AGENT_GATE=str(gate), AGENT_GATE_AT="before-call")
+    wait_at_gate(gate, doomed)
+    doomed.send_signal(signal.SIGKILL)
+    assert finish(doomed)[0] == -signal.SIGKILL
+    assert len(expire_heartbeats(db, SCHEMA)) == 1
+    sql_in(db, SCHEMA, "INSERT INTO {s}.workers (id, host, pid, dead) VALUES ('gone', 'test', 0, true)")
+    code, out = finish(worker(db, tmp_path, AGENT_ASK_MOVES_LEASE=db))
+    assert code == 0, out
+    [key] = {r["key"] for r in of_run(exported(db, tmp_path), "r1", "intent_planned") if r["step"] == "open_ticket@6"}
+    told = [line.split(" ", 1)[1] for line in out.splitlines() if "asked the reconciler" in line]
+    assert told == [
+        f"WARNING r1 open_ticket@6#1: asked the reconciler about 'ticket' ({key}): it did not happen"
+        " (intent Rejected); the takeover did not complete, so the journal may not hold this answer",
+        f"INFO    r1 open_ticket@6#1: asked the reconciler about 'ticket' ({key}): it did not happen (intent Rejected)",
+    ], out
+    assert row(db, "r1") == [(True, "succeeded", 4)]
+    assert each_key_sent_once(downstream)
+
+
 def test_a_worker_stopped_by_sigterm_inside_the_effect_hands_the_run_back_and_another_finishes_it(
     db: str, tmp_path: Path, downstream: Path
 ) -> None:

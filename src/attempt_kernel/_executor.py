@@ -659,6 +659,10 @@ class Executor:
     did before the run went on (its function checked against the log):
     the reconcilers asked and the orphaned attempts ended, as a `Recovery`
     (recovery itself leaves a code run's orphans to the executor).
+    ``on_asked``, if given, is called with those reconcilers' answers
+    (`Asked`) as soon as they come, before anything is written for them,
+    as `recover` says of its own: a caller whose taking up then fails (a
+    PostgreSQL worker that lost the run's lease) still knows what they said.
     """
 
     def __init__(
@@ -674,6 +678,7 @@ class Executor:
         let_go_after: float | None = None,
         on_wait: Callable[[str, WaitStarted], None] | None = None,
         observers: Sequence[RunObserver] = (),
+        on_asked: Callable[[Sequence[Asked]], None] | None = None,
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
@@ -697,6 +702,7 @@ class Executor:
         self._log_records: Final = LogRecords()
         self._pools: Final = pools
         self._on_taken_up: Final = on_taken_up
+        self._on_asked: Final = on_asked
         self._clock: Final = clock
         self._sleep: Final = sleep
         # One limit for every run this executor drives; made on first use so
@@ -1651,11 +1657,12 @@ class Executor:
         async def end_orphan(step: Step) -> None:
             # as recovery ends an orphan: its reconcilers first, then the
             # Cancel the intent record decides
-            asked.extend(
-                await self._ask_reconcilers(
-                    run, step, "asked by recovery before ending the orphaned attempt"
-                )
+            answers = await self._ask_reconcilers(
+                run, step, "asked by recovery before ending the orphaned attempt"
             )
+            if answers and self._on_asked is not None:
+                self._on_asked(answers)
+            asked.extend(answers)
             view = ledger.runs[run].steps[step.name]
             before = view.attempt.state
             self._cancel(run, step.name)
@@ -1699,6 +1706,9 @@ class Executor:
             self._write(run, RunResumed())
             await code.take_up()
             if self._on_taken_up is not None and (asked or orphans):
+                # told once what taking up wrote is durable: a store that fails it
+                # then (a lost lease) fails it here, and ``on_asked`` was told
+                await self._durable(run)
                 self._on_taken_up(
                     Recovery(
                         torn_tail=None, side_file=None, orphans=tuple(orphans), runs=(),

@@ -19,6 +19,9 @@ where it waits: ``after-call`` (default: the book already has the call, as
 when the service did it and the answer was lost) or ``before-call`` (the
 book has not). A test SIGKILLs the worker while it waits.
 
+``AGENT_ASK_MOVES_LEASE=URL``: ``open_ticket``'s reconciler moves the
+lease the first time it is asked (see `ask_ticket`).
+
 ``AGENT_TRACE=FILE``: the workflow function appends ``run pid`` to FILE each
 time it starts from the top (a probe that decides nothing, so the function
 stays deterministic).
@@ -91,8 +94,21 @@ async def ask_send(key: str) -> EffectFinding:
     return EffectNotHappened()
 
 
+_MOVED: list[str] = []
+
+
 async def ask_ticket(key: str) -> EffectFinding:
-    """The service's answer about a ``ticket`` call, by key."""
+    """The service's answer about a ``ticket`` call, by key. With ``AGENT_ASK_MOVES_LEASE=URL``,
+    the first time it is asked in a process it also moves every unfinished run's lease to
+    the dead worker ``gone`` (which the test registered), as another worker's claim would:
+    the takeover asking it has lost the run by the time it writes."""
+    moves = os.environ.get("AGENT_ASK_MOVES_LEASE")
+    if moves and not _MOVED:
+        import psycopg
+
+        _MOVED.append(key)
+        with psycopg.connect(moves, autocommit=True) as conn:
+            conn.execute("UPDATE attempt_kernel.runs SET owner = 'gone', fence = fence + 1 WHERE NOT done")
     if any(seen == key for _, seen in book_lines(_book())):
         return EffectHappened(result={"ticket": key})
     return EffectNotHappened()

@@ -990,6 +990,9 @@ class Worker:
         else:
             self._say(f"{run}: taken over from worker {claim.previous} at fence {claim.fence}", logging.WARNING)
         executor: Executor | None = None
+        # A code run's reconcilers answer as its executor takes it up: what they
+        # said is logged once the takeover completes, or here if it failed first.
+        unsaid: list[Asked] = []
         try:
             prior = None
             # A run with no record has nothing to recover and holds no slot
@@ -1015,6 +1018,11 @@ class Worker:
                         f" held by {freed.step}#{freed.attempt} of worker {freed.worker}"
                     )
             view = journal.one_run(run, fresh=not claim.written)
+
+            def taken_up(recovery: Recovery) -> None:
+                unsaid.clear()  # said now, as answers of a takeover that completed
+                self._say_asked(recovery)
+
             executor = Executor(
                 view,
                 admission_limit=self._admission_limit,
@@ -1022,7 +1030,8 @@ class Worker:
                 pools=self._pools,
                 let_go_after=LET_GO_AFTER,
                 observers=self._observers,
-                on_taken_up=self._say_asked,
+                on_taken_up=taken_up,
+                on_asked=unsaid.extend,
             )
             self._executors.add(executor)
             self._driving[run] = executor
@@ -1071,6 +1080,10 @@ class Worker:
                 return False
             return True
         finally:
+            # What the reconcilers said is a fact about the downstream systems,
+            # said even though the takeover that asked failed (`_recover` says
+            # a DAG run's the same way).
+            self._say_answers(unsaid, completed=False)
             if executor is not None:
                 self._executors.discard(executor)
             self._driving.pop(run, None)
