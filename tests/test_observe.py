@@ -161,6 +161,29 @@ def test_the_run_is_logged_with_a_warning_for_an_indeterminate_attempt(
     ]
 
 
+def test_the_run_loggers_lines_escape_names_for_any_handler(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Names from a log are data: a run id with a line break and a terminal escape is escaped
+    in the line itself (as `shown` escapes it), so an application's own handler writes one
+    line per record, not two, and no escape reaches a terminal; the command line's formatter
+    escaped it, no other handler did."""
+    workflow = load_workflow("w", [Step(name="greet", run=greet)])
+
+    async def main() -> None:
+        with RunLogWriter(tmp_path / "log") as log:
+            await Executor(log).run(workflow, "r\n\x1b[2J")
+
+    with caplog.at_level(logging.INFO, logger="attempt_kernel.run"):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.name == "attempt_kernel.run"] == [
+        "r\\n\\x1b[2J: started (workflow 'w')",
+        "r\\n\\x1b[2J greet#1: Pending -> Running",
+        "r\\n\\x1b[2J greet#1: Running -> Succeeded",
+        "r\\n\\x1b[2J: finished",
+    ]
+
+
 def test_nothing_is_logged_when_the_application_configures_no_logging(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -207,6 +207,20 @@ def test_one_statement_claims_a_run_for_each_free_slot(pg_url: str, schema: str,
     assert sorted(calls(downstream)) == [f"r{i}/charge/card" for i in range(1, 6)]
 
 
+def test_the_workers_own_lines_escape_a_run_id_for_any_handler(
+    pg_url: str, schema: str, downstream: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run id with a line break and a terminal escape: the worker's own lines (claimed, its
+    end) are one line each with the id escaped, as the run logger's are, whatever handler
+    the application puts on the `attempt_kernel` logger."""
+    submit_run(pg_url, "pay", "r\n\x1b[2J", schema=schema)
+    with caplog.at_level(logging.INFO, logger="attempt_kernel"):
+        assert run_worker(pg_url, [PAY], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True) == 1
+    own = [r.getMessage() for r in caplog.records if r.name == "attempt_kernel.worker" and "r\\n" in r.getMessage()]
+    assert own == ["r\\n\\x1b[2J: claimed at fence 1", "r\\n\\x1b[2J: succeeded"]
+    assert not [r for r in caplog.records if "\n" in r.getMessage() or "\x1b" in r.getMessage()]
+
+
 def test_a_claimed_row_whose_input_is_not_json_stops_the_worker_and_names_the_run(pg_url: str, schema: str) -> None:
     """Input written past submit_run: a PgJournalError naming the run; the worker retires its id,
     so the runs claimed with it in the same statement are free to claim again."""

@@ -167,6 +167,19 @@ def _level(change: Change) -> int:
     return logging.INFO
 
 
+def shown(text: str) -> str:
+    """``text`` with every non-printable character escaped (``\\n``, ``\\x1b``, ``\\udc80``).
+
+    Names read from a log are data: wherever one is printed or logged it goes
+    through here, so a line break in a run id makes no second line and an
+    escape reaches no terminal. The result is printable, so escaping it again
+    changes nothing (a line logged here and formatted by the command line).
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def run_log_message(run: str, change: Change) -> str | None:
     """The line `LogRecords` logs for a record, or None for a record it does not log."""
     match change:
@@ -228,7 +241,7 @@ class LogRecords:
                 return
             message = run_log_message(run, change)
             if message is not None:
-                self._logger.log(level, "%s", message)
+                self._logger.log(level, "%s", shown(message))
         except Exception:  # an observer never stops a run (module doc)
             LOGGER.exception("observer %r failed on a record of run %r", self, run)
 
@@ -237,6 +250,6 @@ class LogRecords:
         reconciler asked as a graceful stop ended an attempt answered, `asked_line`); like
         `log`, it never raises."""
         try:
-            self._logger.log(level, "%s", line)
+            self._logger.log(level, "%s", shown(line))
         except Exception:  # an observer never stops a run (module doc)
             LOGGER.exception("observer %r failed on the line %r", self, line)

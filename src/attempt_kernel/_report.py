@@ -26,6 +26,7 @@ from ._outcome import RunReport
 from ._findings import EffectFinding, EffectHappened, EffectNotHappened, EffectUnknown
 from ._history import AttemptHistory, IntentEvent, IntentHistory, RunHistory, WaitHistory
 from ._ledger import OpenAttempt, signals_taken
+from ._observe import shown as shown  # its home is the lower layer, where log lines are made
 from ._records import JSON
 from ._recovery import Asked, Recovery
 from ._replay import ReplayReport
@@ -35,13 +36,6 @@ from ._runlist import WaitOn as WaitOn
 
 SHOWN_VIOLATIONS: Final = 50
 """The text report lists this many violations and counts the rest."""
-
-
-def shown(text: str) -> str:
-    """``text`` with every non-printable character escaped (``\\n``, ``\\x1b``, ``\\udc80``)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 SECRET_PARAMETERS: Final = frozenset({"password", "sslpassword"})

@@ -100,7 +100,7 @@ from .._errors import AttemptKernelError
 from .._coderun import WorkflowDiverged
 from .._executor import Executor, RunControl, RunRefused, handling_signals
 from ._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch
-from .._observe import RunObserver, tell
+from .._observe import RunObserver, shown, tell
 from ._journal import (
     CLAIMABLE_NOW,
     DEFAULT_SCHEMA,
@@ -924,7 +924,7 @@ class Worker:
 
     def _say(self, line: str, level: int = logging.INFO) -> None:
         """A line of its own (a claim, a takeover, a run's end): logged, and to ``progress``."""
-        _LOGGER.log(level, "%s", line)
+        _LOGGER.log(level, "%s", shown(line))  # names from the journal are data
         if self._progress is not None:
             self._progress(line)
 
