@@ -291,8 +291,8 @@ def asked_line(asked: Asked, *, completed: bool = True) -> tuple[int, str]:
     """The log line saying what a reconciler answered about an outstanding intent, and its
     level: a worker taking a run over and an executor stopping one both log it.
 
-    One line whatever the reconciler said: its reason, like the names from
-    the log, has its non-printable characters escaped (`shown`). WARNING
+    Like every line of a run's course, it is escaped where it is logged or
+    printed (`shown`): a reason with a line break stays one line. WARNING
     for an answer nobody could give (the reconciler said so, raised, or ran
     past its deadline): it is why the attempt ends Indeterminate, and the
     log keeps no record of it; INFO for an answer, which the log records.
@@ -314,7 +314,7 @@ def asked_line(asked: Asked, *, completed: bool = True) -> tuple[int, str]:
     )
     if not completed:
         line += "; the takeover did not complete, so the journal may not hold this answer"
-    return level, shown(line)
+    return level, line
 
 
 def _settled_lines(recovery: Recovery) -> list[str]:

@@ -628,31 +628,20 @@ class _WorkerJournal:
 
 
 @final
-class _Noted:
-    """A journal's appends, kept with their times to tell a worker's observers afterwards.
+class _Kept:
+    """An observer that keeps what it is told, with the times, to tell a worker's observers afterwards.
 
-    Recovery ends a taken-over run's orphans in a thread of its own; its
-    records reach the observers (metrics count the attempts it ends) once it
-    is back on the worker's loop, where observers are told (`_observe`).
+    Recovery ends a taken-over run's orphans in a thread of its own, and
+    tells its observers there (`recover`); the records reach the worker's
+    observers (metrics count the attempts it ends) once it is back on the
+    worker's loop, where observers are told (`_observe`).
     """
 
-    def __init__(self, journal: PgJournal) -> None:
-        self._journal: Final = journal
+    def __init__(self) -> None:
         self.written: Final[list[tuple[Change, int]]] = []
 
-    def append(self, run: str, change: Change) -> int:
-        seq = self._journal.append(run, change)
-        self.written.append((change, time.time_ns() // 1000))  # the executor's clock
-        return seq
-
-    def append_all(self, run: str, changes: Sequence[Change]) -> int:
-        seq = self._journal.append_all(run, changes)
-        now = time.time_ns() // 1000
-        self.written.extend((change, now) for change in changes)
-        return seq
-
-    def flush(self) -> None:
-        self._journal.flush()
+    def record_written(self, run: str, change: Change, time_us: int) -> None:
+        self.written.append((change, time_us))
 
 
 @final
@@ -685,7 +674,7 @@ class _OneRun:
 
     def __init__(
         self,
-        writer: _WorkerJournal | PgJournal | _Noted,
+        writer: _WorkerJournal | PgJournal,
         journal: PgJournal,
         run: str,
         *,
@@ -1131,15 +1120,16 @@ class Worker:
                 if mail:
                     with connect(self._url, idle_in_transaction=self._dead_after) as inbox:
                         self._take_in_at_claim(journal, inbox, run)
-                noted = _Noted(journal)
+                kept = _Kept()
                 recovery = recover(
-                    _OneRun(noted, journal, run),
+                    _OneRun(journal, journal, run),
                     self._workflows,
                     source=f"journal {self._schema!r}",
                     only_runs=frozenset({run}),
+                    observers=(kept,),
                     on_asked=answers.extend,
                 )
-                return recovery, noted.written
+                return recovery, kept.written
         except BaseException:
             # What the reconcilers said is a fact about the downstream systems, which
             # someone may need: said even though the takeover failed once they answered.
