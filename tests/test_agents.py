@@ -12,18 +12,20 @@ example does what its prose says after a crash.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 from sessions import attempt_kernel_on_path, missing_line, replay_session, shell, text_blocks
 
-from attempt_kernel import Executor, RunLogWriter, Workflow, resume_log
+from attempt_kernel import Asked, Executor, RunLogWriter, Workflow, resume_log
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "agents.md"
@@ -185,3 +187,33 @@ def test_recover_of_a_code_run_says_what_the_reconciler_found(tmp_path: Path) ->
     assert "asked the reconciler of assistant-1 / send_email@8 #1 about email (ak1-" in out
     assert "): it happened (intent Confirmed)" in out
     assert "ended orphaned attempt assistant-1 / send_email@8 #1: Running -> Cancelled" in out
+
+
+def test_resume_log_tells_a_code_runs_answers_as_they_come_then_as_taken_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`resume_log(on_asked=...)` hears what the email's reconciler said before the run's
+    taking up is told (`on_taken_up`, once it is durable): a caller whose write fails in
+    between still knows it."""
+    work, _ = _crashed_agent_run(tmp_path)
+    monkeypatch.chdir(work)  # the example's bank and mailbox are files in its folder
+    spec = importlib.util.spec_from_file_location("agents_on_asked", work / "agent.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assistant: object = getattr(module, "assistant")
+    assert isinstance(assistant, Workflow)
+    told: list[tuple[str, list[tuple[str, str, int, str, str]]]] = []
+
+    def answers(asked: Sequence[Asked]) -> list[tuple[str, str, int, str, str]]:
+        return [(a.run, a.step, a.attempt, a.intent, type(a.finding).__name__) for a in asked]
+
+    resumed = resume_log(
+        work / "assistant.jsonl",
+        [assistant],
+        on_asked=lambda asked: told.append(("asked", answers(asked))),
+        on_taken_up=lambda done: told.append(("taken up", answers(done.asked))),
+    )
+    assert [r.status for r in resumed.reports] == ["succeeded"]
+    email = [("assistant-1", "send_email@8", 1, "email", "EffectHappened")]
+    assert told == [("asked", email), ("taken up", email)]

@@ -242,7 +242,7 @@ def test_an_empty_log_path_is_named_as_such(
 
 @pytest.mark.slow  # a subprocess
 def test_a_run_whose_log_fills_the_disk_says_how_to_go_on(tmp_path: Path) -> None:
-    """A write that fails mid-run (here the file size limit, as a full disk) ends `run`
+    """A write that fails mid-run (here the file size limit, as a full disk would) ends `run`
     with the writer's error (exit 2): it now also says the run stays unfinished and which
     `recover` goes on with it, as a stop by a signal does. That recover finishes it."""
     import resource
@@ -262,7 +262,8 @@ def test_a_run_whose_log_fills_the_disk_says_how_to_go_on(tmp_path: Path) -> Non
     assert ran.returncode == 2, ran.stdout + ran.stderr
     assert ran.stderr.startswith("attempt-kernel run: error: g.jsonl: the writer failed"), ran.stderr
     assert ran.stderr.endswith(
-        "the disk is full); what was written of run 'greeter-1' stays unfinished: `attempt-kernel recover"
+        "the file reached its size limit (`ulimit -f`, or the largest file its file system holds));"
+        " what was written of run 'greeter-1' stays unfinished: `attempt-kernel recover"
         " g.jsonl --workflows cliflows:GREETER` goes on with it once the log can be written again (or says"
         " there is nothing to do)\n"
     ), ran.stderr

@@ -155,7 +155,10 @@ def test_resume_json_says_what_was_done(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["signal", str(log), RUN, "approve"]) == 0
     capsys.readouterr()
     assert main(["resume", str(log), RUN, "--workflows", "waitflows:APPROVER", "--json"]) == 0
-    assert one_object(capsys) == {"log": str(log), "run": RUN, "resumed": "run 'a-1' was resumed and ended succeeded"}
+    assert one_object(capsys) == {
+        "log": str(log), "run": RUN, "resumed": "run 'a-1' was resumed and ended succeeded",
+        "asked": [], "orphans_ended": [],  # it only waited: no attempt was orphaned
+    }  # fmt: skip
 
 
 def test_reconcile_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -238,8 +241,8 @@ def test_submit_pool_pools_and_show_json_on_postgresql(db: str, capsys: pytest.C
     }  # fmt: skip
     assert main(["resume", db, "mine", "--json"]) == 0
     resumed = one_object(capsys)
-    assert list(resumed) == ["log", "run", "resumed"]
-    assert (resumed["log"], resumed["run"]) == (db, "mine")
+    assert list(resumed) == ["log", "run", "resumed", "asked", "orphans_ended"]
+    assert (resumed["log"], resumed["run"], resumed["asked"], resumed["orphans_ended"]) == (db, "mine", [], [])
     assert main(["submit", db, "cliflows:GREETER", "--run", "mine", "--json"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("attempt-kernel submit: error: ")

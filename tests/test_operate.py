@@ -353,6 +353,93 @@ def test_recover_with_workflows_resumes_the_run_to_its_end(flow: Path) -> None:
     assert len(sent(flow, "email-receipt")) == 1
 
 
+def cli_unwritable(cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """`cli`, with the log unable to grow by a byte: the first record written fails."""
+    import resource
+    import signal
+
+    size = (cwd / LOG).stat().st_size
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a failed write, not a killed process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+    environ = {k: v for k, v in os.environ.items() if k not in ("CRASH_DURING", "RECONCILER")}
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", *args], cwd=cwd, env=environ, preexec_fn=limited,
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "what"),
+    [
+        (["recover", LOG], "this recover"),
+        (["resume", LOG, "orders-1"], "this resume"),
+        (["worker", LOG, "--until-idle"], "the worker's recovery"),
+    ],
+)
+def test_a_reconcilers_answer_is_printed_when_the_write_after_it_fails(
+    flow: Path, command: list[str], what: str
+) -> None:
+    """The bank said the charge happened, then recording it failed (the log could not
+    grow): the command exits 2 with the write's error, and says first what the bank
+    answered, since the log does not hold it. The log is unchanged."""
+    crash(flow, "charge-card")
+    before = (flow / LOG).read_bytes()
+    [key] = sent(flow, "charge-card")
+    done = cli_unwritable(flow, *command, "--workflows", TARGET, RECONCILER="happened")
+    assert done.returncode == 2, done.stdout + done.stderr
+    name = command[0]
+    assert done.stderr.splitlines()[0] == (
+        f"attempt-kernel {name}: warning: orders-1 charge#1: asked the reconciler about 'charge-card'"
+        f" ({key}): it happened (intent Confirmed); {what} did not complete, so the journal may not"
+        " hold this answer"
+    )
+    assert done.stderr.splitlines()[1].startswith(f"attempt-kernel {name}: error: orders.jsonl: write of record")
+    assert len(done.stderr.splitlines()) == 2
+    assert (flow / LOG).read_bytes() == before
+
+
+def test_resume_says_what_the_reconciler_answered_and_which_keys_to_reconcile(flow: Path) -> None:
+    """`resume` of a run that crashed inside its charge, whose reconciler cannot tell,
+    prints the answer with its reason, the orphan's end, and the key to reconcile with the
+    command that does it (it printed only `ended needs-reconciliation`)."""
+    crash(flow, "charge-card")
+    [key] = sent(flow, "charge-card")
+    done = cli(flow, "resume", LOG, "orders-1", "--workflows", TARGET, RECONCILER="unknown")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"resume: asked the reconciler of orders-1 / charge #1 about charge-card ({key}): unknown (the test said so)",
+        f"resume: ended orphaned attempt orders-1 / charge #1: Running -> Indeterminate (outstanding intent keys: {key})",
+        f"resume: run 'orders-1' was resumed and ended needs-reconciliation (outstanding intent keys: {key});"
+        " once the downstream system says what happened, `attempt-kernel reconcile orders.jsonl --key KEY"
+        " --confirmed|--rejected` records it for each key",
+    ]
+
+
+def test_resume_json_lists_what_the_reconcilers_answered_and_the_orphans_ended(flow: Path) -> None:
+    """`resume --json` carries `asked` and `orphans_ended`, as `recover --json` does."""
+    crash(flow, "charge-card")
+    [key] = sent(flow, "charge-card")
+    done = cli(flow, "resume", LOG, "orders-1", "--workflows", TARGET, "--json", RECONCILER="happened")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "log": LOG,
+        "run": "orders-1",
+        "resumed": "run 'orders-1' was resumed and ended succeeded",
+        "asked": [{
+            "run": "orders-1", "step": "charge", "attempt": 1, "intent": "charge-card", "key": key,
+            "finding": "happened", "reason": None,
+        }],
+        "orphans_ended": [{
+            "run": "orders-1", "step": "charge", "attempt": 1, "from": "Running", "to": "Cancelled",
+            "outstanding_keys": [],
+        }],
+    }  # fmt: skip
+
+
 # --------------------------------------------------------------------------
 # runs LOG [--json]
 # --------------------------------------------------------------------------

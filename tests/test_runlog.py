@@ -562,6 +562,19 @@ def test_disk_full_is_a_clear_error(tmp_path: Path) -> None:
     log.close()
 
 
+def test_a_file_size_limit_is_named_not_called_a_full_disk(tmp_path: Path) -> None:
+    """EFBIG from write names the file's size limit, where the disk may have room to spare."""
+    log = RunLogWriter(tmp_path / "log", ops=FailingOps(fail_write_at=1, err=errno.EFBIG))
+    with pytest.raises(LogWriteFailed) as raised:
+        log.append("r", RunFinished())
+    log.close()
+    assert str(raised.value) == (
+        f"{tmp_path / 'log'}: write of record seq 1 failed: the file reached its size limit (`ulimit -f`,"
+        " or the largest file its file system holds); records acknowledged before it stay readable,"
+        " and this writer refuses further appends until the log is reopened"
+    )
+
+
 FILL_SCRIPT = """
 import resource, signal, sys
 from attempt_kernel import RunLogWriter, AttemptCreated, LogWriteFailed
@@ -582,7 +595,7 @@ sys.exit("the file size limit was never hit")
 
 
 @pytest.mark.slow
-def test_small_disk_fills_up_cleanly(tmp_path: Path) -> None:
+def test_a_file_size_limit_stops_the_writer_cleanly(tmp_path: Path) -> None:
     """Under a 4 KiB file-size limit the writer stops with a clear error; acked records read back."""
     path = tmp_path / "log"
     result = subprocess.run(
@@ -590,7 +603,7 @@ def test_small_disk_fills_up_cleanly(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     acked = int(result.stdout.strip())
-    assert "the disk is full" in result.stderr
+    assert "the file reached its size limit" in result.stderr
     assert path.stat().st_size <= 4096
     items = list(read_log(path))
     records = [i for i in items if isinstance(i, Record)]

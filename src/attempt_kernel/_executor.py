@@ -2025,10 +2025,11 @@ def drive_jobs(
     let_go_after: float | None = None,
     on_diverged: Callable[[str], None] | None = None,
     observers: Sequence[RunObserver] = (),
+    on_asked: Callable[[Sequence[Asked]], None] | None = None,
 ) -> list[RunReport | WorkflowDiverged]:
     """`run_jobs`, with a diverged job's `WorkflowDiverged` in its place among the
-    reports (``on_taken_up``, ``on_wait``, ``let_go_after``, ``observers``: as
-    `Executor` says).
+    reports (``on_taken_up``, ``on_asked``, ``on_wait``, ``let_go_after``,
+    ``observers``: as `Executor` says).
 
     ``on_diverged`` is called with a run's id as soon as its code diverged
     (nothing was written for it, and nothing more will be), while the other
@@ -2064,7 +2065,7 @@ def drive_jobs(
         # would cost a noticeable repr.
         executor = Executor(
             log, admission_limit=admission_limit, progress=progress, on_taken_up=on_taken_up,
-            on_wait=on_wait, let_go_after=let_go_after, observers=observers,
+            on_wait=on_wait, let_go_after=let_go_after, observers=observers, on_asked=on_asked,
         )  # fmt: skip
         loop = asyncio.get_running_loop()
 

@@ -1026,7 +1026,12 @@ class RunLogWriter:
 
     def _fail(self, what: str, error: OSError) -> LogWriteFailed:
         """Break the writer; return the error for the caller to raise."""
-        reason = "the disk is full" if error.errno in (errno.ENOSPC, errno.EFBIG) else error.strerror
+        if error.errno == errno.ENOSPC:
+            reason = "the disk is full"
+        elif error.errno == errno.EFBIG:  # the disk may have room: say which limit, or it is looked for there
+            reason = "the file reached its size limit (`ulimit -f`, or the largest file its file system holds)"
+        else:
+            reason = error.strerror or f"errno {error.errno}"
         self._broken = f"{what} failed: {reason}"
         failed = LogWriteFailed(
             f"{self.path}: {self._broken}; records acknowledged before it stay readable,"

@@ -23,7 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shlex
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,7 +47,7 @@ from ._workflow import Workflow
 
 if TYPE_CHECKING:  # what resume_run's on_recovered is told, and its stopper
     from ._executor import Stopper
-    from ._recovery import Recovery
+    from ._recovery import Asked, Recovery
 
 
 def _no_violations(ledger: Ledger, path: Path) -> None:
@@ -306,6 +306,8 @@ def resume_run(
     on_recovered: Callable[[Recovery], None] | None = None,
     on_wait: Callable[[str, WaitStarted], None] | None = None,
     stopper: Stopper | None = None,
+    on_taken_up: Callable[[Recovery], None] | None = None,
+    on_asked: Callable[[Sequence[Asked]], None] | None = None,
 ) -> str:
     """Resume an unfinished run that no process drives; return what was done, in one sentence.
 
@@ -315,10 +317,12 @@ def resume_run(
     stops (this call blocks meanwhile), with its workflow from
     ``workflows``: a run that waits (for a signal, or a timer) waits in this
     process, as under `run_jobs`, and a signal sent meanwhile reaches it
-    through the log's inbox. ``on_recovered`` and ``on_wait`` are told, as
-    `resume_log` tells them, what recovery handed back and each wait the run
-    is in (one it was left in, once its code was checked against the log,
-    then each it begins). Refused (`OperationRefused`, nothing written) for an
+    through the log's inbox. ``on_recovered``, ``on_taken_up``, ``on_asked``
+    and ``on_wait`` are told, as `resume_log` tells them, what recovery did
+    and handed back, what taking up a code run did (the reconcilers it asked,
+    the orphans it ended), each reconciler's answer as it came, and each wait
+    the run is in (one it was left in, once its code was checked against the
+    log, then each it begins). Refused (`OperationRefused`, nothing written) for an
     unknown or finished run, a run that needs reconciliation first, a run a
     process drives already, and, on a file log, a run whose workflow is not
     in ``workflows`` (the message names the command that resumes it).
@@ -370,7 +374,8 @@ def resume_run(
     try:
         resumed = resume_log(
             path, [workflow], skip_runs=others, stop_on_signals=stop_on_signals, grace=grace,
-            on_recovered=on_recovered, on_wait=on_wait, stopper=stopper,
+            on_recovered=on_recovered, on_wait=on_wait, stopper=stopper, on_taken_up=on_taken_up,
+            on_asked=on_asked,
         )  # fmt: skip
     except LogLocked as error:
         raise OperationRefused(f"{error}; nothing was written") from None
@@ -378,6 +383,15 @@ def resume_run(
         raise OperationRefused(f"{resumed.diverged[0]}")
     for report in resumed.reports:
         if report.run == run:
+            keys = [key for step in report.steps for key in step.outstanding]
+            if report.status == "needs-reconciliation" and keys:
+                # Where it stands is not enough: what to do next, and with which keys.
+                return (
+                    f"run {run!r} was resumed and ended needs-reconciliation (outstanding intent"
+                    f" keys: {', '.join(keys)}); once the downstream system says what happened,"
+                    f" `attempt-kernel reconcile {shlex.quote(str(path))} --key KEY --confirmed|--rejected`"
+                    " records it for each key"
+                )
             return f"run {run!r} was resumed and ended {report.status}"
     return f"run {run!r} was recovered: nothing was left for it to do"
 

@@ -402,6 +402,7 @@ def recover_log(
     reconciler_deadline: float = RECONCILER_DEADLINE,
     skip_runs: Collection[str] = frozenset(),
     observers: Sequence[RunObserver] = (),
+    on_asked: Callable[[Sequence[Asked]], None] | None = None,
 ) -> tuple[RunLogWriter, Recovery]:
     """Recover the run log file at ``path``; return the open writer and what was done.
 
@@ -412,7 +413,9 @@ def recover_log(
     then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it. ``observers`` are told of every record it
-    appends (the inbox's changes taken in too), as `recover` says.
+    appends (the inbox's changes taken in too), and ``on_asked`` of the
+    reconcilers' answers before anything is written for them, as `recover`
+    says.
 
     Refused, nothing written: a missing file or one that is no regular file
     (`LogOpenError`), a log another writer holds (`LogLocked`), a corrupt
@@ -438,6 +441,7 @@ def recover_log(
             skip_runs=skip_runs,
             include_waiting=True,
             observers=observers,
+            on_asked=on_asked,
         )
     except BaseException:
         writer.close()

@@ -287,7 +287,7 @@ def answer_text(finding: EffectFinding) -> str:
             assert_never(finding)
 
 
-def asked_line(asked: Asked, *, completed: bool = True) -> tuple[int, str]:
+def asked_line(asked: Asked, *, completed: bool = True, by: str = "the takeover") -> tuple[int, str]:
     """The log line saying what a reconciler answered about an outstanding intent, and its
     level: a worker taking a run over and an executor stopping one both log it.
 
@@ -298,7 +298,8 @@ def asked_line(asked: Asked, *, completed: bool = True) -> tuple[int, str]:
     log keeps no record of it; INFO for an answer, which the log records.
     ``completed`` False, the takeover that asked failed once the answers
     came (its lease lost before their records committed, say): WARNING for
-    every answer, saying so, since the journal may not hold it.
+    every answer, saying so, since the journal may not hold it (``by`` names
+    what failed: a command's own recovery says ``this recover``).
     """
     finding = asked.finding
     match finding:
@@ -313,8 +314,14 @@ def asked_line(asked: Asked, *, completed: bool = True) -> tuple[int, str]:
         f" {asked.intent!r} ({asked.key}): {answer_text(finding)}"
     )
     if not completed:
-        line += "; the takeover did not complete, so the journal may not hold this answer"
+        line += f"; {by} did not complete, so the journal may not hold this answer"
     return level, line
+
+
+def settled_text(recovery: Recovery, command: str) -> str:
+    """The reconcilers asked and the orphans ended, a line each after ``command:``
+    (what `attempt-kernel resume` says it did to the run it resumes)."""
+    return "".join(f"{command}: {line.lstrip()}\n" for line in _settled_lines(recovery))
 
 
 def _settled_lines(recovery: Recovery) -> list[str]:

@@ -22,7 +22,7 @@ from ._findings import RECONCILER_DEADLINE
 from ._inbox import settle_inbox
 from ._observe import RunObserver
 from ._records import WaitStarted
-from ._recovery import Recovery, recover, recover_log
+from ._recovery import Asked, Recovery, recover, recover_log
 from ._store import Journal
 from ._workflow import Workflow
 
@@ -64,6 +64,7 @@ def resume_log(
     on_diverged: Callable[[str], None] | None = None,
     source: str | None = None,
     observers: Sequence[RunObserver] = (),
+    on_asked: Callable[[Sequence[Asked]], None] | None = None,
 ) -> Resumed:
     """Recover a run log and resume its runs; return what happened.
 
@@ -96,20 +97,28 @@ def resume_log(
     URL`` hands the run's let-go to a thread there). ``observers`` are told of every record
     written: by recovery first (the inbox's changes it takes in, the
     orphaned attempts it ends), then by the resumed runs, as `Executor`
-    says. ``source`` names a `Journal` in `RecoveryError` messages (default:
+    says. ``on_asked`` is called with reconcilers' answers (`Asked`) as soon
+    as they come and before anything is written for them: recovery's (which
+    ``on_recovered`` then tells, written) and a code run's as it is taken up
+    (which ``on_taken_up`` then tells, durable); an answer told to
+    ``on_asked`` and to neither of those is one the log may not hold, since
+    a write failed or the runs stopped first (the command line prints it
+    then, as what the downstream system said).
+    ``source`` names a `Journal` in `RecoveryError` messages (default:
     its repr; `attempt-kernel recover URL` gives the URL without its
     password); a file is named by its path.
     """
     by_name = _by_name(workflows)
     if isinstance(log, (str, os.PathLike)):
         writer, recovery = recover_log(
-            log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs, observers=observers
+            log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs, observers=observers,
+            on_asked=on_asked,
         )
         try:
             with writer:
                 done = _resume(writer, recovery, by_name, supervisors, admission_limit, progress,
                                stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
-                               let_go_after, on_diverged, observers)  # fmt: skip
+                               let_go_after, on_diverged, observers, on_asked)  # fmt: skip
         finally:
             # What a sender appended to the inbox while this process let the log go.
             settle_inbox(log, progress)
@@ -119,10 +128,11 @@ def resume_log(
             skip_runs=skip_runs,
             claimable=claimable,
             observers=observers,
+            on_asked=on_asked,
         )  # fmt: skip
         done = _resume(log, recovery, by_name, supervisors, admission_limit, progress,
                        stop_on_signals, grace, on_recovered, on_taken_up, on_wait, stopper,
-                       let_go_after, on_diverged, observers)  # fmt: skip
+                       let_go_after, on_diverged, observers, on_asked)  # fmt: skip
     return Resumed(
         recovery=recovery,
         reports=tuple(r for r in done if isinstance(r, RunReport)),
@@ -168,6 +178,7 @@ def _resume(
     let_go_after: float | None,
     on_diverged: Callable[[str], None] | None,
     observers: Sequence[RunObserver],
+    on_asked: Callable[[Sequence[Asked]], None] | None,
 ) -> list[RunReport | WorkflowDiverged]:
     if on_recovered is not None:
         on_recovered(recovery)
@@ -196,4 +207,5 @@ def _resume(
         let_go_after=let_go_after,
         on_diverged=on_diverged,
         observers=observers,
+        on_asked=on_asked,
     )

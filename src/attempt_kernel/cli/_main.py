@@ -54,7 +54,7 @@ from .._records import (
     JSON, CorruptLine, IntentReconciled, LogItem, Record, RunCancelRequested, RunStarted, SignalSent, TornTail, WaitStarted,
 )  # fmt: skip
 from .._outcome import RunReport
-from .._recovery import Recovery
+from .._recovery import Asked, Recovery
 from .._replay import replay
 from .._report import shown
 from .._resume import Supervisor, resume_log
@@ -879,6 +879,36 @@ def _failed_writing(error: RunLogError) -> bool:
     return isinstance(error, LogWriteFailed) or (journal is not None and isinstance(error, journal.PgJournalError))
 
 
+@final
+class _Unsaid:
+    """Reconcilers' answers that came (``came``) and were not yet said as written,
+    by what recovery did or what taking up a code run did (``said``).
+
+    What is left when the command fails or stops (a full disk, a lost hold, a
+    signal) is what the downstream system told and the log may not hold:
+    ``warn`` prints it, so that an operator reconciling by hand knows it.
+    """
+
+    def __init__(self, command: str, by: str) -> None:
+        self._command: Final = command
+        self._by: Final = by  # what did not complete, in the warning's words
+        self._answers: list[Asked] = []
+
+    def came(self, answers: Sequence[Asked]) -> None:
+        self._answers.extend(answers)
+
+    def said(self, done: Recovery) -> None:
+        # Not a clear: a code run's answers may come while another's are said.
+        self._answers = [a for a in self._answers if a not in done.asked]
+
+    def warn(self) -> None:
+        for asked in self._answers:
+            _, line = _report.asked_line(asked, completed=False, by=self._by)
+            sys.stderr.write(f"attempt-kernel {self._command}: warning: {shown(line)}\n")
+        sys.stderr.flush()
+        self._answers = []
+
+
 def _stopped(command: str, error: RunsStopped, resume: str) -> int:
     runs = ", ".join(shown(r.run) for r in error.reports) or "none"
     name = signal.Signals(error.signal).name
@@ -1274,6 +1304,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         said.update(elsewhere.workers, elsewhere.driven)
 
     def print_recovery(recovery: Recovery) -> None:
+        unsaid.said(recovery)  # written: recovery made its records durable
         taken_in.extend(recovery.taken_in)  # a file log's inbox, taken in by recovery
         rest = None if elsewhere is None else _let_go_of_the_rest(log_path, elsewhere, recovery)
         late = [] if rest is None else rest.lines
@@ -1299,6 +1330,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         sys.stdout.flush()
 
     def print_taken_up(done: Recovery) -> None:
+        unsaid.said(done)  # durable, as `Executor` tells it
         taken_up.append(done)
         if not as_json:
             sys.stdout.write(_report.taken_up_text(done))
@@ -1347,6 +1379,7 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
         if not as_json:
             for line in taken_in:
                 print(f"recover: {shown(line)}")
+    unsaid = _Unsaid("recover", "this recover")
     try:
         resumed = resume_log(
             _pg(log_path) if _is_url(log_path) else log_path,
@@ -1368,10 +1401,13 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             let_go_after=UNTIL_IDLE_LET_GO if _is_url(log_path) else None,
             on_diverged=let_go_of_the_diverged if elsewhere is not None else None,
             source=_redacted(log_path),  # a URL as other errors show it, not the journal's repr
+            on_asked=unsaid.came,
         )
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
         return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
+    finally:
+        unsaid.warn()  # after a stop's line, before an error's
     for let_go in let_goes:  # each run that diverged is let go before the others, and before recover ends
         let_go.result()
     ready: list[str] = []  # runs let go here that can go on, with what came as recover ended
@@ -1650,6 +1686,19 @@ def _resume_cmd(args: argparse.Namespace) -> int:
     run: str = args.run
     targets: list[str] = args.workflows
     workflows = [WORKFLOWS[TRIP_PLANNER](0).workflow, *(load_target(t) for t in targets)]
+    unsaid = _Unsaid("resume", "this resume")
+    settled: list[Recovery] = []  # what recovery, then taking the run up, did to it
+
+    def print_settled(done: Recovery) -> None:
+        # Before the run goes on: the reconcilers' answers (an "unknown" is why
+        # an attempt ends Indeterminate, and no record keeps its reason) and the
+        # orphaned attempts ended, with the keys left to reconcile.
+        unsaid.said(done)
+        settled.append(done)
+        if not args.json:
+            sys.stdout.write(_report.settled_text(done, "resume"))
+            sys.stdout.flush()
+
     try:
         # A signal stops the run gracefully, as `recover` and `worker` do: a
         # KeyboardInterrupt would cancel it, and a cancel is final.
@@ -1658,12 +1707,19 @@ def _resume_cmd(args: argparse.Namespace) -> int:
         done = resume_run(
             log, run, workflows, stop_on_signals=True, grace=GRACE,
             on_wait=None if args.json else _announce_waits(log),
+            on_recovered=print_settled, on_taken_up=print_settled, on_asked=unsaid.came,
         )  # fmt: skip
     except RunsStopped as error:
         again = _suggested("resume", _redacted(log), run, *(word for t in targets for word in ("--workflows", t)))
         return _stopped("resume", error, again)
+    finally:
+        unsaid.warn()  # after a stop's line, before an error's
     if args.json:
-        _print_json({"log": _redacted(log), "run": run, "resumed": done})
+        _print_json({
+            "log": _redacted(log), "run": run, "resumed": done,
+            "asked": [a for one in settled for a in _asked_json(one)],
+            "orphans_ended": [o for one in settled for o in _orphans_json(one)],
+        })  # fmt: skip
     else:
         print(f"resume: {shown(done)}")
     return EXIT_OK
@@ -1827,6 +1883,7 @@ def _worker_file(
     again = _suggested("worker", log, *(word for t in targets for word in ("--workflows", t)))
 
     def print_recovery(recovery: Recovery) -> None:
+        unsaid.said(recovery)
         for line in recovery.taken_in:
             print(f"worker: {shown(line)}")
         if not recovery.changed_nothing:
@@ -1834,9 +1891,11 @@ def _worker_file(
             sys.stdout.flush()
 
     def print_taken_up(done: Recovery) -> None:
+        unsaid.said(done)
         sys.stdout.write(_report.taken_up_text(done))
         sys.stdout.flush()
 
+    unsaid = _Unsaid("worker", "the worker's recovery")
     print(f"worker: serving the runs of {shown(log)} ({', '.join(shown(n) for n in sorted(names))})", flush=True)
     diverged: set[str] = set()
     first = True
@@ -1858,6 +1917,7 @@ def _worker_file(
                 # would wait with it for a signal that may never come.
                 let_go_after=UNTIL_IDLE_LET_GO if args.until_idle else None,
                 observers=() if exposition is None else (exposition.observer,),
+                on_asked=unsaid.came,
             )
         except RunsStopped as error:
             return _stopped("worker", error, again)
@@ -1876,6 +1936,8 @@ def _worker_file(
             if stopped is not None:
                 return stopped
             continue
+        finally:
+            unsaid.warn()  # after a stop's line, before an error's
         first = False
         for report in resumed.reports:
             sys.stdout.write(_report.run_text(report))
