@@ -296,3 +296,25 @@ def test_any_argument_that_is_not_utf8_is_refused_for_a_postgresql_journal(
         f" {bad.index(chr(0xDCFF))} stands for a byte the command line could not decode): a PostgreSQL"
         " journal holds only UTF-8 text\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--heartbeat", "2"], "--dead-after (5 s) must be at least three --heartbeat periods (6 s)"),
+        (["--heartbeat", "1", "--dead-after", "2"], "--dead-after (2 s) must be at least three --heartbeat periods (3 s)"),
+    ],
+    ids=["heartbeat-alone", "both"],
+)
+def test_a_worker_whose_dead_after_spans_fewer_than_three_heartbeats_is_a_usage_error(
+    flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker's --dead-after must span three of its --heartbeat periods: `--heartbeat 2`
+    (beside the default --dead-after 5) ended the worker in a ValueError's traceback, exit 1,
+    the code of a worker declared dead. Refused before a connection, as any wrong argument is."""
+    assert main(["worker", URL, "--workflows", "workerflows.pay:PAY", *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        f"attempt-kernel worker: error: {said}: raise --dead-after or shorten --heartbeat\n"
+    )

@@ -357,7 +357,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--heartbeat", type=_positive_float, default=1.0, metavar="S",
                         help="seconds between heartbeats (default 1)")  # fmt: skip
     worker.add_argument("--dead-after", type=_positive_float, default=5.0, metavar="S",
-                        help="a worker silent this long is dead and its runs are taken over (default 5)")  # fmt: skip
+                        help="a worker silent this long is dead and its runs are taken over (default 5; at "
+                             "least three --heartbeat periods)")  # fmt: skip
     worker.add_argument("--until-idle", action="store_true",
                         help="exit once no run of these workflows is left that it could go on with now")  # fmt: skip
     worker.add_argument("--reconnect-for", type=_seconds, default=300.0, metavar="SECONDS",
@@ -2064,6 +2065,15 @@ def _worker(args: argparse.Namespace) -> int:
         # during a scrape (two threads importing one package can each see
         # the other's half-initialized module).
         importlib.import_module("attempt_kernel.postgres")
+        from ..postgres._lease import check_timing
+
+        try:  # the worker's own rule, refused here as a wrong argument, before a connection
+            check_timing(args.heartbeat, args.dead_after)
+        except ValueError:
+            raise _Usage(
+                f"--dead-after ({args.dead_after:g} s) must be at least three --heartbeat periods"
+                f" ({3 * args.heartbeat:g} s): raise --dead-after or shorten --heartbeat"
+            ) from None
     else:
         os.close(open_regular(Path(url), os.O_RDONLY, "for reading"))  # a missing file or a FIFO
     # Refused (a log, a workflow) before --metrics-port serves or says a word.
