@@ -51,6 +51,19 @@ def test_run_json_is_the_report_and_says_it_ran(tmp_path: Path, capsys: pytest.C
     assert one_object(capsys) == {"log": str(log), "ran": False, **report}
 
 
+def test_show_json_of_a_code_run_that_never_waited_has_empty_waits_and_signals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/cli.md promises `waits` and `signals` for every code run: a code run with no
+    wait and no signal had neither key (a consumer reading them got a KeyError)."""
+    log = tmp_path / "g.jsonl"
+    assert main(["run", "cliflows:GREETER", "--log", str(log), "--input", '"ada"']) == 0
+    capsys.readouterr()
+    assert main(["show", str(log), "greeter-1", "--json"]) == 0
+    shown = one_object(capsys)
+    assert (shown["waits"], shown["signals"]) == ([], [])
+
+
 def test_run_json_of_a_failed_run_exits_1_with_its_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

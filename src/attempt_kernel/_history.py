@@ -169,6 +169,8 @@ class RunHistory:
     """A code run's waits, by position."""
     signals: tuple[SignalHistory, ...] = ()
     """Signals sent to the run, in the order recorded, each with the wait that took it."""
+    code: bool = False
+    """Its start says it is a code workflow's run (``run_started``'s ``code``)."""
     cancel_requested: bool = False
     """Its cancel was recorded (a ``run_cancel_requested``): it ends cancelled, and a wait
     still open waits for nothing but a process to take the run up."""
@@ -224,6 +226,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
     workflow: str | None = None
     run_input: JSON = None
     version = ""
+    code = False
     run_result: JSON = None
     waits: dict[int, WaitHistory] = {}
     signals: list[SignalHistory] = []
@@ -243,7 +246,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         when, change = item.time_us, item.change
         match change:
             case RunStarted():
-                workflow, run_input, version = change.workflow, change.input, change.version
+                workflow, run_input, version, code = change.workflow, change.input, change.version, change.code
                 events.append(RunEvent(time_us=when, what="started"))
             case RunCancelRequested():
                 events.append(RunEvent(time_us=when, what="cancel requested", reason=change.reason))
@@ -359,6 +362,7 @@ def run_history(items: Iterable[LogItem], run: str) -> RunHistory | None:
         domain_state=view.domain_state,
         version=version,
         result=run_result,
+        code=code,
         events=tuple(events),
         waits=tuple(waits[p] for p in sorted(waits)),
         signals=tuple(signals),

@@ -692,7 +692,7 @@ def show_json(history: RunHistory, writer_live: bool) -> str:
     if history.standing == "waiting" and not writer_live:
         doc["waiting_for"] = [_wait_json(wait) for wait in _open_waits(history)]
         doc["cancel_requested"] = history.cancel_requested
-    if history.waits or history.signals:
+    if history.code or history.waits or history.signals:  # a code run's, even before its first wait
         doc["waits"] = [
             {
                 "position": w.position,
