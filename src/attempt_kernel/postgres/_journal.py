@@ -1049,25 +1049,25 @@ class PgJournal:
     first `read`, for reading the whole journal in one snapshot; it is used
     from one thread. `append` returns the record's sequence number in its
     run once its transaction has committed (synchronously for
-    ``Dispatched``, see the module doc); `flush` makes every returned append
-    durable. A failed append breaks the journal (`PgWriteFailed`) until it
-    is reopened.
+    ``Dispatched``: docs/design.md, "Many workers on PostgreSQL"); `flush`
+    makes every returned append durable. A failed append breaks the journal
+    (`PgWriteFailed`) until it is reopened.
 
     `hand_over` and `committed` are the asynchronous path (a worker's
-    executors take it; the module doc, "Group commit"): `hand_over` returns
-    a record's number at once, having checked and encoded it, and a writer
-    thread writes what is queued in groups, one synchronous commit per
-    group; `committed` awaits the group that covers a run's records. The
-    first `hand_over` starts the thread and its connection (a journal that
-    never hands over starts none), and from then on the synchronous
-    entry points go through the same queue and block until their group is
-    written, so each run's records stay in order. A lease lost by one run
-    fails that run only: its `committed` and later appends raise
-    `LeaseLost`, and none of its later records is written, while the other
-    runs of the group commit. A database error fails every waiter with
-    `PgWriteFailed` (raised from the database's error, so
-    `connection_lost` tells an outage) and breaks the journal. `close`
-    writes what is queued, flushes, and ends the thread.
+    executors take it; docs/design.md, "Many workers on PostgreSQL", says
+    how it groups commits): `hand_over` returns a record's number at once,
+    having checked and encoded it, and a writer thread writes what is queued
+    in groups, one synchronous commit per group; `committed` awaits the
+    group that covers a run's records. The first `hand_over` starts the
+    thread and its connection (a journal that never hands over starts none),
+    and from then on the synchronous entry points go through the same queue
+    and block until their group is written, so each run's records stay in
+    order. A lease lost by one run fails that run only: its `committed` and
+    later appends raise `LeaseLost`, and none of its later records is
+    written, while the other runs of the group commit. A database error
+    fails every waiter with `PgWriteFailed` (raised from the database's
+    error, so `connection_lost` tells an outage) and breaks the journal.
+    `close` writes what is queued, flushes, and ends the thread.
 
     `take_in` hands what operators left in the journal's ``inbox`` for runs
     this process holds to their executor (`run_jobs` and `resume_log` call

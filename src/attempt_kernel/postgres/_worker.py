@@ -794,7 +794,7 @@ def _claim_of(row: tuple[object, ...]) -> _Claim:
 
 @final
 class Worker:
-    """One worker process's loop over a PostgreSQL journal (see the module doc).
+    """One worker process's loop over a PostgreSQL journal (docs/contracts.md, "Many workers").
 
     ``concurrency`` bounds the runs it drives at once (each run's own
     attempts run under the executor's ``admission_limit``). ``heartbeat``
@@ -813,10 +813,11 @@ class Worker:
 
     When the database is unreachable (at the start too: a container may
     start before its database) the worker waits and connects again
-    (`Backoff`; see the module doc), for at most ``reconnect_for`` seconds
-    (default `RECONNECT_FOR`; 0: never) from when it noticed the outage, then gives
-    up with `PgConnectFailed`. Each reconnect registers it under a fresh
-    `id` and the runs it dropped are taken over, fenced.
+    (`Backoff`; docs/contracts.md, "A worker survives its database"), for
+    at most ``reconnect_for`` seconds (default `RECONNECT_FOR`; 0: never)
+    from when it noticed the outage, then gives up with `PgConnectFailed`.
+    Each reconnect registers it under a fresh `id` and the runs it dropped
+    are taken over, fenced.
     """
 
     def __init__(
