@@ -110,6 +110,20 @@ def test_an_unknown_run_is_refused(tmp_path: Path) -> None:
     assert log.read_bytes() == before
 
 
+def test_resume_run_given_a_mapping_of_workflows_says_it_takes_the_workflows(tmp_path: Path) -> None:
+    """resume_run takes the workflows, as resume_log does; a name mapping (what recover_log
+    takes) ended in "AttributeError: 'str' object has no attribute 'name'". Nothing written."""
+    log = waiting_log(tmp_path / "a.jsonl", "a-1")
+    before = log.read_bytes()
+    with pytest.raises(TypeError) as caught:
+        resume_run(log, "a-1", {"approver": APPROVER})  # type: ignore[dict-item]  # pyright: ignore[reportArgumentType]
+    assert str(caught.value) == (
+        "resume_run: workflows must be the workflows themselves ([w, ...]), got 'approver', a str"
+        " (a dict's key?): pass the mapping's .values()"
+    )
+    assert log.read_bytes() == before
+
+
 @pytest.mark.parametrize(("folder", "quoted"), [("logs", "{log}"), ("my logs", "'{log}'")], ids=["plain", "space"])
 def test_a_run_whose_workflow_is_not_loaded_is_refused_with_the_command_that_resumes_it(
     tmp_path: Path, folder: str, quoted: str

@@ -326,6 +326,9 @@ def resume_run(
     unknown or finished run, a run that needs reconciliation first, a run a
     process drives already, and, on a file log, a run whose workflow is not
     in ``workflows`` (the message names the command that resumes it).
+    ``workflows`` are the workflows themselves, as `resume_log` takes them:
+    a mapping by name (what `recover_log` takes) raises `TypeError` saying
+    so, before the log is read.
 
     With ``stop_on_signals`` (from the main thread), SIGINT and SIGTERM stop
     a file log's run gracefully, giving live attempts ``grace`` seconds:
@@ -341,8 +344,9 @@ def resume_run(
         except ImportError as error:
             raise _needs_postgres(log, error) from None
         return resume_pg(log, run)
-    from ._resume import resume_log  # the executor's layer: only a resume needs it
+    from ._resume import resume_log, workflows_by_name  # the executor's layer: only a resume needs it
 
+    by_name = workflows_by_name(workflows, "resume_run")  # before the log is read: a mapping is refused
     path = Path(log)
     ledger = Ledger()
     ledger.feed(FileLog(path).read())
@@ -360,7 +364,6 @@ def resume_run(
         raise OperationRefused(f"run {run!r} has finished ({standing}); nothing was written")
     if writer_holds(path):
         raise OperationRefused(f"a process drives {path} now, and its runs with it; nothing was written")
-    by_name = {workflow.name: workflow for workflow in workflows}
     workflow = by_name.get(view.workflow or "")
     if workflow is None:
         raise OperationRefused(

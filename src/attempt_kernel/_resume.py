@@ -108,7 +108,7 @@ def resume_log(
     its repr; `attempt-kernel recover URL` gives the URL without its
     password); a file is named by its path.
     """
-    by_name = _by_name(workflows)
+    by_name = workflows_by_name(workflows)
     if isinstance(log, (str, os.PathLike)):
         writer, recovery = recover_log(
             log, by_name, reconciler_deadline=reconciler_deadline, skip_runs=skip_runs, observers=observers,
@@ -140,22 +140,23 @@ def resume_log(
     )
 
 
-def _by_name(workflows: Iterable[object]) -> dict[str, Workflow]:
+def workflows_by_name(workflows: Iterable[object], where: str = "resume_log") -> dict[str, Workflow]:
     """The workflows by name; anything else in ``workflows`` is refused, naming the fix.
 
     A mapping by name is what `recover_log` takes: iterated, it gives the
     names, and the lookup of ``.name`` would fail with an unrelated error.
+    ``where`` is the call that was given them (`resume_log`, `resume_run`).
     """
     by_name: dict[str, Workflow] = {}
     for workflow in workflows:
-        if not isinstance(workflow, Workflow):  # resume_log's are typed; this guards callers that ignored it
-            hint = (
-                " (a dict's key?): pass the mapping's .values(); recover_log is the one that takes a mapping by name"
-                if isinstance(workflows, Mapping)
-                else ""
-            )
+        if not isinstance(workflow, Workflow):  # the callers' are typed; this guards callers that ignored it
+            hint = ""
+            if isinstance(workflows, Mapping):
+                hint = " (a dict's key?): pass the mapping's .values()"
+                if where == "resume_log":
+                    hint += "; recover_log is the one that takes a mapping by name"
             raise TypeError(
-                f"resume_log: workflows must be the workflows themselves ([w, ...]), got {workflow!r},"
+                f"{where}: workflows must be the workflows themselves ([w, ...]), got {workflow!r},"
                 f" a {type(workflow).__name__}{hint}"
             )
         by_name[workflow.name] = workflow
