@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from attempt_kernel import JSON
@@ -79,3 +81,45 @@ def test_the_fast_step_builder_makes_exactly_the_dataclass_value() -> None:
     )  # fmt: skip
     with pytest.raises(FrozenInstanceError):
         plain.pool = "x"  # type: ignore[misc]
+
+
+async def _undecorated(run: object) -> JSON:
+    """A workflow function its author forgot to decorate with @workflow."""
+    return 1
+
+
+def test_executor_run_given_a_function_that_is_no_workflow_says_how_to_make_one(tmp_path: Path) -> None:
+    """`Executor(log).run(f, ...)` on an async function without @workflow ended in
+    "AttributeError: 'function' object has no attribute 'function'"; it says what the
+    command line says for the same mistake now, and writes nothing."""
+    import asyncio
+
+    from attempt_kernel import Executor, RunLogWriter
+
+    log = tmp_path / "w.jsonl"
+
+    async def main() -> None:
+        with RunLogWriter(log) as writer:
+            await Executor(writer).run(_undecorated, "r-1")  # type: ignore[arg-type]  # pyright: ignore[reportArgumentType]
+
+    with pytest.raises(TypeError) as caught:
+        asyncio.run(main())
+    assert str(caught.value) == (
+        "Executor.run: _undecorated is a function, not a Workflow; make it with"
+        " @attempt_kernel.workflow(...) on an async function, or with attempt_kernel.load_workflow(...)"
+    )
+    assert log.read_bytes() == b""
+
+
+def test_a_worker_given_a_mapping_of_workflows_says_it_takes_the_workflows() -> None:
+    """`Worker(url, {name: workflow})` ended in "AttributeError: 'str' object has no attribute
+    'name'"; refused as resume_log refuses it, before a connection (nothing listens there)."""
+    from attempt_kernel.postgres import Worker
+
+    wf = load_workflow("w", [step("a")])
+    with pytest.raises(TypeError) as caught:
+        Worker("postgresql://app@127.0.0.1:1/db", {"w": wf})  # type: ignore[dict-item]  # pyright: ignore[reportArgumentType]
+    assert str(caught.value) == (
+        "Worker: workflows must be the workflows themselves ([w, ...]), got 'w', a str"
+        " (a dict's key?): pass the mapping's .values()"
+    )

@@ -124,7 +124,7 @@ from ._store import (
     is_group_commit_log,
     is_log_source,
 )
-from ._workflow import Step, Workflow
+from ._workflow import Step, Workflow, check_workflow
 
 T = TypeVar("T")
 
@@ -1399,6 +1399,7 @@ class Executor:
         the size and the limit), and so does an effect's result, which is
         recorded ``Confirmed`` without it.
         """
+        check_workflow(workflow, "Executor.run")
         control = control if control is not None else RunControl()
         if run in self._controls:
             raise RunRefused(f"run {run!r} is being driven by this executor already")

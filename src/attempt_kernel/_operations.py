@@ -43,7 +43,7 @@ from ._records import JSON, CorruptLine, IntentReconciled, WaitStarted
 from ._report import redacted
 from ._runlist import RunFilter, RunRow, select
 from ._store import is_url as _is_url
-from ._workflow import Workflow
+from ._workflow import Workflow, workflows_by_name
 
 if TYPE_CHECKING:  # what resume_run's on_recovered is told, and its stopper
     from ._executor import Stopper
@@ -344,7 +344,7 @@ def resume_run(
         except ImportError as error:
             raise _needs_postgres(log, error) from None
         return resume_pg(log, run)
-    from ._resume import resume_log, workflows_by_name  # the executor's layer: only a resume needs it
+    from ._resume import resume_log  # the executor's layer: only a resume needs it
 
     by_name = workflows_by_name(workflows, "resume_run")  # before the log is read: a mapping is refused
     path = Path(log)

@@ -24,7 +24,7 @@ from ._observe import RunObserver
 from ._records import WaitStarted
 from ._recovery import Asked, Recovery, recover, recover_log
 from ._store import Journal
-from ._workflow import Workflow
+from ._workflow import Workflow, workflows_by_name
 
 Supervisor: TypeAlias = Callable[[RunControl], Awaitable[None]]
 """Plays the outside world beside a run (it may call ``control.cancel()``)."""
@@ -138,29 +138,6 @@ def resume_log(
         reports=tuple(r for r in done if isinstance(r, RunReport)),
         diverged=tuple(r for r in done if isinstance(r, WorkflowDiverged)),
     )
-
-
-def workflows_by_name(workflows: Iterable[object], where: str = "resume_log") -> dict[str, Workflow]:
-    """The workflows by name; anything else in ``workflows`` is refused, naming the fix.
-
-    A mapping by name is what `recover_log` takes: iterated, it gives the
-    names, and the lookup of ``.name`` would fail with an unrelated error.
-    ``where`` is the call that was given them (`resume_log`, `resume_run`).
-    """
-    by_name: dict[str, Workflow] = {}
-    for workflow in workflows:
-        if not isinstance(workflow, Workflow):  # the callers' are typed; this guards callers that ignored it
-            hint = ""
-            if isinstance(workflows, Mapping):
-                hint = " (a dict's key?): pass the mapping's .values()"
-                if where == "resume_log":
-                    hint += "; recover_log is the one that takes a mapping by name"
-            raise TypeError(
-                f"{where}: workflows must be the workflows themselves ([w, ...]), got {workflow!r},"
-                f" a {type(workflow).__name__}{hint}"
-            )
-        by_name[workflow.name] = workflow
-    return by_name
 
 
 def _resume(

@@ -605,3 +605,43 @@ def _dependencies_first(workflow: str, steps: Mapping[str, Step]) -> tuple[Step,
                 placed.add(dep)
                 stack.append((dep, iter(steps[dep].after)))
     return tuple(order)
+
+
+def workflows_by_name(workflows: Iterable[object], where: str = "resume_log") -> dict[str, Workflow]:
+    """The workflows by name; anything else in ``workflows`` is refused, naming the fix.
+
+    A mapping by name is what `recover_log` takes: iterated, it gives the
+    names, and the lookup of ``.name`` would fail with an unrelated error.
+    ``where`` is the call that was given them (`resume_log`, `resume_run`).
+    """
+    by_name: dict[str, Workflow] = {}
+    for workflow in workflows:
+        if not isinstance(workflow, Workflow):  # the callers' are typed; this guards callers that ignored it
+            hint = ""
+            if isinstance(workflows, Mapping):
+                hint = " (a dict's key?): pass the mapping's .values()"
+                if where == "resume_log":
+                    hint += "; recover_log is the one that takes a mapping by name"
+            raise TypeError(
+                f"{where}: workflows must be the workflows themselves ([w, ...]), got {workflow!r},"
+                f" a {type(workflow).__name__}{hint}"
+            )
+        by_name[workflow.name] = workflow
+    return by_name
+
+
+def check_workflow(value: object, where: str) -> None:
+    """Refuse ``value`` unless it is a `Workflow`, saying how to make one.
+
+    The callers' are typed; this guards callers that ignored it: an ``async def``
+    its author forgot to decorate with `workflow` would fail deep inside with an
+    unrelated ``AttributeError``.
+    """
+    if not isinstance(value, Workflow):
+        name = getattr(value, "__qualname__", None)
+        shown = name if isinstance(name, str) else repr(value)
+        kind = "function" if inspect.isfunction(value) else type(value).__name__
+        raise TypeError(
+            f"{where}: {shown} is a {kind}, not a Workflow; make it with @attempt_kernel.workflow(...)"
+            " on an async function, or with attempt_kernel.load_workflow(...)"
+        )

@@ -134,7 +134,7 @@ from .._records import JSON, Change, LogItem, RunCancelRequested, RunFinished, R
 from .._recovery import Asked, Recovery, recover
 from .._report import asked_line
 from .._store import DispatchRefused
-from .._workflow import Workflow
+from .._workflow import Workflow, workflows_by_name
 
 _LOGGER: Final = logging.getLogger("attempt_kernel.worker")
 """A worker's own lines: claims, takeovers, lost leases, each run's end."""
@@ -855,7 +855,7 @@ class Worker:
         self._url: Final = url
         self._schema: Final = schema
         self._hold: Final = hold_key_head(schema)
-        self._workflows: Final = {w.name: w for w in workflows}
+        self._workflows: Final = workflows_by_name(workflows, "Worker")
         if not self._workflows:
             raise ValueError("a worker needs at least one workflow")
         self._names: Final = sorted(self._workflows)
