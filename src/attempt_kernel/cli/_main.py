@@ -2274,7 +2274,12 @@ def _terminating() -> Generator[None, None, None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    """Run the CLI with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
+
+    What argparse handles itself raises `SystemExit` with the code instead, as
+    argparse does: a wrong or missing argument (2, after the usage line),
+    ``--help`` and ``--version`` (0).
+    """
     for stream in (sys.stdout, sys.stderr):
         # A name that the terminal's encoding cannot show is escaped, never a crash.
         if isinstance(stream, io.TextIOWrapper):
