@@ -408,9 +408,9 @@ def recover_log(
 
     Takes the writer's lock (a missing file is an error, never created), cuts
     a torn tail (kept in a side file), takes in the changes operators left in
-    the log's inbox (`_inbox`; a corrupt inbox is refused, `InboxCorrupt`;
-    what became of each entry is in `Recovery.taken_in`),
-    then `recover`s it (leaving
+    the log's inbox, ``<log>.inbox`` (docs/run-log.md, "The inbox"; a corrupt
+    inbox is refused with a `RunLogError` naming its line; what became of
+    each entry is in `Recovery.taken_in`), then `recover`s it (leaving
     ``skip_runs`` alone). The caller resumes ``Recovery.runs`` with the
     returned writer and closes it. ``observers`` are told of every record it
     appends (the inbox's changes taken in too), and ``on_asked`` of the
