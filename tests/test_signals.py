@@ -604,6 +604,27 @@ def test_a_stopper_stopped_before_the_runs_start_stops_them_as_they_start(tmp_pa
     assert not started.is_set()
 
 
+@pytest.mark.parametrize("number", [0, 999])
+def test_a_stopper_refuses_a_number_that_is_no_signal_at_the_call(tmp_path: Path, number: int) -> None:
+    """`Stopper.stop(0)` was taken, and the runs it was handed to went on: the stop's
+    RunsStopped could not name the number (`signal.Signals(0)`), so the event loop logged
+    a ValueError in its callback, the run ran to its end, and run_jobs raised that
+    ValueError instead of returning. It is refused where it is made now, nothing stopped."""
+    stopper = Stopper()
+    with pytest.raises(ValueError) as caught:
+        stopper.stop(number)
+    assert str(caught.value) == (
+        f"Stopper.stop: {number} is not a signal's number; give one (signal.SIGTERM, the default,"
+        " or signal.SIGINT): RunsStopped names it and the command line exits 128 plus it"
+    )
+    assert stopper.stopped is None
+    started = threading.Event()
+    stopper.stop(signal.SIGINT)  # the stopper still works
+    with RunLogWriter(tmp_path / "log") as log, pytest.raises(RunsStopped) as stopped:
+        run_jobs(log, [Job(workflow=_slow_workflow(started), run="r")], grace=0.0, stopper=stopper)
+    assert stopped.value.signal == signal.SIGINT
+
+
 # --------------------------------------------------------------------------
 # The caller's own handlers come back
 # --------------------------------------------------------------------------

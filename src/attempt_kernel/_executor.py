@@ -1929,7 +1929,18 @@ class Stopper:
         self._hooks: Final[list[Callable[[int], None]]] = []
 
     def stop(self, signal_number: int = signal.SIGTERM) -> None:
-        """Stop the runs (``signal_number``: what `RunsStopped` will name)."""
+        """Stop the runs (``signal_number``: what `RunsStopped` will name).
+
+        A number that is no signal's raises `ValueError` here, and nothing is stopped.
+        """
+        try:
+            signal.Signals(signal_number)
+        except ValueError:
+            raise ValueError(
+                f"Stopper.stop: {signal_number!r} is not a signal's number; give one (signal.SIGTERM,"
+                " the default, or signal.SIGINT): RunsStopped names it and the command line exits"
+                " 128 plus it"
+            ) from None
         with self._lock:
             if self._signal is not None:
                 return
