@@ -368,6 +368,29 @@ def test_an_inbox_entry_too_large_once_numbered_in_the_log_is_dropped_and_the_re
     assert replay(FileLog(log)).valid
 
 
+def test_a_signal_too_large_for_the_log_is_refused_alike_when_no_process_holds_it(
+    tmp_path: Path,
+) -> None:
+    """The operations promise `OperationRefused` for what they refuse, and the inbox path
+    (a process holds the log) keeps it for a payload too large for a record; written
+    straight into the log (no holder), the same payload raised `RecordTooLarge` instead,
+    so a caller catching the refusal caught it only when the log was held."""
+    log = noted_log(tmp_path / "a.jsonl")
+    before = log.read_bytes()
+    payload = "x" * MAX_RECORD_BYTES
+    with pytest.raises(OperationRefused) as caught:
+        send_signal(log, RUN, "approve", payload)
+    del payload
+    said = str(caught.value)
+    assert said.startswith(f"record seq 11 of run '{RUN}' (type 'signal_sent') is ")
+    assert "over the run log's limit of 67108864 bytes per record (MAX_RECORD_BYTES); nothing was written" in said
+    assert log.read_bytes() == before
+    with pytest.raises(OperationRefused) as cancelled:
+        cancel_run(log, RUN, "y" * MAX_RECORD_BYTES)
+    assert str(cancelled.value).startswith(f"record seq 11 of run '{RUN}' (type 'run_cancel_requested') is ")
+    assert log.read_bytes() == before
+
+
 def test_a_signal_too_large_for_the_log_once_numbered_there_is_refused_at_the_inbox(
     tmp_path: Path,
 ) -> None:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ._codec import RecordTooLarge
 from ._inbox import LedgerDelivery, locked_inbox
 from ._ledger import Ledger
 from ._logfile import FileLog, LogLocked, LogNeedsRecovery, RunLogWriter, now_us, open_regular
@@ -132,15 +133,21 @@ def deliver_to_file(
 
 def deliver(log: str | os.PathLike[str], build: Build, *, run: str | None = None) -> Delivered:
     """`deliver_to_file`, or for a ``postgresql://`` URL the PostgreSQL journal's
-    transport (``run``: the run the change is for, when known before building)."""
-    if _is_url(log):
-        assert isinstance(log, str)
-        try:
-            from .postgres._deliver import deliver_pg  # psycopg is an optional dependency
-        except ImportError as error:
-            raise _needs_postgres(log, error) from None
-        return deliver_pg(log, build, run=run)
-    return deliver_to_file(log, build)
+    transport (``run``: the run the change is for, when known before building).
+
+    A change too large for a record is refused as `OperationRefused` (nothing
+    written) on every path, as the file log's inbox refuses it."""
+    try:
+        if _is_url(log):
+            assert isinstance(log, str)
+            try:
+                from .postgres._deliver import deliver_pg  # psycopg is an optional dependency
+            except ImportError as error:
+                raise _needs_postgres(log, error) from None
+            return deliver_pg(log, build, run=run)
+        return deliver_to_file(log, build)
+    except RecordTooLarge as error:  # the change was checked as JSON when built: only its size is left
+        raise OperationRefused(str(error)) from error
 
 
 def _named(log: str | os.PathLike[str]) -> str:
@@ -165,7 +172,8 @@ def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON 
     or when it next waits for it (signals are a mailbox). Refused
     (`OperationRefused`, nothing written) for a run the log does not hold,
     that has finished or whose cancel is recorded, a DAG workflow's run, a bad name, or a payload JSON
-    cannot carry or nested deeper than 100 levels.
+    cannot carry, nested deeper than 100 levels, or too large for a record
+    (`MAX_RECORD_BYTES`).
     """
     where = _named(log)
     return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload, where=where)), run=run)
@@ -178,8 +186,9 @@ def cancel_run(log: str | os.PathLike[str], run: str, reason: str = "") -> Deliv
     attempts end as the intent record decides (``Cancelled``, or
     ``Indeterminate`` when an effect was dispatched), waits end, and the run
     finishes ``cancelled``. ``log`` as `send_signal` says. Refused
-    (`OperationRefused`, nothing written) for an unknown or finished run, or
-    one whose cancel is recorded already.
+    (`OperationRefused`, nothing written) for an unknown or finished run,
+    one whose cancel is recorded already, or a ``reason`` too large for a
+    record.
     """
     where = _named(log)
     return deliver(log, lambda ledger: (run, cancel_change(ledger, run, reason, where=where)), run=run)
@@ -201,7 +210,8 @@ def reconcile_intent(
     running the log, which takes this in) resumes the run. ``log`` as
     `send_signal` says. Refused (`OperationRefused`, nothing written) when
     no intent has that key or it is not outstanding, or ``result`` is nested
-    deeper than 100 levels or holds a number that is not finite.
+    deeper than 100 levels or holds a number that is not finite, or the
+    record would be too large (``result`` and ``note`` together).
     """
 
     where = _named(log)
