@@ -39,6 +39,16 @@ import pytest
 from attempt_kernel import (
     LogItem,
     Admit,
+    AttemptCreated,
+    AttemptTransitioned,
+    Cancel,
+    Dispatch,
+    Dispatched,
+    Indeterminate,
+    IntentChanged,
+    IntentPlanned,
+    Planned,
+    Rejected,
     AttemptState,
     Executor,
     Fail,
@@ -546,6 +556,58 @@ def test_an_indeterminate_intent_is_reconciled_by_its_button(trip_log: Path) -> 
     assert (done.key, done.note, done.by) == (html.unescape(key), "no PNR", "operator")
     assert 'name="key"' not in after  # nothing is outstanding now
     assert "Rejected" in after
+
+
+def forged_outstanding(path: Path, run: str, key: str) -> Path:
+    """Append run ``run`` as a hand-built log may hold it: its one attempt ended Indeterminate
+    with intent 'pay' (idempotency key ``key``) outstanding, written by the library's own
+    writer, so every checksum is valid and the log breaks no rule."""
+    with RunLogWriter(path) as writer:
+        writer.append(run, RunStarted(workflow="wf"))
+        writer.append(run, AttemptCreated(step="s", attempt=1))
+        writer.append(run, AttemptTransitioned(step="s", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()))
+        writer.append(run, IntentPlanned(step="s", attempt=1, name="pay", key=key))
+        writer.append(
+            run, IntentChanged(step="s", attempt=1, name="pay", from_state=Planned(), cause=Dispatch(), to_state=Dispatched())
+        )
+        writer.append(
+            run,
+            AttemptTransitioned(
+                step="s", attempt=1, from_state=Running(), cause=Cancel(intent_dispatched=True), to_state=Indeterminate()
+            ),
+        )
+        writer.append(run, RunFinished())
+        writer.flush()
+    return path
+
+
+@pytest.mark.parametrize(
+    "key",
+    ['k"><script>alert(9)</script>', "k\udc80x", "k\nx", "k\r\nx", "k\x00x", "k\x1b[31m\u202ex", "k%41 x+y&z"],
+    ids=["markup", "lone-surrogate", "lf", "crlf", "nul", "esc-bidi", "percent-plus-amp"],
+)
+def test_an_outstanding_key_of_any_characters_is_shown_and_reconciled_by_its_button(tmp_path: Path, key: str) -> None:
+    """A hand-built log may give an intent any key. A lone surrogate in one made the run page an
+    empty reply (UnicodeEncodeError: the form's hidden field wrote the key raw), and a key with
+    a line break or a NUL came back from a browser changed (CRLF, U+FFFD), so its button was
+    refused. The form carries the key percent-encoded now, and the reconcile takes it back
+    exactly."""
+    log = forged_outstanding(tmp_path / "forged.jsonl", "f-1", key)
+    with serving(str(log)) as url:
+        client = Client(url)
+        status, page = client.get("/runs/f-1")
+        assert status == 200
+        [sent] = re.findall(r'<input type="hidden" name="key" value="([^"]*)">', page)
+        assert sent.isascii() and sent.isprintable()
+        assert "<script>alert(9)" not in page
+        status, headers, _ = client.request(
+            "/runs/f-1/reconcile", {"csrf": client.token("f-1"), "key": html.unescape(sent), "verdict": "rejected"}
+        )
+        assert (status, headers.get("Location")) == (303, "/runs/f-1")
+        after = client.get("/runs/f-1")[1]
+    [done] = [r.change for r in records(log) if isinstance(r.change, IntentReconciled)]
+    assert (done.key, done.by, done.to_state) == (key, "operator", Rejected())
+    assert 'name="key"' not in after
 
 
 @pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess

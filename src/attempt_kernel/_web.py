@@ -304,6 +304,16 @@ def _action_href(run: str, action: Action) -> str:
     return f"/runs/{_quoted(run)}/{action}"
 
 
+def _sent_key(text: str) -> str:
+    """The idempotency key a reconcile form sent: its page writes it percent-encoded
+    (`_quoted`), so that any key comes back exactly; a key already plain (``ak1-...``,
+    as the kernel makes them) reads as itself."""
+    try:
+        return unquote(text, errors="surrogatepass")
+    except UnicodeDecodeError:  # bytes no key holds: refused as an unknown key is
+        raise OperationRefused(f"no intent has key {text!r}: its bytes are not UTF-8; nothing was written") from None
+
+
 def _event_text(event: IntentEvent) -> str:
     text = (
         f"{when(event.time_us)} {intent_state_name(event.from_state)} ->"
@@ -727,7 +737,7 @@ class WebView:
                 delivered = cancel_run(self.log, run, _one(form, "reason"))
                 return f"Cancel of run {shown(run)}: {self._where(delivered)}."
             case "reconcile":
-                key, verdict = _one(form, "key"), _one(form, "verdict")
+                key, verdict = _sent_key(_one(form, "key")), _one(form, "verdict")
                 if verdict not in ("confirmed", "rejected"):
                     raise OperationRefused("say whether the effect happened (confirm) or not (reject)")
                 result_text = _one(form, "result")
@@ -873,6 +883,9 @@ def _intent_rows(history: RunHistory, outstanding: set[str]) -> list[dict[str, o
     return [
         {
             "step": shown(step.name), "attempt": a.number, "name": shown(i.name), "key": i.key,
+            # percent-encoded, as a path carries a run id: a browser sends an attribute's line
+            # break back as CRLF and a NUL as U+FFFD, and a lone surrogate has no UTF-8 at all
+            "key_sent": _quoted(i.key),
             "state": intent_state_name(i.state),
             "events": [_event_text(e) for e in i.events],
             # the ledger says which keys are outstanding; shown once, at the attempt that has it

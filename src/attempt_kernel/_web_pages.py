@@ -230,7 +230,7 @@ RUN: Final = """{% extends "base.html" %}
 <td>{% if i.outstanding %}
 <form method="post" action="{{ actions.reconcile }}" class="inline">
 <input type="hidden" name="csrf" value="{{ csrf }}">
-<input type="hidden" name="key" value="{{ i.key }}">
+<input type="hidden" name="key" value="{{ i.key_sent }}">
 <input type="text" name="note" placeholder="note (why)" aria-label="note for {{ i.key | shown }}">
 <input type="text" name="result" placeholder="result JSON (confirm only)" aria-label="result for {{ i.key | shown }}">
 <button type="submit" name="verdict" value="confirmed">Confirm: it happened</button>
