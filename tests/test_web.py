@@ -494,6 +494,66 @@ def test_a_bad_signal_is_refused_and_writes_nothing(approvals: Path, fields: dic
     assert nothing_written(approvals, before)
 
 
+@pytest.mark.parametrize(
+    ("action", "fields"),
+    [("signal", {"name": "approve"}), ("cancel", {"reason": "twice?"})],
+    ids=["signal", "cancel"],
+)
+def test_a_form_sent_twice_acts_once_and_the_second_is_refused_writing_nothing(
+    approvals: Path, action: str, fields: dict[str, str]
+) -> None:
+    """A double click (or a resend) posts one form, with one token, twice. A signal form
+    recorded the signal twice: a later wait for that name would take the stale second one
+    at once (signals are a mailbox). A token acts once now; its second POST is refused."""
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        token = client.token("a-1")
+        first = client.request(f"/runs/a-1/{action}", {"csrf": token, **fields})
+        after_first = approvals.read_bytes()
+        second = client.request(f"/runs/a-1/{action}", {"csrf": token, **fields})
+        page = client.get("/runs/a-1")[1]
+    assert [(status, headers.get("Location")) for status, headers, _ in (first, second)] == [
+        (303, "/runs/a-1"), (303, "/runs/a-1")
+    ]
+    flashes = [html.unescape(f) for f in re.findall(r'<div class="flash [a-z]+" role="status">(.*?)</div>', page)]
+    assert flashes[-1] == (
+        "Refused: this form was sent already (a second click, or a resend), and is not acted on"
+        " twice; nothing was written. Reload the page to act again."
+    )
+    assert approvals.read_bytes() == after_first
+    assert len([r for r in records(approvals) if isinstance(r.change, (SignalSent, RunCancelRequested))]) == 1
+
+
+def test_one_form_posted_twice_at_once_acts_once(approvals: Path) -> None:
+    """Two POSTs of one token that race each other (a double click): one signal is recorded."""
+    with serving(str(approvals)) as url:
+        client = Client(url)
+        token = client.token("a-1")
+        cookie = "; ".join(f"{c.name}={c.value}" for c in client.jar)
+        gate = threading.Barrier(8)
+
+        def post() -> int:
+            gate.wait(TIMEOUT)
+            connection = http.client.HTTPConnection(urllib.parse.urlsplit(url).netloc, timeout=TIMEOUT)
+            try:
+                connection.request(
+                    "POST", "/runs/a-1/signal", urllib.parse.urlencode({"csrf": token, "name": "approve"}),
+                    {"Content-Type": "application/x-www-form-urlencoded", "Cookie": cookie},
+                )  # fmt: skip
+                return connection.getresponse().status
+            finally:
+                connection.close()
+
+        answers: list[int] = []
+        threads = [threading.Thread(target=lambda: answers.append(post())) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(TIMEOUT)
+    assert answers == [303] * 8
+    assert [r.change.name for r in records(approvals) if isinstance(r.change, SignalSent)] == ["approve"]
+
+
 def test_a_post_without_this_browsers_token_is_403_and_writes_nothing(approvals: Path) -> None:
     before = approvals.read_bytes()
     with serving(str(approvals)) as url:

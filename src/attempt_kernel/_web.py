@@ -13,7 +13,8 @@ loopback interface unless told otherwise; every page is rendered by Jinja2
 with autoescape, so names read from a log are text, never markup, and a
 Content-Security-Policy forbids scripts anyway; each action is a POST whose
 form carries a token, an HMAC (under a secret drawn when the process
-starts) of the browser's session cookie (SameSite=Strict) and a nonce; a
+starts) of the browser's session cookie (SameSite=Strict) and a numbered nonce, spent by
+its first POST (`_spend`); a
 POST without a valid one is refused with 403 before anything is read or
 written. On loopback, a request whose Host header is not a loopback name is
 refused too, so a page from elsewhere cannot reach it by DNS rebinding; on
@@ -84,6 +85,8 @@ LISTEN_BACKLOG: Final = 128
 """Connections the kernel queues before the server accepts them (http.server's default is 5)."""
 IDLE_TIMEOUT: Final = 30.0
 """Seconds a connection may stay silent before it is closed, so a client cannot hold a thread."""
+SPENT_KEPT: Final = 10_000
+"""Spent form tokens the server tells apart; past this many, the oldest forms count as spent."""
 SESSION_COOKIE: Final = "ak_session"
 LOOPBACK_NAMES: Final = frozenset({"localhost", "localhost.", "ip6-localhost"})
 
@@ -380,6 +383,11 @@ class WebView:
         # (`stop_resumes`): they run in threads, where no signal reaches.
         self._stopper: Final = Stopper()
         self._resume_threads: Final[dict[str, threading.Thread]] = {}
+        # Form tokens are numbered as they are made; each acts once (`_spend`).
+        self._token_lock: Final = threading.Lock()
+        self._tokens_made = 0
+        self._spent: Final[set[int]] = set()
+        self._spent_below = 0
 
     def set_loopback_only(self, value: bool) -> None:
         """Refuse (or not) requests whose Host header is not a loopback name."""
@@ -398,9 +406,32 @@ class WebView:
         return held_runs(self.log)
 
     def _token(self, session: str) -> str:
-        nonce = secrets.token_hex(8)
+        with self._token_lock:
+            self._tokens_made += 1
+            number = self._tokens_made
+        nonce = f"{number:x}-{secrets.token_hex(8)}"
         mac = hmac.new(self._secret, f"{session}:{nonce}".encode(), hashlib.sha256).hexdigest()
         return f"{nonce}.{mac}"
+
+    def _spend(self, token: str) -> bool:
+        """Spend a token `_token_ok` accepted; False when it was spent already (its form was
+        sent before: a double click, a resend), so that one form acts once. The numbers of
+        the last `SPENT_KEPT` spent tokens are kept; past that, every older form counts as spent."""
+        number_text, _, _ = token.partition("-")
+        try:
+            number = int(number_text, 16)
+        except ValueError:  # made by this process (its MAC matched), so never
+            return False
+        with self._token_lock:
+            if number < self._spent_below or number in self._spent:
+                return False
+            self._spent.add(number)
+            if len(self._spent) > SPENT_KEPT:
+                kept = sorted(self._spent)[len(self._spent) // 2 :]
+                self._spent_below = kept[0]
+                self._spent.clear()
+                self._spent.update(kept)
+            return True
 
     def _token_ok(self, session: str | None, token: str) -> bool:
         if not session:
@@ -696,6 +727,16 @@ class WebView:
                 b" reload the page and send it again. Nothing was written.\n",
                 content_type="text/plain; charset=utf-8",
             )
+        if not self._spend(_one(form, "csrf")):
+            self._flash(
+                session,
+                Flash(
+                    kind="refused",
+                    text="Refused: this form was sent already (a second click, or a resend), and is not"
+                    " acted on twice; nothing was written. Reload the page to act again.",
+                ),
+            )
+            return Response(status=303, body=b"", location=_run_href(run))
         try:
             text = self._perform(run, action, form, session)
             self._flash(session, Flash(kind="ok", text=text))
