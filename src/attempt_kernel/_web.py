@@ -30,6 +30,7 @@ import hmac
 import http.cookies
 import ipaddress
 import json
+import re
 import secrets
 import signal
 import socket
@@ -213,17 +214,30 @@ def _json_field(text: str, field: str) -> JSON:
     return value
 
 
+_FILTER_TIME: Final = re.compile(
+    r"([0-9]{4})-([0-9]{2})-([0-9]{2})(?:T([0-9]{2}):([0-9]{2})(?::([0-9]{2})(?:\.([0-9]{1,6}))?)?)?Z?"
+)
+"""What the since and until filters take (docs/web.md): a date, a time to the minute or the
+second (a datetime-local field's value), or the CLI's form with its fraction and ``Z``."""
+
+
 def _parse_time(text: str, field: str) -> int | None:
-    """``YYYY-MM-DD[THH:MM[:SS]]`` (UTC) as microseconds; None when empty; ValueError naming ``field``."""
+    """``YYYY-MM-DD[THH:MM[:SS[.ffffff]]][Z]`` (UTC) as microseconds; None when empty;
+    ValueError naming ``field``. Only these forms: ``datetime.fromisoformat`` takes any
+    character between the date and the time (a NUL, a lone surrogate), and offsets."""
     if not text:
         return None
+    matched = _FILTER_TIME.fullmatch(text)
+    problem = f"{field}: {text!r} is not a date (YYYY-MM-DD) or a time (YYYY-MM-DDTHH:MM)"
+    if matched is None:
+        raise ValueError(problem)
+    year, month, day, hour, minute, second = (int(part or "0") for part in matched.groups()[:6])
     try:
-        moment = datetime.fromisoformat(text.removesuffix("Z"))
-    except ValueError:
-        raise ValueError(f"{field}: {text!r} is not a date (YYYY-MM-DD) or a time (YYYY-MM-DDTHH:MM)") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return int(moment.timestamp() * 1_000_000)
+        moment = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
+    except ValueError as error:  # a 30th of February, an hour 25
+        raise ValueError(f"{problem}: {error}") from None
+    seconds = int((moment - datetime(1970, 1, 1, tzinfo=timezone.utc)).total_seconds())
+    return seconds * 1_000_000 + int((matched.group(7) or "").ljust(6, "0"))
 
 
 def _ascii_number(text: str, most: int) -> int | None:
