@@ -1121,13 +1121,18 @@ def test_a_signal_name_with_spaces_is_recorded_exactly_as_sent(approvals: Path) 
     [
         ("name=%FFgo", "400 Bad Request: the form holds bytes that are not UTF-8; nothing was written.\n"),
         ("name=go&name=stop", "400 Bad Request: the form gives 'name' 2 times; nothing was written.\n"),
+        ("name=n%ED%B2%80", "400 Bad Request: the form holds bytes that are not UTF-8; nothing was written.\n"),
+        ("name=go&payload=%22%ED%B2%80%22", "400 Bad Request: the form holds bytes that are not UTF-8; nothing was written.\n"),
     ],
-    ids=["not-utf8", "twice"],
+    ids=["not-utf8", "twice", "surrogate-name", "surrogate-payload"],
 )
 def test_a_form_that_cannot_be_taken_as_sent_is_a_400_and_writes_nothing(
     approvals: Path, body: str, said: str
 ) -> None:
-    """A name that is not UTF-8 was recorded with U+FFFD in its place; of two names, the first."""
+    """A name that is not UTF-8 was recorded with U+FFFD in its place; of two names, the first.
+    And %ED%B2%80, a surrogate's bytes (no UTF-8 holds them, no browser sends them), was taken
+    for a lone surrogate: a payload holding it was recorded, in a PostgreSQL journal too, where
+    the CLI refuses any such argument."""
     before = approvals.read_bytes()
     with serving(str(approvals)) as url:
         client = Client(url)

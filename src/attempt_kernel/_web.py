@@ -267,15 +267,18 @@ class _BadForm(Exception):
     """A query or form the view will not read: not UTF-8, or a field given twice."""
 
 
-def _fields(text: str, where: str) -> dict[str, list[str]]:
+def _fields(text: str, where: str, *, surrogates: bool = True) -> dict[str, list[str]]:
     """The fields of a query string or urlencoded form, values exactly as sent.
 
     `_BadForm` (a 400 saying what) where a value is not UTF-8 once decoded,
     or a field comes twice: guessing (a U+FFFD in a signal's name, the first
-    of two names) would write what nobody sent.
+    of two names) would write what nobody sent. ``surrogates``: a surrogate's
+    bytes (``%ED%B2%80``) are taken for it, as the links a page makes carry a
+    run id or a workflow name holding one (`_quoted`); a form (False) takes
+    UTF-8 alone, as a browser sends it, and writes no lone surrogate.
     """
     try:
-        fields = parse_qs(text, keep_blank_values=True, errors="surrogatepass")
+        fields = parse_qs(text, keep_blank_values=True, errors="surrogatepass" if surrogates else "strict")
     except UnicodeDecodeError:
         raise _BadForm(f"the {where} holds bytes that are not UTF-8") from None
     for name, values in fields.items():
@@ -726,7 +729,7 @@ class WebView:
 
     def _post(self, run: str, action: Action, body: bytes, session: str | None) -> Response:
         try:
-            form = _fields(body.decode("utf-8"), "form")
+            form = _fields(body.decode("utf-8"), "form", surrogates=False)
         except (UnicodeDecodeError, _BadForm) as error:
             said = error if isinstance(error, _BadForm) else "the form holds bytes that are not UTF-8"
             return Response(
