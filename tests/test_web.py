@@ -1107,6 +1107,24 @@ def test_short_writes_compact_json_cut_to_its_limit(value: JSON, limit: int, tex
     assert short(value, limit) == text
 
 
+def test_the_signal_form_is_not_filled_with_a_waited_name_no_signal_can_carry(tmp_path: Path) -> None:
+    """A hand-built log may have a run wait for a name with a control character, which no
+    signal may carry. The form was filled with the name as shown, ``a\\x1bb`` (printable),
+    so its button recorded a signal of that other name, which the run does not wait for; the
+    field is left empty for such a name now, and a printable one is still filled in."""
+    log = tmp_path / "waits.jsonl"
+    with RunLogWriter(log) as writer:
+        for run, name in (("w-odd", "a\x1bb"), ("w-ok", "<go> \"now\"")):
+            writer.append(run, RunStarted(workflow="wf", code=True, nonce="n"))
+            writer.append(run, WaitStarted(position=1, signal=name))
+        writer.flush()
+    with serving(str(log)) as url:
+        client = Client(url)
+        odd, ok = client.get("/runs/w-odd")[1], client.get("/runs/w-ok")[1]
+    assert '<input type="text" name="name" required value="">' in odd
+    assert '<input type="text" name="name" required value="&lt;go&gt; &#34;now&#34;">' in ok
+
+
 def test_a_signal_name_with_spaces_is_recorded_exactly_as_sent(approvals: Path) -> None:
     """' go ' is a name of its own: the form's value was trimmed, recording 'go'."""
     with serving(str(approvals)) as url:

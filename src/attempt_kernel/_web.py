@@ -886,12 +886,14 @@ def _flash_of(said: str | AttemptKernelError) -> Flash:
 
 def _awaited(history: RunHistory) -> str:
     """The name of the signal an open wait is for, to fill the signal form with (none once
-    the run's cancel was recorded: it ends cancelled whatever comes)."""
+    the run's cancel was recorded: it ends cancelled whatever comes). Not a name no signal
+    can carry (a control character, in a hand-built log): shown, it would fill the form
+    with another name, ``a\\x1bb``, that the button would send."""
     if history.cancel_requested:
         return ""
     for wait in history.waits:
         if wait.ended_us is None and wait.signal is not None:
-            return shown(wait.signal)
+            return wait.signal if wait.signal.isprintable() else ""
     return ""
 
 
