@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import html
 import http.client
 import http.cookiejar
@@ -826,6 +827,58 @@ def test_serve_stops_on_sigterm_with_exit_0(approvals: Path) -> None:
     assert process.returncode == 0, err
     assert out == "serve: stopped\n"
     assert err == ""
+
+
+def _lock_waiters(path: Path) -> int:
+    """How many processes wait for a lock on ``path`` now (``/proc/locks`` lists a waiter with ``->``)."""
+    info = os.stat(path)
+    where = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    return sum(1 for entry in Path("/proc/locks").read_text().splitlines() if "->" in entry and where in entry.split())
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks to see serve wait for the inbox")
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_action_in_flight_when_serve_is_stopped_is_done_and_answered(approvals: Path, number: int) -> None:
+    """serve stopped with an action half done: its thread was a daemon, so the process
+    exited under it. The operator's browser got no answer (a reset connection) whether the
+    signal was recorded or not, and one resent after a reset was recorded twice. The action
+    in flight is finished and answered before serve exits now."""
+    inbox = Path(f"{approvals}.inbox")
+    inbox.touch()
+    process, url = start_serve(approvals.parent, str(approvals), "--port", "0")
+    answers: list[int | str] = []
+    with open(inbox, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the signal's delivery waits for this lock
+        client = Client(url)
+        token = client.token("a-1")
+
+        def post() -> None:
+            try:
+                answers.append(client.request("/runs/a-1/signal", {"csrf": token, "name": "approve"})[0])
+            except OSError as error:  # no answer: the connection dropped
+                answers.append(type(error).__name__)
+
+        poster = threading.Thread(target=post)
+        poster.start()
+        deadline = time.monotonic() + TIMEOUT  # until serve waits for the lock; no bound asserted
+        while _lock_waiters(inbox) == 0:
+            assert time.monotonic() < deadline, "serve never waited for the inbox's lock"
+            time.sleep(0.02)
+        process.send_signal(number)
+        host, port = urllib.parse.urlsplit(url).hostname, urllib.parse.urlsplit(url).port
+        while True:  # serve has taken the signal once it no longer listens
+            try:
+                socket.create_connection((host or "", port or 0), timeout=TIMEOUT).close()
+            except (ConnectionRefusedError, ConnectionResetError):  # reset: closed as it was reached
+                break
+            assert time.monotonic() < deadline, "serve never stopped listening"
+            time.sleep(0.02)
+        fcntl.flock(held, fcntl.LOCK_UN)
+    poster.join(TIMEOUT)
+    out, err = process.communicate(timeout=TIMEOUT)
+    assert (process.returncode, out, err) == (0, "serve: stopped\n", "")
+    assert answers == [303]
+    assert [r.change.name for r in records(approvals) if isinstance(r.change, SignalSent)] == ["approve"]
 
 
 @pytest.mark.slow

@@ -86,6 +86,8 @@ LISTEN_BACKLOG: Final = 128
 """Connections the kernel queues before the server accepts them (http.server's default is 5)."""
 IDLE_TIMEOUT: Final = 30.0
 """Seconds a connection may stay silent before it is closed, so a client cannot hold a thread."""
+STOP_GRACE: Final = 10.0
+"""Seconds a stopped server waits for the requests it is answering (an action half done) to be answered."""
 SPENT_KEPT: Final = 10_000
 """Spent form tokens the server tells apart; past this many, the oldest forms count as spent."""
 SESSION_COOKIE: Final = "ak_session"
@@ -999,7 +1001,30 @@ class _Server(ThreadingHTTPServer):
         self.address_family = family
         self.view: Final = view
         self.idle_timeout: Final = idle_timeout
+        # Requests read and not yet answered: a stop waits for them (`finish_answers`).
+        self._answering = 0
+        self._answered: Final = threading.Condition()
         super().__init__(address, _Handler)
+
+    def begin_answer(self) -> None:
+        """Count a request as being answered, until `end_answer`."""
+        with self._answered:
+            self._answering += 1
+
+    def end_answer(self) -> None:
+        with self._answered:
+            self._answering -= 1
+            self._answered.notify_all()
+
+    def finish_answers(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the requests being answered; how many are left.
+
+        Their threads are daemons (a silent client must not keep the process), so
+        without this the process would exit under an action half done: its browser
+        would get no answer, whether the action was written or not."""
+        with self._answered:
+            self._answered.wait_for(lambda: self._answering == 0, timeout)
+            return self._answering
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -1025,29 +1050,35 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self, method: str) -> None:
         server = self.server
         assert isinstance(server, _Server)
-        length_text = self.headers.get("Content-Length", "0")
-        length = _ascii_number(length_text, MAX_BODY) or 0
-        if length > MAX_BODY:
-            self.send_error(413, "the form is too large")
-            return
-        body = self.rfile.read(length) if length else b""
-        headers = {k.lower(): v for k, v in self.headers.items()}
-        local = str(self.connection.getsockname()[0])
-        response = server.view.respond(
-            Request(method=method, target=self.path, headers=headers, body=body, local=local)
-        )
-        self.send_response(response.status)
-        self.send_header("Content-Type", response.content_type)
-        self.send_header("Content-Length", str(len(response.body)))
-        if response.allow is not None:
-            self.send_header("Allow", response.allow)
-        if response.location is not None:
-            self.send_header("Location", response.location)
-        if response.set_cookie is not None:
-            self.send_header("Set-Cookie", response.set_cookie)
-        self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(response.body)
+        # Counted inline, not by a wrapper: a record nested near Python's recursion limit
+        # is read in this thread, and each frame more here is one level less for it.
+        server.begin_answer()
+        try:
+            length_text = self.headers.get("Content-Length", "0")
+            length = _ascii_number(length_text, MAX_BODY) or 0
+            if length > MAX_BODY:
+                self.send_error(413, "the form is too large")
+                return
+            body = self.rfile.read(length) if length else b""
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            local = str(self.connection.getsockname()[0])
+            response = server.view.respond(
+                Request(method=method, target=self.path, headers=headers, body=body, local=local)
+            )
+            self.send_response(response.status)
+            self.send_header("Content-Type", response.content_type)
+            self.send_header("Content-Length", str(len(response.body)))
+            if response.allow is not None:
+                self.send_header("Allow", response.allow)
+            if response.location is not None:
+                self.send_header("Location", response.location)
+            if response.set_cookie is not None:
+                self.send_header("Set-Cookie", response.set_cookie)
+            self.end_headers()
+            if method != "HEAD":
+                self.wfile.write(response.body)
+        finally:
+            server.end_answer()
 
     def end_headers(self) -> None:
         # Every answer carries them: the view's pages, and http.server's own
@@ -1104,4 +1135,7 @@ def serve_until_stopped(server: ThreadingHTTPServer, announce: Callable[[str], N
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.server_close()
+        if isinstance(server, _Server):
+            # An action being answered is finished and answered (a second signal stops at once).
+            server.finish_answers(STOP_GRACE)
     return 0
