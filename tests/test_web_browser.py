@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import pytest
 
-from test_web import HOSTILE, TIMEOUT, add_waiting_runs, needs_reconciliation, start_serve
+from test_web import HOSTILE, TIMEOUT, add_waiting_runs, forged_outstanding, needs_reconciliation, records, start_serve
 
 pytestmark = [pytest.mark.slow]
 
@@ -207,3 +207,32 @@ def test_a_hostile_run_name_shows_as_text_and_runs_nothing(browser: object, site
     no_alert(browser)
     assert browser.find_elements(By.TAG_NAME, "script") == []
     assert HOSTILE in browser.title
+
+
+def test_a_key_with_a_line_break_and_a_nul_is_reconciled_by_its_button_in_a_browser(
+    browser: object, tmp_path: Path
+) -> None:
+    """A browser sends an attribute's line break back as CRLF and a NUL as U+FFFD: the
+    button of such a key (a hand-built log's) was refused as an unknown key. The form
+    carries the key percent-encoded, and the reconcile records the key exactly."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+    from attempt_kernel import IntentReconciled
+
+    assert isinstance(browser, WebDriver)
+    key = "k\n\x00\udc80<b>"
+    log = forged_outstanding(tmp_path / "forged.jsonl", "f-1", key)
+    server, url = start_serve(tmp_path, str(log), "--port", "0")
+    try:
+        browser.get(url + "runs/f-1")
+        browser.find_element(By.ID, "intents").find_element(
+            By.XPATH, ".//button[normalize-space()='Reject: it did not']"
+        ).click()
+        flash = eventually(lambda: browser.find_elements(By.CLASS_NAME, "flash") or None, "the flash")[0].text
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=TIMEOUT)
+    assert flash == "Intent k\\n\\x00\\udc80<b> of run f-1: Rejected (it did not happen), recorded in the log."
+    [done] = [r.change for r in records(log) if isinstance(r.change, IntentReconciled)]
+    assert done.key == key
