@@ -1044,6 +1044,44 @@ def test_on_postgresql_the_list_run_page_and_a_signal_work(db: str) -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize(("run", "path"), [("r\udc80", "r%ED%B2%80"), ("r\x00", "r%00")], ids=["lone-surrogate", "nul"])
+def test_on_postgresql_a_run_id_no_journal_can_hold_is_no_run(db: str, run: str, path: str) -> None:
+    """A PostgreSQL journal keeps run ids as text: no UTF-8 holds a lone surrogate, no text a
+    NUL. A run page or an action for such an id was an empty reply (UnicodeEncodeError out of
+    the driver) or a failure that said the change might have been written; it is no run now:
+    a 404, and each action refused, nothing written."""
+    from attempt_kernel.postgres import PgJournal
+
+    async def go() -> None:
+        with PgJournal(db) as journal:
+            assert (await Executor(journal, let_go_after=0).run(APPROVER, "p-1")).status == "waiting"
+
+    asyncio.run(go())
+    journal = PgJournal(db)
+    try:
+        with serving(db, journal, one_run=journal.read_run_snapshot) as url:
+            client = Client(url)
+            status, page = client.get(f"/runs/{path}")
+            posted: list[int] = []
+            flashes: list[str] = []
+            for action, fields in (("signal", {"name": "approve"}), ("cancel", {"reason": "r"}), ("resume", {})):
+                posted.append(client.request(f"/runs/{path}/{action}", {"csrf": client.token("p-1"), **fields})[0])
+                flashes += re.findall(r'<div class="flash [a-z]+" role="status">(.*?)</div>', client.get("/runs/p-1")[1])
+    finally:
+        journal.close()
+    assert status == 404 and "There is no run" in html.unescape(page)
+    assert posted == [303, 303, 303]
+    said = f"no run {run!r} in {db}: a PostgreSQL journal holds no run id with a NUL or a lone surrogate; nothing was written"
+    assert [html.unescape(f) for f in flashes] == [
+        f"Refused: signal 'approve' to run {run!r}: {said}",
+        f"Refused: cancel of run {run!r}: {said}",
+        f"Refused: {said}",
+    ]
+    with PgJournal(db) as check:
+        assert [type(r.change).__name__ for r in check.read() if isinstance(r, Record)][-1] == "WaitStarted"
+
+
+@pytest.mark.postgres
 @pytest.mark.slow
 def test_on_postgresql_resume_is_offered_only_for_a_run_a_worker_can_take(db: str) -> None:
     """p-1 was started outside the queue (as `run --log URL` starts a run): no worker takes it,

@@ -162,6 +162,27 @@ def _needs_postgres(url: str, error: ImportError) -> OperationRefused:
     )
 
 
+def no_such_run(log: str | os.PathLike[str], run: str) -> str | None:
+    """Why ``run`` is no run of ``log`` without asking it: a PostgreSQL journal keeps run
+    ids as text, and no text holds a NUL, nor UTF-8 a lone surrogate (which a log file's
+    JSON may hold, and a web page's link carries). None when the journal may hold it; the
+    driver would fail on such an id (an encoding error, or a failure that could not say
+    whether anything was written)."""
+    if not _is_url(log):
+        return None
+    try:
+        run.encode("utf-8")
+        holdable = "\x00" not in run
+    except UnicodeEncodeError:  # a lone surrogate
+        holdable = False
+    if holdable:
+        return None
+    return (
+        f"no run {run!r} in {_named(log)}: a PostgreSQL journal holds no run id with a NUL or a"
+        " lone surrogate; nothing was written"
+    )
+
+
 def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON = None) -> Delivered:
     """Send signal ``name`` with ``payload`` (None: ``{}``) to ``run``; durable on return.
 
@@ -176,6 +197,9 @@ def send_signal(log: str | os.PathLike[str], run: str, name: str, payload: JSON 
     (`MAX_RECORD_BYTES`).
     """
     where = _named(log)
+    held_by_none = no_such_run(log, run)
+    if held_by_none is not None:
+        raise OperationRefused(f"signal {name!r} to run {run!r}: {held_by_none}")
     return deliver(log, lambda ledger: (run, signal_change(ledger, run, name, payload, where=where)), run=run)
 
 
@@ -191,6 +215,9 @@ def cancel_run(log: str | os.PathLike[str], run: str, reason: str = "") -> Deliv
     record.
     """
     where = _named(log)
+    held_by_none = no_such_run(log, run)
+    if held_by_none is not None:
+        raise OperationRefused(f"cancel of run {run!r}: {held_by_none}")
     return deliver(log, lambda ledger: (run, cancel_change(ledger, run, reason, where=where)), run=run)
 
 
@@ -347,6 +374,9 @@ def resume_run(
     interrupts the call as it would any other. ``stopper`` (`Stopper`) stops
     it the same way from another thread.
     """
+    held_by_none = no_such_run(log, run)
+    if held_by_none is not None:
+        raise OperationRefused(held_by_none)
     if _is_url(log):
         assert isinstance(log, str)
         try:

@@ -55,7 +55,7 @@ from ._ledger import Ledger, RunStanding
 from ._operate import Delivered, OperationRefused
 from ._executor import Stopper
 from ._operations import (
-    cancel_run, held_runs, listed_runs, reconcile_intent, resume_run, send_signal, submitted_for,
+    cancel_run, held_runs, listed_runs, no_such_run, reconcile_intent, resume_run, send_signal, submitted_for,
 )  # fmt: skip
 from ._runlist import LISTED_STATUSES, RunFilter, listed_status, select
 from ._records import JSON, LogItem, RunCancelRequested
@@ -675,7 +675,8 @@ class WebView:
     # ------------------------------------------------------------ one run
 
     def _run_page(self, run: str, session: str) -> Response:
-        items = self._read_run(run)
+        # An id a PostgreSQL journal cannot hold is asked of nobody (the driver fails on it).
+        items = [] if no_such_run(self.log, run) is not None else self._read_run(run)
         history = run_history(items, run)
         if history is None:
             return self._message(
