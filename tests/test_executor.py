@@ -315,6 +315,24 @@ def test_unencodable_result_fails_the_attempt_and_keeps_the_log_valid(tmp_path: 
     assert check.valid
 
 
+def test_a_result_nested_deeper_than_the_log_takes_fails_the_attempt_and_the_log_stays_valid(
+    tmp_path: Path,
+) -> None:
+    """A result nested 300 levels deep (the log takes 256) fails its attempt, naming the
+    limit; the log replays clean."""
+    async def deep(ctx: StepContext) -> JSON:
+        value: JSON = []
+        for _ in range(299):
+            value = [value]
+        return value
+
+    report, check = execute(tmp_path / "log", [Step(name="a", run=deep)])
+    a = outcome(report, "a")
+    assert a.state == Failed()
+    assert a.error is not None and "nested deeper than 256 levels of arrays and objects" in a.error
+    assert check.valid
+
+
 def test_a_result_with_keys_json_writes_alike_fails_the_attempt_and_the_log_stays_usable(
     tmp_path: Path,
 ) -> None:

@@ -31,7 +31,7 @@ EXPECTED_PUBLIC = {
     "RunFinished", "Record", "CorruptLine", "TornTail", "LogItem", "SCHEMA_VERSION",
     "LogSource", "RunLog", "Journal", "FileLog", "RunLogWriter", "read_log",
     "RunLogError", "LogOpenError", "LogReadError", "LogLocked", "LogNeedsRecovery",
-    "LogWriteFailed", "UnencodableRecord", "RecordTooLarge", "MAX_RECORD_BYTES",
+    "LogWriteFailed", "UnencodableRecord", "RecordTooLarge", "MAX_RECORD_BYTES", "MAX_RECORD_DEPTH",
     "DispatchRefused", "GroupCommitLog", "DispatchGate",
     # replay
     "replay", "ReplayReport", "Violation", "OpenAttempt",

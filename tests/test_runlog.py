@@ -33,6 +33,7 @@ from attempt_kernel import (
     Dispatched,
     IntentChanged,
     IntentPlanned,
+    LogItem,
     LogLocked,
     LogNeedsRecovery,
     LogOpenError,
@@ -299,12 +300,57 @@ def test_megabytes_long_line_is_corruption(tmp_path: Path) -> None:
 
 
 def test_deeply_nested_brackets_do_not_escape_as_recursion_error(tmp_path: Path) -> None:
-    """100,000 nested brackets with a valid checksum are corruption, not RecursionError."""
+    """100,000 nested brackets with a valid checksum are corruption saying so, not RecursionError."""
     path = tmp_path / "log"
     body = b'{"v":1,"seq":1,"time_us":1,"run":"r","x":' + b"[" * 100_000 + b"]" * 100_000 + b"}"
     path.write_bytes(body[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(body))
     items = list(read_log(path))
-    assert items == [CorruptLine(line=1, reason="not valid JSON")]
+    assert items == [
+        CorruptLine(line=1, reason="nested deeper than this reader can parse (the writer takes at most 256 levels)")
+    ]
+
+
+def nested(depth: int) -> JSON:
+    """A list holding a list ... ``depth`` levels of arrays in all."""
+    value: JSON = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("depth", [257, 900])
+def test_a_value_nested_deeper_than_the_limit_is_refused_when_written(tmp_path: Path, depth: int) -> None:
+    """Python's JSON parser recurses once per level, so how deep a reader can parse
+    depends on how deep in its own calls it reads (a 900-deep value the writer took read
+    back as "not valid JSON" from a web server's thread): the writer refuses more than
+    256 levels, whatever its own stack, and nothing is written."""
+    path = write_log(tmp_path / "log", simple_changes())
+    before = path.read_bytes()
+    with RunLogWriter(path) as log:
+        with pytest.raises(UnencodableRecord) as refused:
+            log.append("r", StepResult(step="s", attempt=1, value=nested(depth)))
+        assert log.last_seq == 4
+    assert str(refused.value) == (
+        "record seq 5 of run 'r' cannot be written: a JSON value in it is nested deeper than 256"
+        " levels of arrays and objects (MAX_RECORD_DEPTH), which not every reader could parse back"
+    )
+    assert path.read_bytes() == before
+
+
+def test_a_value_nested_to_the_limit_is_read_back_from_deep_in_a_reader_s_stack(tmp_path: Path) -> None:
+    """256 levels, inside strings and objects too, are written, and read back by a reader
+    already 500 calls deep."""
+    deepest: JSON = {"s": "[[[{{{", "v": nested(254)}  # the object is a level, and the record holds it
+    value: JSON = [deepest]
+    path = tmp_path / "log"
+    with RunLogWriter(path) as log:
+        log.append("r", StepResult(step="s", attempt=1, value=value))
+
+    def read_from(calls: int) -> list[LogItem]:
+        return list(read_log(path)) if calls == 0 else read_from(calls - 1)
+
+    [item] = read_from(500)
+    assert isinstance(item, Record) and item.change == StepResult(step="s", attempt=1, value=value)
 
 
 def test_binary_file_is_corruption_by_line(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ from ._attempt import TransitionCause as TransitionCause
 from ._attempt import is_terminal as is_terminal
 from ._attempt import transition as transition
 from ._codec import MAX_RECORD_BYTES as MAX_RECORD_BYTES
+from ._codec import MAX_RECORD_DEPTH as MAX_RECORD_DEPTH
 from ._codec import RecordTooLarge as RecordTooLarge
 from ._codec import RunLogError as RunLogError
 from ._coderun import StepFailed as StepFailed
@@ -203,6 +204,7 @@ __all__ = [
     "LogSource",
     "LogWriteFailed",
     "MAX_RECORD_BYTES",
+    "MAX_RECORD_DEPTH",
     "OpenAttempt",
     "OperationRefused",
     "Delivered",

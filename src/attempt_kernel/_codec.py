@@ -26,9 +26,12 @@ from __future__ import annotations
 import enum
 import json
 import math
+import operator
+import re
 import threading
 import zlib
 from collections.abc import Callable, Iterable
+from itertools import accumulate, repeat
 from typing import Final, NoReturn, cast
 
 from typing_extensions import assert_never, final
@@ -113,6 +116,33 @@ record needs a few times its size in memory, and so does writing it. A
 larger value belongs outside the log (a file, an object store), with a
 reference to it in the log.
 """
+
+MAX_RECORD_DEPTH: Final = 256
+"""How deep a JSON value in a record may nest arrays and objects: 256 levels.
+
+`encode_record` refuses a deeper one (`UnencodableRecord`, nothing
+appended). Python's JSON parser recurses once per level, within the
+interpreter's recursion limit (1,000 calls by default), so how deep a
+reader can parse depends on how deep in its own calls it reads: a web
+server's thread, a worker's event loop. Without a limit of its own, the
+writer took what its own stack allowed, and a reader deeper in its calls
+(or on another Python version) read the same line as corrupt. 256 levels
+leave a reader more than 700 calls of its own; a value nested deeper
+belongs outside the log, as one too large does.
+"""
+
+# A value nested deeper than MAX_RECORD_DEPTH has more opening brackets than
+# that, and twice as many brackets in all: only such a line is measured.
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEP: Final = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")  # an opening one +1, a closing one -1
+
+
+def _nesting(body: bytes) -> int:
+    """How deep the JSON text ``body`` nests arrays and objects (brackets in strings aside)."""
+    brackets = _STRING.sub(b"", body).translate(_BRACKET_STEP, _NOT_BRACKETS)
+    return max(accumulate(map(operator.sub, brackets, repeat(1))), default=0)
+
 
 # ,"crc":"xxxxxxxx"}\n closes every line; the checksum covers the line with
 # that tail replaced by "}" (the record's JSON without its crc field).
@@ -613,6 +643,18 @@ def encode_record(seq: int, time_us: int, run: str, change: Change) -> bytes:
         raise UnencodableRecord(
             f"record seq {seq} of run {run!r} cannot be written as JSON: {error}"
         ) from None
+    # docs/run-log.md: a record the writer accepts, the reader accepts, from any
+    # depth of its own calls. The record's own object is one level.
+    if (
+        len(body) > 2 * MAX_RECORD_DEPTH
+        and body.count(b"[") + body.count(b"{") > MAX_RECORD_DEPTH
+        and _nesting(body) > MAX_RECORD_DEPTH + 1
+    ):
+        raise UnencodableRecord(
+            f"record seq {seq} of run {run!r} cannot be written: a JSON value in it is nested deeper"
+            f" than {MAX_RECORD_DEPTH} levels of arrays and objects (MAX_RECORD_DEPTH), which not every"
+            " reader could parse back"
+        )
     # The line is the body with its closing "}" replaced by the checksum's tail.
     size = len(body) - 1 + _TAIL_LEN
     if size > MAX_RECORD_BYTES:
@@ -1089,8 +1131,12 @@ def decode_line(raw: bytes, line: int) -> Record | CorruptLine:
                 obj, end = _parse_checking_keys(text)
     except _NotStrict as error:
         return CorruptLine(line=line, reason=f"not strict JSON: {error}")
-    except (ValueError, RecursionError):
-        # RecursionError: pathologically nested brackets must not escape.
+    except RecursionError:  # pathologically nested brackets must not escape
+        return CorruptLine(
+            line=line,
+            reason=f"nested deeper than this reader can parse (the writer takes at most {MAX_RECORD_DEPTH} levels)",
+        )
+    except ValueError:
         return CorruptLine(line=line, reason="not valid JSON")
     version = obj.get("v")
     if version != SCHEMA_VERSION or type(version) is not int:
