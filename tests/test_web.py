@@ -707,6 +707,23 @@ def test_an_outstanding_key_of_any_characters_is_shown_and_reconciled_by_its_but
     assert 'name="key"' not in after
 
 
+def test_a_reconcile_posted_to_one_runs_page_for_another_runs_key_is_refused(tmp_path: Path) -> None:
+    """A run page's form reconciles that run's intents only: a key of run f-2 posted to
+    f-1's reconcile (a stale tab, a hand-made request) was recorded for f-2 while the
+    answer sent the operator back to f-1's page. It is refused now, naming both runs, and
+    nothing is written."""
+    log = forged_outstanding(tmp_path / "two.jsonl", "f-1", "k-one")
+    forged_outstanding(log, "f-2", "k-two")
+    before = log.read_bytes()
+    with serving(str(log)) as url:
+        status, flash = Client(url).act("f-1", "reconcile", key="k-two", verdict="rejected")
+    assert (status, flash) == (
+        303,
+        "Refused: intent 'k-two' belongs to run 'f-2', not to run 'f-1'; nothing was written",
+    )
+    assert nothing_written(log, before)
+
+
 @pytest.mark.slow  # its log comes from `attempt-kernel demo` in a subprocess
 def test_a_second_reconcile_of_one_key_is_refused(trip_log: Path) -> None:
     with serving(str(trip_log)) as url:

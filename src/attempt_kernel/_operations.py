@@ -228,6 +228,7 @@ def reconcile_intent(
     confirmed: bool,
     result: JSON = None,
     note: str = "",
+    run: str | None = None,
 ) -> Delivered:
     """Resolve the outstanding intent with idempotency key ``key``; durable on return.
 
@@ -238,17 +239,22 @@ def reconcile_intent(
     `send_signal` says. Refused (`OperationRefused`, nothing written) when
     no intent has that key or it is not outstanding, or ``result`` is nested
     deeper than 100 levels or holds a number that is not finite, or the
-    record would be too large (``result`` and ``note`` together).
+    record would be too large (``result`` and ``note`` together). With
+    ``run``, refused too when the key is another run's (a page of one run
+    reconciles that run's intents only).
     """
 
     where = _named(log)
 
     def build(ledger: Ledger) -> tuple[str, IntentReconciled]:
-        return reconcile_change(ledger, key, confirmed=confirmed, result=result, note=note, where=where)
+        found, change = reconcile_change(ledger, key, confirmed=confirmed, result=result, note=note, where=where)
+        if run is not None and found != run:
+            raise OperationRefused(
+                f"intent {key!r} belongs to run {found!r}, not to run {run!r}; nothing was written"
+            )
+        return found, change
 
     return deliver(log, build)
-
-
 
 
 def next_run_id(ledger: Ledger, workflow: str, also_taken: Callable[[str], bool] | None = None) -> str:

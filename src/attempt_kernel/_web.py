@@ -804,7 +804,7 @@ class WebView:
                 result_text = _one(form, "result")
                 result = _json_field(result_text, "result") if result_text else None
                 delivered = reconcile_intent(
-                    self.log, key, confirmed=verdict == "confirmed", result=result, note=_one(form, "note")
+                    self.log, key, confirmed=verdict == "confirmed", result=result, note=_one(form, "note"), run=run
                 )
                 said = "Confirmed (it happened)" if verdict == "confirmed" else "Rejected (it did not happen)"
                 return f"Intent {shown(key)} of run {shown(delivered.run)}: {said}, {self._where(delivered)}."
