@@ -480,6 +480,15 @@ def test_admission_limit_must_be_positive(tmp_path: Path) -> None:
         Executor(log, admission_limit=0)
 
 
+@pytest.mark.parametrize("after", [float("nan"), -1.0, -0.5], ids=["nan", "minus-one", "minus-half"])
+def test_let_go_after_must_be_a_number_of_seconds_from_zero_up(tmp_path: Path, after: float) -> None:
+    """Executor(let_go_after=nan) was taken as "never let go" and a negative one as "at
+    once": both are usage errors now, saying what it takes."""
+    with RunLogWriter(tmp_path / "log") as log, pytest.raises(ValueError) as refused:
+        Executor(log, let_go_after=after)
+    assert str(refused.value) == f"let_go_after must be None or a number of seconds from 0 up, got {after!r}"
+
+
 # ------------------------------------------------------------------ generated fault schedules
 
 BEHAVIOURS = ["ok", "fail", "hang", "effect-ok", "effect-reject", "effect-ambiguous", "effect-hang"]

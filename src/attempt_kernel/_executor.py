@@ -645,7 +645,8 @@ class Executor:
     within that many seconds, `run` returns a report with status
     ``waiting`` and writes nothing more (a PostgreSQL worker then releases
     the run until its wake time or a signal). Without it, the run waits in
-    this process.
+    this process. It is a number of seconds from 0 up (``inf``: never);
+    NaN or a negative number raises `ValueError`.
 
     ``on_wait``, if given, is called with the run and its `WaitStarted`
     record each time a code workflow's run begins to wait (the command
@@ -682,6 +683,8 @@ class Executor:
     ) -> None:
         if type(admission_limit) is not int or admission_limit < 1:
             raise ValueError(f"admission_limit must be a positive integer, got {admission_limit!r}")
+        if let_go_after is not None and not let_go_after >= 0:  # NaN too: it compares false
+            raise ValueError(f"let_go_after must be None or a number of seconds from 0 up, got {let_go_after!r}")
         self._log: Final = log
         # A log that takes several records in one go gets the records that
         # are written back to back that way (one round trip to a database).
