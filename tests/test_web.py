@@ -707,6 +707,26 @@ def test_an_outstanding_key_of_any_characters_is_shown_and_reconciled_by_its_but
     assert 'name="key"' not in after
 
 
+def test_a_log_that_breaks_the_kernels_rules_is_said_to_on_the_list_and_on_a_runs_page(tmp_path: Path) -> None:
+    """A record that moves a terminal attempt (checksum valid) is one violation: the list
+    said so, as `runs` does, but a run's page did not, as `show` does."""
+    log = forged_outstanding(tmp_path / "bad.jsonl", "f-1", "k-one")
+    with RunLogWriter(log) as writer:
+        writer.append(
+            "f-1",
+            AttemptTransitioned(step="s", attempt=1, from_state=Indeterminate(), cause=Admit(), to_state=Running()),
+        )
+    warning = (
+        "<p class=\"flash refused\">The log breaks the kernel's rules 1 time(s); see"
+        " <span class=\"mono\">attempt-kernel replay</span>.</p>"
+    )
+    with serving(str(log)) as url:
+        client = Client(url)
+        listing, page = client.get("/")[1], client.get("/runs/f-1")[1]
+    assert warning in listing
+    assert warning in page
+
+
 def test_a_reconcile_posted_to_one_runs_page_for_another_runs_key_is_refused(tmp_path: Path) -> None:
     """A run page's form reconciles that run's intents only: a key of run f-2 posted to
     f-1's reconcile (a stale tab, a hand-made request) was recorded for f-2 while the

@@ -704,6 +704,8 @@ class WebView:
             finished=view is not None and view.finished,
             csrf=self._token(session), actions={a: _action_href(run, a) for a in ACTIONS},
             signal_name=_awaited(history), resume_hint=resume_hint, resume_offered=resume_offered,
+            # as `show` says it: of what was read (a file: the whole log; PostgreSQL: the run's records)
+            violations=ledger.violation_count,
         )  # fmt: skip
 
     def _resume_hint(self, run: str, done: bool) -> tuple[str, bool]:

@@ -176,6 +176,7 @@ RUN: Final = """{% extends "base.html" %}
 {% for name, value in facts %}<dt>{{ name }}</dt><dd class="mono">{{ value }}</dd>
 {% endfor %}
 </dl>
+{% if violations %}<p class="flash refused">The log breaks the kernel's rules {{ violations }} time(s); see <span class="mono">attempt-kernel replay</span>.</p>{% endif %}
 </section>
 
 <section>
