@@ -613,14 +613,14 @@ class Executor:
     runs this executor drives; the others wait `Pending` (each up to its
     step's ``queue_deadline``). Use one executor per event loop. ``progress``, if
     given, is called with a one-line description of every state change and
-    wait (`ProgressLines`, one of the observers).
+    wait (through an observer of its own).
 
     ``observers`` are told of every record this executor writes, once the
     log's ``append`` returned and the ledger applied it (`RunObserver`:
     metrics, traces, your own dashboard; a PostgreSQL worker's journal may
     still refuse a record it only queued, docs/executor.md says when); they are told, never asked, so they cannot change a run. The
     records are also logged through ``logging.getLogger("attempt_kernel.run")``
-    (`LogRecords`; silent unless your application configures logging).
+    (silent unless your application configures logging).
 
     When ``log`` can be read back (a `Journal` such as `RunLogWriter`), the
     executor reads it first, so that run ids stay unique in it; a log whose

@@ -595,7 +595,9 @@ class RunView:
 @final
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PriorStep:
-    """What a log says about one step of a run being resumed (a `StepView` frozen)."""
+    """What a log says about one step of a run being resumed, frozen: its last attempt and
+    what it left (its state, the tries so far, a result or an error, its intents and their
+    keys, the effects confirmed)."""
 
     last_attempt: int
     state: AttemptState

@@ -93,8 +93,9 @@ def resume_log(
     but for those ``claimable`` (given the waiting runs, it returns those
     someone else can claim) leaves out: they are taken up here, as `recover`
     says. ``on_diverged`` is called with a run's id as soon as its code
-    diverged, while the other runs go on, as `drive_jobs` says (``recover
-    URL`` hands the run's let-go to a thread there). ``observers`` are told of every record
+    diverged (nothing was written for it, nor will be), while the other runs
+    go on, on the event loop's thread, so a let-go that may wait belongs on
+    another thread (``recover URL`` hands it to one). ``observers`` are told of every record
     written: by recovery first (the inbox's changes it takes in, the
     orphaned attempts it ends), then by the resumed runs, as `Executor`
     says. ``on_asked`` is called with reconcilers' answers (`Asked`) as soon

@@ -540,7 +540,7 @@ def load_workflow(
     (docs/contracts.md, "Domain step states"). Raises `WorkflowError` naming
     the culprit: an empty or duplicate step name, an unknown dependency, a
     cycle (listed in order), a non-positive deadline or attempt limit, a retry
-    interval, factor, jitter or non-retryable type out of range (`check_step`),
+    interval, factor, jitter or non-retryable type out of range,
     an empty pool name, an empty or repeated domain state name, a step naming a
     domain state the workflow does not declare.
     """
