@@ -30,7 +30,7 @@ from attempt_kernel._ledger import Ledger
 from attempt_kernel._operate import Build, Delivery
 from attempt_kernel._records import Record, RunCancelRequested, RunStarted, SignalSent
 from attempt_kernel.postgres import PgJournal, PgJournalError
-from attempt_kernel.postgres._deliver import deliver_pg
+from attempt_kernel.postgres._deliver import deliver_pg, take_in_pg
 from attempt_kernel.postgres._journal import (
     HELD_KEYS, RunHolds, hold_key, hold_key_head, hold_key_sql, send_key, server_hold_key,
 )  # fmt: skip
@@ -74,7 +74,9 @@ def to_inbox(conn: psycopg.Connection[tuple[object, ...]], schema: str, run: str
 
 def test_a_change_to_a_run_another_process_holds_waits_in_the_inbox(pg_url: str, schema: str) -> None:
     """Held by another session: to the inbox, nothing among its records. Held by the
-    caller itself (``held_here``): recorded. Held by nobody: recorded."""
+    caller itself (``held_here``): recorded. Held by nobody: recorded, unless an earlier
+    change still waits in the run's inbox (the holder let go without taking it in):
+    then behind it, so that the next holder takes both in, in the order sent."""
     started(pg_url, schema, "r")
     with RunHolds(pg_url, schema=schema) as holds:
         assert holds.take("r")
@@ -85,14 +87,25 @@ def test_a_change_to_a_run_another_process_holds_waits_in_the_inbox(pg_url: str,
         assert run == "r"
         here = deliver_pg(pg_url, signal("b", "k2"), run="r", schema=schema, held_here={"r"})
         assert here.recorded is True
-    free = deliver_pg(pg_url, signal("c", "k3"), run="r", schema=schema)
+    behind = deliver_pg(pg_url, signal("c", "k3"), run="r", schema=schema)
+    assert behind.recorded is False  # "a", sent before it, waits in the inbox still
+    assert records_of(pg_url, schema, "r") == [
+        RunStarted(workflow="w", code=True),
+        SignalSent(name="b", payload={}, id="k2"),
+    ]
+    assert [run for run, _ in inbox(pg_url, schema)] == ["r", "r"]
+    taken = take_in_pg(pg_url, skip=(), schema=schema)
+    assert taken.recorded == 2
+    free = deliver_pg(pg_url, signal("d", "k4"), run="r", schema=schema)
     assert free.recorded is True
     assert records_of(pg_url, schema, "r") == [
         RunStarted(workflow="w", code=True),
         SignalSent(name="b", payload={}, id="k2"),
+        SignalSent(name="a", payload={}, id="k1"),
         SignalSent(name="c", payload={}, id="k3"),
+        SignalSent(name="d", payload={}, id="k4"),
     ]
-    assert len(inbox(pg_url, schema)) == 1  # only the first, for the process that held it
+    assert inbox(pg_url, schema) == []
 
 
 def a_take_behind_a_sender(

@@ -251,6 +251,46 @@ def test_a_signal_to_a_run_a_live_worker_holds_goes_through_the_inbox_and_is_tak
     replays_clean(pg_url, schema)
 
 
+def test_signals_sent_before_and_after_their_runs_worker_is_found_dead_are_taken_in_the_order_sent(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    """The first signal waits in the inbox (a live worker held the run); the second comes
+    once that worker is found dead and before any worker took the run over: it waits
+    behind the first, never ahead of it in the journal (docs/contracts.md, "Signals are
+    a mailbox": the signals of one name are taken in the order they were sent)."""
+    submit_run(pg_url, "gated", "g-1", schema=schema)
+    first = worker(pg_url, schema, tmp_path)
+
+    def waiting() -> bool:
+        return any(isinstance(r.change, WaitStarted) for r in records(pg_url, schema))
+
+    wait_for("the run waiting while its step is at the gate", waiting, first)
+    def go(payload: str) -> bool:
+        """Signal ``go`` with ``payload``; whether it was recorded at once."""
+        return deliver_pg(
+            pg_url, lambda ledger: ("g-1", signal_change(ledger, "g-1", "go", payload)), run="g-1", schema=schema
+        ).recorded
+
+    assert go("first") is False  # the live worker holds the run
+    first.kill()
+    finish(first)
+    (dead,) = expire_heartbeats(pg_url, schema)
+    # What another worker's look does, before it has a free slot to take the run over.
+    found = sql_in(pg_url, schema, "UPDATE {s}.workers SET dead = true WHERE id = %s RETURNING id", dead)
+    assert found == [(dead,)]
+    assert go("second") is False  # behind the first, in the inbox
+    (tmp_path / "gate").touch()
+    second = worker(pg_url, schema, tmp_path)
+    wait_for("the run closed", lambda: count(pg_url, schema, "done") == 1, second)
+    stop(second)
+    found_records = finished_once_each(pg_url, schema, ["g-1"])
+    sent = [r.change.payload for r in found_records if isinstance(r.change, SignalSent)]
+    assert sent == ["first", "second"]
+    assert results(found_records) == {"g-1": {"go": "first", "gate": "open"}}
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.inbox") == [(0,)]
+    replays_clean(pg_url, schema)
+
+
 def test_a_cancel_of_a_released_waiting_run_closes_it_cancelled(pg_url: str, schema: str, tmp_path: Path) -> None:
     set_pool(pg_url, "llm", 4, schema=schema)
     submit_run(pg_url, "approver", "c-1", schema=schema)

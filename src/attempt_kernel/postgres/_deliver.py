@@ -40,6 +40,12 @@ Theory of operation:
   the ``inbox`` too (``queued`` True), until a worker starts the run: the
   worker records a cancel before any step starts, and takes a signal in
   once the run runs.
+- A run whose inbox still holds an earlier change (sent while a worker
+  held the run, which then died or let go of it before taking the change
+  in): the change goes to the ``inbox`` behind it (``recorded`` False, the
+  run woken), so that the run's next holder takes both in, in the order
+  sent. Written straight into the journal, it would come before the
+  earlier one, and a wait would take the later signal first.
 - Any other run: the record is appended with the run's next number, read
   after the lock, and ``wake_at`` is cleared so that a free worker claims
   the run (a signal wakes it, a cancel closes it). A reconciliation that
@@ -90,6 +96,7 @@ _LOCK: Final[LiteralString] = (
 _NEXT_SEQ: Final[LiteralString] = "SELECT coalesce(max(seq), 0) + 1 FROM {s}.records WHERE run = %s"
 _DB_NOW_US: Final[LiteralString] = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 _TO_INBOX: Final[LiteralString] = "INSERT INTO {s}.inbox (run, line) VALUES (%s, %s)"
+_INBOX_HOLDS: Final[LiteralString] = "SELECT 1 FROM {s}.inbox WHERE run = %s LIMIT 1"
 # Senders to one run, one at a time (a run `run URL` started has no row to
 # lock); then whether a process holds the run (`held_by_a_process`).
 _ONE_SENDER: Final[LiteralString] = "SELECT pg_advisory_xact_lock(%s)"
@@ -157,10 +164,22 @@ def deliver_pg(
                 seq = _one_int(conn.execute(in_schema(_NEXT_SEQ, schema), (target,)).fetchone())
                 now = _one_int(conn.execute(_DB_NOW_US).fetchone())
                 line = encode_record(seq, now, target, change)
-                if held or (row is not None and row[1] is True):
+                # An earlier change still waits in the inbox for an unfinished run (sent
+                # while a worker held it, which died or let go before taking it in): this
+                # one waits behind it, so that the run's next holder takes both in, in the
+                # order they were sent.
+                view = ledger.runs.get(target)
+                behind = (
+                    inbox
+                    and target not in held_here
+                    and view is not None
+                    and not view.finished
+                    and conn.execute(in_schema(_INBOX_HOLDS, schema), (target,)).fetchone() is not None
+                )
+                if held or behind or (row is not None and row[1] is True):
                     if inbox:
                         conn.execute(in_schema(_TO_INBOX, schema), (target, line))
-                        if held and row is not None:
+                        if (held or behind) and row is not None:
                             # A submitted run a process holds: should that process let go
                             # without taking the change in (stopped, say), a worker claims
                             # the run once it is free, and takes the change in.
