@@ -291,6 +291,42 @@ def test_signals_sent_before_and_after_their_runs_worker_is_found_dead_are_taken
     replays_clean(pg_url, schema)
 
 
+def test_a_worker_frozen_past_its_lease_while_its_sessions_are_ended_comes_back_under_a_fresh_id(
+    pg_url: str, schema: str, tmp_path: Path
+) -> None:
+    """Frozen (SIGSTOP) past its lease with a run's records not yet flushed, its sessions
+    ended meanwhile (the server's idle-in-transaction timeout, a restart): it wakes to a
+    journal whose last flush fails on the lost connection. That is its database going
+    away (docs/contracts.md, "A worker survives its database"): it comes back under a
+    fresh id, never exit 2 with the driver's error."""
+    set_pool(pg_url, "llm", 4, schema=schema)
+    submit_run(pg_url, "approver", "f-1", schema=schema)
+    name = f"frozen-{schema}"
+    process = worker(f"{pg_url}?application_name={name}", schema, tmp_path, FREEZE_ON="f-1: waiting, released")
+    wait_for("the worker frozen once it released the run", lambda: stopped(process.pid), process)
+    ended = sql_in(
+        pg_url, schema, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s", name
+    )
+    assert ended and all(row == (True,) for row in ended)
+    process.send_signal(signal.SIGUSR1)  # its own clock an hour on: it wakes up past its lease
+    process.send_signal(signal.SIGCONT)
+    retired = sql_in(pg_url, schema, "SELECT count(*) FROM {s}.workers WHERE dead")
+
+    def back() -> bool:
+        rows = sql_in(pg_url, schema, "SELECT count(*) FROM {s}.workers WHERE NOT dead")
+        return rows == [(1,)] and sql_in(pg_url, schema, "SELECT count(*) FROM {s}.workers WHERE dead") == [(1,)]
+
+    assert retired == [(0,)]
+    wait_for("the worker back under a fresh id", back, process)
+    assert signal_to(pg_url, schema, "f-1", {"by": "ana"}) is True  # released: recorded at once
+    wait_for("the run closed", lambda: count(pg_url, schema, "done") == 1, process)
+    out = stop(process)
+    assert "the database connection failed (" in out and "goes on as worker" in out
+    assert "Traceback" not in out
+    assert results(finished_once_each(pg_url, schema, ["f-1"])) == {"f-1": {"approved": {"by": "ana"}}}
+    replays_clean(pg_url, schema)
+
+
 def test_a_cancel_of_a_released_waiting_run_closes_it_cancelled(pg_url: str, schema: str, tmp_path: Path) -> None:
     set_pool(pg_url, "llm", 4, schema=schema)
     submit_run(pg_url, "approver", "c-1", schema=schema)

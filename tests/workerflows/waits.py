@@ -17,7 +17,9 @@ says otherwise), printing each
 progress line; it stops on SIGTERM (``stopped N``), or when idle with
 ``UNTIL_IDLE=1``. With ``FREEZE_ON=TEXT`` it stops itself (SIGSTOP) right
 after the first progress line holding TEXT, until the test sends SIGCONT:
-the test looks at that moment however late it gets there.
+the test looks at that moment however late it gets there. Its clock is
+`workerflows.start.clock`: SIGUSR1 moves it an hour on, as if the worker
+had been frozen that long.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 
 from attempt_kernel import JSON, RunContext, StepContext, workflow
 from attempt_kernel.postgres._worker import run_worker
+from workerflows.start import clock, jump_on_sigusr1
 
 HEARTBEAT = 0.2
 DEAD_AFTER = float(os.environ.get("DEAD_AFTER", "300"))
@@ -90,6 +93,7 @@ def _say(freeze_on: str) -> Callable[[str], None]:
 
 def main() -> None:
     url, schema = sys.argv[1], sys.argv[2]
+    jump_on_sigusr1()
     closed = run_worker(
         url,
         WORKFLOWS,
@@ -100,5 +104,6 @@ def main() -> None:
         stop_when_idle=os.environ.get("UNTIL_IDLE") == "1",
         progress=_say(os.environ.get("FREEZE_ON", "")),
         stop_on_signals=True,
+        clock=clock,
     )
     print(f"stopped {closed}", flush=True)

@@ -1419,8 +1419,12 @@ class Worker:
             try:
                 session.close()
             except Exception as error:  # noqa: BLE001  # re-raised unless the database is unreachable
-                if outage is None or not connection_lost(error):
+                if not connection_lost(error):
                     raise
+                # The journal's last flush found the database gone (its sessions
+                # ended while this worker was frozen, a restart as it stopped):
+                # an outage like any other, never an error that ends the worker.
+                outage = outage or error
         if errors:
             raise errors[0]
         if outage is not None:
