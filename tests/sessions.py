@@ -20,12 +20,15 @@ later commands (``reconcile --key <the document's key>``).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import signal
 import subprocess
 import sys
 from pathlib import Path
+
+from attempt_kernel import Workflow
 
 TIMESTAMP = re.compile(r"\b\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z\b")
 KEY = re.compile(r"\bak1-[0-9a-f]{32}\b")
@@ -144,3 +147,15 @@ def missing_line(block: str, source: list[str]) -> str | None:
             return line
         at = source.index(line, at) + 1
     return None
+
+
+def workflow_in(file: Path, attr: str, module: str) -> Workflow:
+    """The workflow ``attr`` of the Python file ``file``, imported in this process as
+    ``module`` (a user's folder is no package: the CLI imports it by path too)."""
+    spec = importlib.util.spec_from_file_location(module, file)
+    assert spec is not None and spec.loader is not None
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    workflow: object = getattr(loaded, attr)
+    assert isinstance(workflow, Workflow)
+    return workflow

@@ -12,7 +12,6 @@ example does what its prose says after a crash.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
 import shutil
@@ -23,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from sessions import attempt_kernel_on_path, missing_line, replay_session, shell, text_blocks
+from sessions import attempt_kernel_on_path, missing_line, replay_session, shell, text_blocks, workflow_in
 
 from attempt_kernel import Asked, Executor, RunLogWriter, Workflow, resume_log
 
@@ -197,12 +196,7 @@ def test_resume_log_tells_a_code_runs_answers_as_they_come_then_as_taken_up(
     between still knows it."""
     work, _ = _crashed_agent_run(tmp_path)
     monkeypatch.chdir(work)  # the example's bank and mailbox are files in its folder
-    spec = importlib.util.spec_from_file_location("agents_on_asked", work / "agent.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assistant: object = getattr(module, "assistant")
-    assert isinstance(assistant, Workflow)
+    assistant = workflow_in(work / "agent.py", "assistant", "agents_on_asked")
     told: list[tuple[str, list[tuple[str, str, int, str, str]]]] = []
 
     def answers(asked: Sequence[Asked]) -> list[tuple[str, str, int, str, str]]:

@@ -11,7 +11,6 @@ downstream's book, never from the code under test.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sessions import workflow_in
 
 from attempt_kernel import (
     Admit,
@@ -115,13 +115,7 @@ def attempt(doc: dict[str, Any], step: str, number: int) -> dict[str, Any]:
 
 def load_orders(folder: Path) -> Workflow:
     """The orders workflow, imported in this process from ``folder``'s copy."""
-    spec = importlib.util.spec_from_file_location("operate_orders", folder / "orders.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    workflow: object = getattr(module, "orders")
-    assert isinstance(workflow, Workflow)
-    return workflow
+    return workflow_in(folder / "orders.py", "orders", "operate_orders")
 
 
 def make_flow_folder(folder: Path) -> Path:
