@@ -873,6 +873,7 @@ def _lock_waiters(path: Path) -> int:
     return sum(1 for entry in Path("/proc/locks").read_text().splitlines() if "->" in entry and where in entry.split())
 
 
+@pytest.mark.slow  # serve in a subprocess
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs /proc/locks to see serve wait for the inbox")
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_an_action_in_flight_when_serve_is_stopped_is_done_and_answered(approvals: Path, number: int) -> None:
