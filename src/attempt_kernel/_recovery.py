@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, cast
+from typing import Final
 
 from typing_extensions import assert_never, final
 
@@ -58,7 +58,7 @@ from ._logfile import RunLogWriter
 from ._observe import RunObserver, tell
 from ._records import Change, IntentReconciled, LogItem, RunFinished, TornTail
 from ._store import Journal
-from ._workflow import Workflow
+from ._workflow import Workflow, check_by_name
 
 
 
@@ -159,25 +159,6 @@ class _Told:
 
     def flush(self) -> None:
         self._journal.flush()
-
-
-def check_by_name(workflows: object, where: str) -> None:
-    """Refuse ``workflows`` that are not a mapping by name, naming the fix.
-
-    `recover_log` and `recover` map each workflow's name to it, where
-    `resume_log` and `Worker` take the workflows themselves: given the
-    latter's form, the lookup by name would fail with an unrelated
-    ``TypeError`` deep inside, after the log was opened.
-    """
-    if isinstance(workflows, Mapping):
-        return
-    given = cast("list[object]", workflows) if type(workflows) in (list, tuple) else []
-    first = given[0] if given else None
-    example = f"{{{first.name!r}: {first.name}}}" if isinstance(first, Workflow) else "{'NAME': workflow}"
-    raise TypeError(
-        f"{where}: workflows must map each workflow's name to it ({example}), got a"
-        f" {type(workflows).__name__}; resume_log is the one that takes the workflows themselves"
-    )
 
 
 def recover(

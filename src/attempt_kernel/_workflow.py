@@ -607,6 +607,25 @@ def _dependencies_first(workflow: str, steps: Mapping[str, Step]) -> tuple[Step,
     return tuple(order)
 
 
+def check_by_name(workflows: object, where: str) -> None:
+    """Refuse ``workflows`` that are not a mapping by name, naming the fix.
+
+    `recover_log` and `recover` map each workflow's name to it, where
+    `resume_log` and `Worker` take the workflows themselves: given the
+    latter's form, the lookup by name would fail with an unrelated
+    ``TypeError`` deep inside, after the log was opened.
+    """
+    if isinstance(workflows, Mapping):
+        return
+    given = cast("list[object]", workflows) if type(workflows) in (list, tuple) else []
+    first = given[0] if given else None
+    example = f"{{{first.name!r}: {first.name}}}" if isinstance(first, Workflow) else "{'NAME': workflow}"
+    raise TypeError(
+        f"{where}: workflows must map each workflow's name to it ({example}), got a"
+        f" {type(workflows).__name__}; resume_log is the one that takes the workflows themselves"
+    )
+
+
 def workflows_by_name(workflows: Iterable[object], where: str = "resume_log") -> dict[str, Workflow]:
     """The workflows by name; anything else in ``workflows`` is refused, naming the fix.
 
