@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
@@ -55,7 +55,10 @@ from attempt_kernel import (
     load_workflow,
     workflow,
 )
-from attempt_kernel import Admit, Cancel, Dispatch, Dispatched, Fail, Indeterminate, Pending, Planned, RunStarted
+from attempt_kernel._observe import tell
+from attempt_kernel import (
+    Admit, Cancel, Dispatch, Dispatched, Fail, Indeterminate, Pending, Planned, RunStarted, Succeed, Succeeded,
+)
 
 Summary = tuple[str, "str | None", int, int, dict[str, AttributeValue], StatusCode]
 
@@ -490,3 +493,58 @@ def test_importing_the_package_does_not_import_opentelemetry() -> None:
     code = "import sys, attempt_kernel; print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout == "[]\n"
+
+
+class RaisesOnEnd(SpanProcessor):
+    """A span processor with a bug: it raises on the end of every span."""
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise RuntimeError("the processor broke")
+
+
+def test_a_span_processor_that_raises_on_a_spans_end_leaves_no_other_span_of_the_run_open(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The SDK hands a span's end to its processors in turn, and one that raises makes
+    ``span.end`` raise, after the processors before it saw the end. That must not cut
+    the run's other spans off: each still ends, at its own time (here the exporter sits
+    before the broken processor, so it sees them all), and each failure is logged."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(RaisesOnEnd())
+    spans = Spans(provider.get_tracer("tests"))
+    changes: list[Change] = [
+        RunStarted(workflow="w"),
+        AttemptCreated(step="a", attempt=1),
+        AttemptTransitioned(step="a", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        AttemptCreated(step="b", attempt=1),
+        AttemptTransitioned(step="b", attempt=1, from_state=Pending(), cause=Admit(), to_state=Running()),
+        AttemptTransitioned(step="a", attempt=1, from_state=Running(), cause=Succeed(), to_state=Succeeded()),
+        AttemptTransitioned(step="b", attempt=1, from_state=Running(), cause=Fail(), to_state=Failed()),
+        RunFinished(),
+    ]  # fmt: skip
+    for n, change in enumerate(changes):
+        tell([spans], "r-1", change, (1000 + n) * 1_000_000)  # as the executor tells its observers
+    ended = exporter.get_finished_spans()
+    names = {span.context.span_id: span.name for span in ended if span.context is not None}
+    got = [
+        (
+            span.name,
+            None if span.parent is None else names.get(span.parent.span_id, "a span never ended"),
+            span.start_time,
+            span.end_time,
+            (span.attributes or {}).get("attempt_kernel.run.status"),
+        )
+        for span in ended
+    ]
+    assert got == [
+        ("attempt a#1", "step a", T(1), T(5), None),
+        ("step a", "run w", T(1), T(5), None),
+        ("attempt b#1", "step b", T(3), T(6), None),
+        ("step b", "run w", T(3), T(6), None),
+        ("run w", None, T(0), T(7), "failed"),
+    ]
+    failures = [record for record in caplog.records if record.levelname == "ERROR"]
+    assert len(failures) == 5
+    assert all("the processor broke" in (record.exc_text or "") for record in failures)

@@ -43,6 +43,7 @@ from ._attempt import (
 from ._codec import intent_state_name, state_name
 from ._intent import Abandoned, Confirmed, Dispatched, IntentState, Planned, Rejected, is_outstanding
 from ._ledger import RunStatus, code_run_status, has_succeeded, run_status
+from ._observe import LOGGER
 from ._records import (
     AttemptCreated,
     AttemptTransitioned,
@@ -240,6 +241,16 @@ class Spans:
             case _:
                 assert_never(verdict)
 
+    def _end(self, span: Span, time_us: int) -> None:
+        """End ``span`` at ``time_us``. The SDK hands the end to each span processor in
+        turn, and one that raises makes ``end`` raise: that is logged here, so that the
+        run's other spans still end and its state is still let go (the failure of one
+        processor never leaves spans open, nor a run held in memory for ever)."""
+        try:
+            span.end(end_time=_ns(time_us))
+        except Exception:  # a broken processor; an observer never stops a run (_observe)
+            LOGGER.exception("a span processor failed at the end of a span; the run's other spans still end")
+
     def _end_effect(self, effect: _Effect, time_us: int) -> None:
         span = effect.span
         if span is None:
@@ -247,18 +258,18 @@ class Spans:
         effect.span = None
         span.set_attribute(INTENT_STATE, intent_state_name(effect.state))
         self._set_verdict(span, intent_verdict(effect.state))
-        span.end(end_time=_ns(time_us))
+        self._end(span, time_us)
 
     def _end_step(self, step: _Step, time_us: int) -> None:
         for attempt in step.attempts.values():  # live at the run's end: none in a valid log
             for effect in attempt.effects.values():
                 self._end_effect(effect, time_us)
-            attempt.span.end(end_time=_ns(time_us))
+            self._end(attempt.span, time_us)
         step.attempts.clear()
         if step.last_state is not None:
             step.span.set_attribute(ATTEMPT_STATE, state_name(step.last_state))
             self._set_verdict(step.span, attempt_verdict(step.last_state))
-        step.span.end(end_time=_ns(time_us if step.last_end_us is None else step.last_end_us))
+        self._end(step.span, time_us if step.last_end_us is None else step.last_end_us)
 
     def _end_run(self, run: str, state: _Run, time_us: int, status: RunStatus | None) -> None:
         for step in state.steps.values():
@@ -266,7 +277,7 @@ class Spans:
         if status is not None:
             state.span.set_attribute(RUN_STATUS, status)
             self._set_verdict(state.span, run_verdict(status))
-        state.span.end(end_time=_ns(time_us))
+        self._end(state.span, time_us)
         del self._runs[run]
 
     def _status_of(self, state: _Run, finished: RunFinished | None) -> RunStatus | None:
@@ -379,7 +390,7 @@ class Spans:
                 self._end_effect(effect, time_us)
             attempt.span.set_attribute(ATTEMPT_STATE, state_name(change.to_state))
             self._set_verdict(attempt.span, attempt_verdict(change.to_state), attempt.error)
-            attempt.span.end(end_time=_ns(time_us))
+            self._end(attempt.span, time_us)
         if has_succeeded(change.to_state):
             # No attempt follows a success: the step span ends here. Any other
             # end may be followed by a retry, so its span stays open until the
