@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from pathlib import Path
+from typing import Literal
 
 from typing_extensions import assert_never, assert_type
 
@@ -21,10 +22,12 @@ from attempt_kernel import (
     AttemptState,
     Cancel,
     Cancelled,
+    Change,
     Failed,
     IllegalTransition,
     Indeterminate,
     Pending,
+    ReleaseObserver,
     RetryPolicy,
     RunContext,
     Running,
@@ -137,3 +140,38 @@ def test_the_typed_code_workflow_runs(tmp_path: Path) -> None:
         return report.result
 
     assert asyncio.run(main()) == {"found": {"Oslo": 4}, "both": [1, 1]}
+
+
+class Released:
+    """A user's observer also told of the runs an executor lets go, as docs/executor.md shows it."""
+
+    def __init__(self) -> None:
+        self.released: list[tuple[str, str]] = []
+
+    def record_written(self, run: str, change: Change, time_us: int) -> None:
+        pass
+
+    def run_released(self, run: str, status: Literal["waiting", "interrupted"], time_us: int) -> None:
+        self.released.append((run, status))
+
+
+@workflow("typed-waiter")
+async def typed_waiter(run: RunContext) -> JSON:
+    return await run.wait_for_signal("go")
+
+
+def test_a_release_observer_is_an_observer_the_executor_takes(tmp_path: Path) -> None:
+    """A `ReleaseObserver` is a `RunObserver` that is also told of released runs: one
+    typed so goes in ``observers`` with no cast (mypy and pyright check this)."""
+    import asyncio
+
+    from attempt_kernel import Executor, RunLogWriter
+
+    async def main(watching: ReleaseObserver) -> str:
+        with RunLogWriter(tmp_path / "t.jsonl") as log:
+            report = await Executor(log, observers=[watching], let_go_after=0.0).run(typed_waiter, "w-1")
+        return report.status
+
+    released = Released()
+    assert asyncio.run(main(released)) == "waiting"
+    assert released.released == [("w-1", "waiting")]

@@ -67,7 +67,7 @@ class RunObserver(Protocol):
 
 
 @runtime_checkable
-class ReleaseObserver(Protocol):
+class ReleaseObserver(RunObserver, Protocol):
     """A `RunObserver` also told when an executor stops driving a run that has not finished
     and writes no record to say so: a code run let go while it waits (``let_go_after``:
     ``waiting``), or one whose log failed under it, a lost lease say (``interrupted``).
