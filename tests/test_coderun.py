@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from attempt_kernel import (
     JSON,
+    Cancelled,
     EffectFinding,
     EffectHappened,
     EffectNotHappened,
@@ -861,3 +862,110 @@ def test_a_step_called_without_the_argument_its_function_needs_fails_like_one_ca
         ],
     )
     assert replay(tmp_path / "log.jsonl").valid
+
+
+# --------------------------------------------------------------------------
+# A cancel asks reconcilers first, as a stop, recovery and a takeover do
+# --------------------------------------------------------------------------
+
+
+def _in_flight_run(
+    tmp_path: Path, ask: Callable[[str], Awaitable[EffectFinding]], *, cancels: int = 1
+) -> tuple[RunReport | None, Path]:
+    """A code run whose one step sends an effect that never answers; once it is sent the
+    run is cancelled (and, with ``cancels=2``, its task is cancelled again while the
+    reconciler is being asked). Returns the report (None when the second cancel ended
+    the awaiting task) and the log's path."""
+    from attempt_kernel import RunControl
+
+    path = tmp_path / "log.jsonl"
+
+    async def main() -> RunReport | None:
+        sent = asyncio.Event()
+
+        async def charge(ctx: StepContext, amount: JSON) -> JSON:
+            async def send(key: str) -> JSON:
+                sent.set()
+                await asyncio.Event().wait()  # the bank never answers
+                return None
+
+            return await ctx.effect("charge", send)
+
+        @workflow("pay")
+        async def pay(run: RunContext) -> JSON:
+            return await run.step("charge_card", charge, run.input, reconcilers={"charge": ask})
+
+        control = RunControl()
+        with RunLogWriter(path) as log:
+            task = asyncio.ensure_future(Executor(log).run(pay, "p-1", control=control, input=5))
+            await asyncio.wait([task, asyncio.ensure_future(sent.wait())], return_when=asyncio.FIRST_COMPLETED)
+            assert not task.done(), task.result()
+            control.cancel()
+            if cancels == 2:
+                for _ in range(5):  # into the reconciler's call
+                    await asyncio.sleep(0)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                return None
+            return await task
+
+    return asyncio.run(main()), path
+
+
+def test_a_cancelled_code_run_asks_the_reconciler_of_an_effect_in_flight_and_its_attempt_ends_cancelled(
+    tmp_path: Path,
+) -> None:
+    """The effect happened, says the reconciler: the intent is Confirmed with its result and
+    the attempt ends Cancelled, where without asking it ended Indeterminate."""
+
+    async def ask_bank(key: str) -> EffectFinding:
+        return EffectHappened(result={"charge_id": "ch-1"})
+
+    report, path = _in_flight_run(tmp_path, ask_bank)
+    assert report is not None and report.status == "cancelled"
+    [step] = report.steps
+    assert (step.state, step.outstanding) == (Cancelled(), ())
+    [reconciled] = of_type(path, "reconciled")
+    assert (reconciled["to"], reconciled["by"], reconciled["note"], reconciled["result"]) == (
+        "Confirmed",
+        "reconciler",
+        "asked when the run was cancelled, before ending the attempt",
+        {"charge_id": "ch-1"},
+    )
+    assert replay(FileLog(path)).violation_count == 0
+
+
+def test_a_cancelled_code_run_whose_reconciler_cannot_tell_ends_the_attempt_indeterminate(
+    tmp_path: Path,
+) -> None:
+    """The intent record still decides: a reconciler that cannot tell leaves the intent
+    outstanding, and the attempt ends Indeterminate with its key to reconcile."""
+
+    async def ask_bank(key: str) -> EffectFinding:
+        return EffectUnknown(reason="the bank's API is down")
+
+    report, path = _in_flight_run(tmp_path, ask_bank)
+    assert report is not None and report.status == "needs-reconciliation"
+    [step] = report.steps
+    assert step.state == Indeterminate() and len(step.outstanding) == 1
+    assert of_type(path, "reconciled") == []
+    assert replay(FileLog(path)).violation_count == 0
+
+
+def test_a_second_cancel_while_the_reconciler_is_asked_still_ends_the_attempt(tmp_path: Path) -> None:
+    """The run's task is cancelled again while the reconciler hangs: the attempt is not
+    left Running in the log; it ends as the intent record decides (Indeterminate: no
+    answer came), and the log replays clean."""
+    called: list[str] = []
+
+    async def ask_bank(key: str) -> EffectFinding:
+        called.append(key)
+        await asyncio.Event().wait()  # hangs
+        return EffectNotHappened()
+
+    report, path = _in_flight_run(tmp_path, ask_bank, cancels=2)
+    assert report is None and len(called) == 1
+    ends = [(r["step"], r["to"]) for r in of_type(path, "transition") if r["to"] != "Running"]
+    assert ends == [("charge_card@1", "Indeterminate")]
+    assert replay(FileLog(path)).violation_count == 0

@@ -26,7 +26,7 @@ from attempt_kernel import (
     replay,
 )
 from attempt_kernel import EffectRejected, Executor, Pending, RunControl, RunReport, Running, StepContext, StepOutcome
-from attempt_kernel._records import JSON, AttemptTransitioned, Change, IntentChanged, StepResult
+from attempt_kernel._records import JSON, AttemptTransitioned, Change, IntentChanged, IntentReconciled, StepResult
 from attempt_kernel._workflow import RetryPolicy, Step, load_workflow
 
 StepFn = Callable[[StepContext], Awaitable[JSON]]
@@ -809,3 +809,63 @@ def test_a_step_function_that_raises_before_making_its_coroutine_fails_its_attem
     assert (a.state, a.attempts, a.error) == (Failed(), 2, "LookupError: no client configured for a")
     assert report.status == "failed"
     assert check.valid and check.final_states[Failed()] == 2
+
+
+# --------------------------------------------------------------------------
+# A cancel asks reconcilers first, as a stop, recovery and a takeover do
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("finding", "intent_to", "attempt_state"),
+    [
+        ("happened", "Confirmed", Cancelled()),
+        ("not-happened", "Rejected", Cancelled()),
+    ],
+)
+def test_a_cancelled_run_asks_the_reconciler_of_an_effect_in_flight_before_ending_its_attempt(
+    tmp_path: Path, finding: str, intent_to: str, attempt_state: object
+) -> None:
+    """A cancel that lands while an effect is in flight asks the step's reconciler first:
+    its answer settles the intent, so the attempt ends Cancelled, not Indeterminate
+    (nothing ordinary pages an operator)."""
+    from attempt_kernel import EffectFinding, EffectHappened, EffectNotHappened
+
+    asked: list[str] = []
+
+    async def ask_bank(key: str) -> EffectFinding:
+        asked.append(key)
+        return EffectHappened(result={"id": "ch-1"}) if finding == "happened" else EffectNotHappened()
+
+    async def main() -> RunReport:
+        sent = asyncio.Event()
+
+        async def charge(ctx: StepContext) -> JSON:
+            async def send(key: str) -> JSON:
+                sent.set()
+                await asyncio.Event().wait()  # the bank never answers
+                return None
+
+            return await ctx.effect("charge-card", send)
+
+        workflow = load_workflow("w", [Step(name="charge", run=charge, reconcilers={"charge-card": ask_bank})])
+        control = RunControl()
+        with RunLogWriter(tmp_path / "log") as log:
+            task = asyncio.ensure_future(Executor(log).run(workflow, "r", control=control))
+            await sent.wait()
+            control.cancel()
+            return await task
+
+    report = asyncio.run(main())
+    assert report.status == "cancelled"
+    assert outcome(report, "charge").state == attempt_state
+    [reconciled] = [r.change for r in records(tmp_path / "log") if isinstance(r.change, IntentReconciled)]
+    assert (reconciled.by, reconciled.note, type(reconciled.to_state).__name__) == (
+        "reconciler",
+        "asked when the run was cancelled, before ending the attempt",
+        intent_to,
+    )
+    assert len(asked) == 1
+    check = replay(tmp_path / "log")
+    assert check.valid, check.violations
+    assert check.to_reconcile == ()

@@ -972,7 +972,7 @@ class Executor:
         self,
         run: str,
         step: Step,
-        note: str = "asked when the run was stopped, before ending the attempt",
+        note: str,
     ) -> list[Asked]:
         """Ask the step's reconcilers about its attempt's outstanding intents and
         record what they found (`EffectUnknown` leaves an intent outstanding);
@@ -1020,6 +1020,16 @@ class Executor:
                 ),
             )
         return asked
+
+    def _asked_why(self, run: str) -> str:
+        """The note a reconciler's answer is recorded with when a live attempt is ended
+        from outside its step: why it was asked."""
+        view = self._ledger.runs[run]
+        if view.cancel_requested:
+            return "asked when the run was cancelled, before ending the attempt"
+        if view.stop_requested:
+            return "asked when the run was stopped, before ending the attempt"
+        return "asked when the attempt was cancelled, before ending it"
 
     def can_go_on(self, run: str) -> bool:
         """Could ``run``, unfinished and driven by no one here (a code run let go while
@@ -1220,16 +1230,21 @@ class Executor:
                     )  # fmt: skip
                 return
             except asyncio.CancelledError:
-                if self._ledger.runs[run].stop_requested:
-                    # docs/contracts.md, "A graceful stop is not a cancel": a
-                    # stop ends the attempt as recovery would, reconcilers
-                    # first, each answer said as a takeover says it
-                    for asked in await self._ask_reconcilers(run, step):
+                # docs/contracts.md, "Cancelled or Indeterminate: the intent
+                # record decides": a cancel, a stop, recovery and a takeover all
+                # ask the step's reconcilers about its effects in flight first,
+                # each answer said as a takeover says it, so that an effect the
+                # downstream system can account for never ends Indeterminate.
+                # The attempt ends whatever comes of the asking (a second
+                # cancellation, a log that fails).
+                try:
+                    for asked in await self._ask_reconcilers(run, step, self._asked_why(run)):
                         level, line = asked_line(asked)
                         self._log_records.say(level, line)
                         if self._progress is not None:
                             self._progress(line)
-                self._cancel(run, name)
+                finally:
+                    self._cancel(run, name)
                 raise
             match output:
                 case _Ok():
