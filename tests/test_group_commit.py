@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -911,6 +911,154 @@ def test_a_deadline_passing_while_the_dispatched_waits_for_the_fsync_rejects_the
         ("Confirm", "Confirmed"),
         ("Succeed", "Succeeded"),
     ]
+    assert replay(path).valid
+
+
+def gathered_with_a_failure(sent: list[str], fails: Callable[[], Awaitable[None]], send_waits: asyncio.Event | None = None) -> Workflow:
+    """One step, ``s``, that gathers its effect ``pay`` (noted in ``sent`` as it is sent;
+    with ``send_waits``, the downstream answers once it is set) with a branch of its
+    own, ``fails``, that raises: the step fails while its effect is still under way."""
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            if send_waits is not None:
+                await send_waits.wait()
+            return "charged"
+
+        await asyncio.gather(ctx.effect("pay", send), fails())
+        return None
+
+    return load_workflow("w", [Step(name="s", run=pay, retry=RetryPolicy(max_attempts=1))])
+
+
+async def raise_once(event: threading.Event) -> None:
+    """A branch that raises once ``event`` (a held fsync's begun) is set."""
+    await began(event)
+    raise RuntimeError("the other branch failed")
+
+
+def test_an_effect_still_waiting_for_its_fsync_when_a_sibling_fails_the_step_is_never_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step gathers an effect with a branch that raises while the effect's Dispatched
+    waits for its fsync: the attempt ends Failed then and there. The effect's wait ended
+    after that, and it was sent for an attempt already over, its Confirm written after
+    the attempt's end and the run's (a log that replays INVALID, which recovery refuses).
+    Its send never began, so it is recorded Rejected before the attempt's end, as a
+    cancel in that wait records it, and is never sent."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    ops = HeldOps(hold=(1,))
+    sent: list[str] = []
+    path = tmp_path / "log"
+
+    async def main(log: RunLogWriter) -> RunReport:
+        ended = Ended()
+        flow = gathered_with_a_failure(sent, lambda: raise_once(ops.began[1]))
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r"))
+        await asyncio.wait_for(ended.ended.wait(), HUNG)  # failed, the fsync still held
+        ops.release[1].set()
+        return await running
+
+    with RunLogWriter(path, ops=ops) as log:
+        report = asyncio.run(main(log))
+    assert sent == []
+    assert intent_moves(path) == [
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Reject", "Rejected"),
+        ("Fail", "Failed"),
+    ]
+    assert report.status == "failed"
+    assert replay(path).valid
+
+
+def test_an_effect_that_answers_after_a_sibling_failed_the_step_writes_nothing_more(
+    tmp_path: Path,
+) -> None:
+    """The step gathers an effect with a branch that raises while the downstream service
+    is still answering: the attempt ends Failed with the intent outstanding. The answer
+    came after, and its Confirm was written after the attempt's end and the run's (the
+    log replayed INVALID). Nothing is written for an attempt that has ended: the key
+    stays outstanding, as the attempt's end said, for a reconciliation."""
+    sent: list[str] = []
+    path = tmp_path / "log"
+    answer = asyncio.Event()
+
+    async def fails() -> None:
+        while not sent:  # the effect is being sent
+            await asyncio.sleep(0)
+        raise RuntimeError("the other branch failed")
+
+    async def main(log: RunLogWriter) -> RunReport:
+        ended = Ended()
+        flow = gathered_with_a_failure(sent, fails, send_waits=answer)
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r"))
+        await asyncio.wait_for(ended.ended.wait(), HUNG)
+        answer.set()
+        report = await running
+        for _ in range(10):  # the effect's answer comes back now
+            await asyncio.sleep(0)
+        return report
+
+    with RunLogWriter(path) as log:
+        report = asyncio.run(main(log))
+    [key] = sent
+    assert intent_moves(path) == [("Admit", "Running"), ("Dispatch", "Dispatched"), ("Fail", "Failed")]
+    assert report.status == "needs-reconciliation"
+    assert [s.outstanding for s in report.steps] == [(key,)]
+    assert replay(path).valid
+
+
+def test_an_effect_asked_for_after_its_attempt_ended_writes_and_sends_nothing(tmp_path: Path) -> None:
+    """A branch of step ``s`` asks for an effect after another branch failed the attempt,
+    while the run goes on (step ``t``): its Planned and Dispatched were written for an
+    attempt already over (the log replayed INVALID) and the executor died on its own
+    assertion. It is refused (a StepError, to a branch no one awaits): nothing is
+    written, nothing is sent."""
+    sent: list[str] = []
+    path = tmp_path / "log"
+    go = asyncio.Event()
+    run_ends = asyncio.Event()
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            return None
+
+        async def late() -> JSON:
+            await go.wait()
+            return await ctx.effect("pay", send)
+
+        async def fails() -> None:
+            raise RuntimeError("the other branch failed")
+
+        await asyncio.gather(late(), fails())
+        return None
+
+    async def other(ctx: StepContext) -> JSON:
+        await run_ends.wait()
+        return None
+
+    async def main(log: RunLogWriter) -> RunReport:
+        ended = Ended()
+        flow = load_workflow(
+            "w", [Step(name="s", run=pay, retry=RetryPolicy(max_attempts=1)), Step(name="t", run=other)]
+        )
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r"))
+        await asyncio.wait_for(ended.ended.wait(), HUNG)  # s failed; t still runs
+        go.set()
+        for _ in range(10):  # the late branch goes on now
+            await asyncio.sleep(0)
+        run_ends.set()
+        return await running
+
+    with RunLogWriter(path) as log:
+        report = asyncio.run(main(log))
+    assert sent == []
+    of_s = [r.change for r in read_log(path) if isinstance(r, Record) and getattr(r.change, "step", "") == "s"]
+    assert [type(c).__name__ for c in of_s] == ["AttemptCreated", "AttemptTransitioned", "StepResult", "AttemptTransitioned"]
+    assert report.status == "failed"
     assert replay(path).valid
 
 

@@ -301,6 +301,16 @@ async def in_thread(function: Callable[[], T]) -> T:
     return await done
 
 
+def _ended_before(run: str, step: str, number: int, name: str, when: str) -> str:
+    """What an effect asked for by a branch of a step that outlived its attempt is told."""
+    return (
+        f"step {step!r} attempt {number} of run {run!r} ended before {when}: effect {name!r}"
+        " belongs to an attempt that is over, so nothing more is written or sent for it"
+        " (await every effect a step starts: a branch gathered beside one that raises"
+        " goes on after the step ended)"
+    )
+
+
 @final
 class _Done:
     """Awaitable that is done at once: what `Executor._durable` hands back after a synchronous flush."""
@@ -724,6 +734,11 @@ class Executor:
         self._controls: Final[dict[str, RunControl]] = {}
         """The runs this executor drives now, each with its control."""
         self._code_runs: Final[dict[str, CodeRun]] = {}
+        self._unsent: Final[dict[tuple[str, str, int], dict[str, None]]] = {}
+        """Each attempt's effects whose Dispatched waits to be made durable (`_effect`),
+        by intent name: their sends have not begun, so an end of the attempt
+        meanwhile (a branch of the step raised beside them) records them
+        `Rejected` first (`_reject_unsent`), and they are never sent."""
         if is_log_source(log):
             self._ledger.feed(log.read())
             if self._ledger.violation_count:
@@ -769,8 +784,34 @@ class Executor:
         change = self._ledger.propose_move(run, step, cause)
         if type(cause) is not Admit:  # every other cause ends the attempt
             self._calls_before_an_end(run)
+            self._reject_unsent(run, step)
         self._write(run, change)
         return change.to_state
+
+    def _reject_unsent(self, run: str, step: str) -> None:
+        """Before the step's attempt ends: each of its effects still waiting for its
+        Dispatched to be made durable was never sent, and now never will be
+        (`_effect` sees it gone): recorded `Rejected`, as an interrupted wait
+        records it (docs/contracts.md, "The write-ahead rule"), so that the
+        attempt does not end with an effect outstanding that nobody sent. Not
+        one whose key an earlier attempt left outstanding: that send may have
+        happened, and the key stays outstanding.
+
+        Called before the end is proposed where a Cancel's flag is read from
+        the intent record (`_cancel`); a Fail, Succeed or deadline carries none.
+        """
+        if not self._unsent:
+            return
+        view = self._ledger.step(run, step)
+        if view is None:
+            return
+        unsent = self._unsent.pop((run, step, view.attempt.number), None)
+        if unsent is None:
+            return
+        for name in unsent:
+            state = view.attempt.intents.get(name)
+            if name not in view.superseded and state is not None and is_outstanding(state):
+                self._intent(run, step, name, Reject())
 
     def _calls_before_an_end(self, run: str) -> None:
         """A code run's calls not written yet go in before an attempt's end: recovery
@@ -829,6 +870,7 @@ class Executor:
         cannot encode.
         """
         self._calls_before_an_end(run)
+        self._reject_unsent(run, step)
         change = self._ledger.propose_move(run, step, cause)
         batch = self._batch
         if batch is None:
@@ -884,7 +926,12 @@ class Executor:
                 # the checks below, so that nothing comes between them and the write
                 # (a twin effect of the same name gathered beside this one).
                 await ready
-        view = self._ledger.runs[run].steps[step]
+        view = self._ledger.step(run, step)
+        if view is None or self._over(run, step, number):
+            # A branch of the step that outlived it (gathered beside one that
+            # raised, or never awaited): nothing may be written for an attempt
+            # that has ended, and nothing is sent.
+            raise StepError(_ended_before(run, step, number, name, "it was asked for"))
         if name in view.attempt.intents:
             raise StepError(
                 f"step {step!r} attempt {number}: intent {name!r} is used twice;"
@@ -911,9 +958,14 @@ class Executor:
             raise AssertionError("a stopped executor left an attempt waiting") from refused
         # docs/contracts.md, "The write-ahead rule": Dispatched is durable
         # before the effect is sent
+        attempt = (run, step, number)
+        unsent = self._unsent.setdefault(attempt, {})
+        unsent[name] = None
         try:
             await self._durable(run)
         except asyncio.CancelledError:
+            if not self._take_unsent(attempt, unsent, name):
+                raise  # the attempt's end came first and recorded it (`_reject_unsent`)
             # Interrupted (a cancel, a stop, a deadline) before the effect was
             # handed over: this attempt's send is known not to have happened
             # (docs/contracts.md, "The write-ahead rule"), so the attempt is not
@@ -931,11 +983,24 @@ class Executor:
                     # the step's own code, which must not take it for its own).
                     pass
             raise
+        except BaseException:  # the log failed: the attempt ends by that error
+            self._take_unsent(attempt, unsent, name)
+            raise
+        if not self._take_unsent(attempt, unsent, name):
+            # The attempt ended while this Dispatched waited, and its end
+            # recorded it Rejected (or left an earlier attempt's key outstanding)
+            raise StepError(_ended_before(run, step, number, name, "its Dispatched was durable"))
         try:
             value = await perform(key)
         except EffectRejected:
+            if self._over(run, step, number):
+                raise StepError(_ended_before(run, step, number, name, "its effect answered")) from None
             self._intent(run, step, name, Reject())
             raise
+        if self._over(run, step, number):
+            # Its end recorded the intent outstanding, and nothing may follow
+            # an end: the key is left to reconcile, as the end said.
+            raise StepError(_ended_before(run, step, number, name, "its effect answered"))
         try:
             self._intent(run, step, name, Confirm(), value)
         except UnencodableRecord as error:  # nothing was written: confirm without it
@@ -945,6 +1010,21 @@ class Executor:
                 f" encode ({error}); it is recorded Confirmed without its result"
             ) from None
         return value
+
+    def _over(self, run: str, step: str, number: int) -> bool:
+        """Has attempt ``number`` of ``step`` ended (a later one begun, or its run finished)?"""
+        view = self._ledger.step(run, step)
+        return view is None or view.attempt.number != number or is_terminal(view.attempt.state)
+
+    def _take_unsent(self, attempt: tuple[str, str, int], unsent: dict[str, None], name: str) -> bool:
+        """Take effect ``name`` out of ``attempt``'s unsent ones (`_unsent`); False when
+        the attempt's end took them all first (`_reject_unsent`)."""
+        if self._unsent.get(attempt) is not unsent:
+            return False
+        del unsent[name]
+        if not unsent:
+            del self._unsent[attempt]
+        return True
 
     def _key(self, run: str, step: str, name: str) -> str:
         """The idempotency key of an effect: the one the step used before, if any,
@@ -1105,7 +1185,8 @@ class Executor:
     def _cancel(self, run: str, step: str) -> None:
         # docs/contracts.md, "Cancelled or Indeterminate: the intent record
         # decides": the flag comes from the intent record, never from where the
-        # cancellation was caught
+        # cancellation was caught (read once the unsent effects are Rejected)
+        self._reject_unsent(run, step)
         self._move(run, step, self._ledger.cancel_cause(run, step))
 
     def _may_start(self, run: str) -> bool:
