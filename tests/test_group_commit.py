@@ -1062,6 +1062,60 @@ def test_an_effect_asked_for_after_its_attempt_ended_writes_and_sends_nothing(tm
     assert replay(path).valid
 
 
+def test_a_domain_state_set_after_its_attempt_ended_writes_nothing(tmp_path: Path) -> None:
+    """As for an effect asked for late: a branch of step ``s`` sets a domain state after
+    another branch failed the attempt, while the run goes on (step ``t``). Its record was
+    written for an attempt already over (the log replayed INVALID) and the run raised
+    the executor's own assertion. It is refused (a StepError, to the branch), nothing
+    written."""
+    path = tmp_path / "log"
+    go = asyncio.Event()
+    run_ends = asyncio.Event()
+    refused: list[str] = []
+
+    async def states(ctx: StepContext) -> JSON:
+        async def late() -> None:
+            await go.wait()
+            try:
+                ctx.set_state("charging")
+            except Exception as error:  # noqa: BLE001  # what the late branch is told
+                refused.append(type(error).__name__)
+
+        async def fails() -> None:
+            raise RuntimeError("the other branch failed")
+
+        await asyncio.gather(late(), fails())
+        return None
+
+    async def other(ctx: StepContext) -> JSON:
+        await run_ends.wait()
+        return None
+
+    async def main(log: RunLogWriter) -> RunReport:
+        ended = Ended()
+        flow = load_workflow(
+            "w",
+            [
+                Step(name="s", run=states, retry=RetryPolicy(max_attempts=1), domain_states=("charging",)),
+                Step(name="t", run=other),
+            ],
+            domain_states=["charging"],
+        )
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r"))
+        await asyncio.wait_for(ended.ended.wait(), HUNG)  # s failed; t still runs
+        go.set()
+        for _ in range(10):  # the late branch goes on now
+            await asyncio.sleep(0)
+        run_ends.set()
+        return await running
+
+    with RunLogWriter(path) as log:
+        report = asyncio.run(main(log))
+    assert refused == ["StepError"]
+    assert report.status == "failed"
+    assert replay(path).valid
+
+
 def test_a_retry_interrupted_before_its_send_keeps_the_key_an_earlier_attempt_left_outstanding(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

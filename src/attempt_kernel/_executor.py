@@ -1040,6 +1040,12 @@ class Executor:
     def _set_state(self, run: str, step: str, number: int, name: str) -> None:
         """`StepContext.set_state`: a declared domain state, into the log
         (docs/contracts.md, "Domain step states")."""
+        if self._over(run, step, number):  # a branch of the step that outlived it
+            raise StepError(
+                f"step {step!r} attempt {number} of run {run!r} ended before domain state"
+                f" {name!r} was set: nothing more is written for an attempt that is over"
+                " (await every branch a step starts)"
+            )
         declared = self._ledger.runs[run].domain_states
         if name not in declared:
             raise StepError(
