@@ -7,6 +7,8 @@ each gets a schema of its own, dropped afterwards.
 
 from __future__ import annotations
 
+import asyncio
+import re
 import subprocess
 import sys
 import time
@@ -835,3 +837,77 @@ def test_a_listed_signal_wait_whose_timeout_passed_came_by_its_time_not_by_its_s
     assert listed_wait(["approve", 1_000_000, False], 2_000_000) == WaitOn(
         signal="approve", wake_us=1_000_000, came=True, signal_came=False
     )
+
+
+# --------------------------------------------------------------------------
+# Text PostgreSQL cannot hold
+# --------------------------------------------------------------------------
+
+# A run log file's JSON holds any string; PostgreSQL keeps a run's id, its
+# workflow's name and its domain states as text, which holds no NUL and
+# (being UTF-8) no lone surrogate.
+UNTEXTABLE = [
+    pytest.param("a\x00b", r"a NUL \('\\x00'\) at index 1", id="nul"),
+    pytest.param("ab\ud800", r"a lone surrogate \('\\ud800'\) at index 2", id="lone-surrogate"),
+]
+
+
+def journal_rows(url: str, schema: str) -> list[tuple[object, ...]]:
+    return sql_in(
+        url, schema,
+        "SELECT (SELECT count(*) FROM {s}.records), (SELECT count(*) FROM {s}.summaries)",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("state", "said"), UNTEXTABLE)
+def test_a_domain_state_postgresql_cannot_hold_is_refused_before_the_run_starts(
+    pg: PgJournal, pg_url: str, schema: str, state: str, said: str
+) -> None:
+    """A workflow declaring such a state is refused at its run's start, nothing written,
+    the journal still usable: the state's record failed mid-run (a NUL broke the journal
+    with three records written; a lone surrogate failed the step with UnicodeEncodeError)."""
+
+    async def mark(ctx: StepContext) -> JSON:
+        ctx.set_state(state)
+        return "marked"
+
+    flow = load_workflow("w", [Step(name="s", run=mark)], domain_states=(state,))
+    with pytest.raises(UnencodableRecord, match=f"domain state {re.escape(repr(state))} holds {said}"):
+        run_jobs(pg, [Job(workflow=flow, run="r")])
+    assert journal_rows(pg_url, schema) == [(0, 0)]
+    assert pg.append("r2", RunStarted(workflow="w")) == 1
+
+
+@pytest.mark.parametrize(("text", "said"), UNTEXTABLE)
+@pytest.mark.parametrize("field", ["run id", "workflow name"])
+def test_a_run_id_or_workflow_name_postgresql_cannot_hold_is_refused_and_the_journal_goes_on(
+    pg: PgJournal, pg_url: str, schema: str, field: str, text: str, said: str
+) -> None:
+    """Refused as `UnencodableRecord` naming the field and the character, before the run is
+    even read: a NUL broke the journal (`PgWriteFailed`, "whether it was committed is
+    unknown"), a lone surrogate escaped as UnicodeEncodeError."""
+    run, workflow = (text, "w") if field == "run id" else ("r", text)
+    with pytest.raises(UnencodableRecord, match=f"{field} {re.escape(repr(text))} holds {said}.*nothing was written"):
+        pg.append(run, RunStarted(workflow=workflow))
+    assert journal_rows(pg_url, schema) == [(0, 0)]
+    assert pg.append("r2", RunStarted(workflow="w")) == 1
+
+
+@pytest.mark.parametrize(("state", "said"), UNTEXTABLE)
+def test_a_hand_over_postgresql_cannot_hold_is_refused_and_the_group_writes_the_others(
+    pg_url: str, schema: str, state: str, said: str
+) -> None:
+    """On the writer thread's path the refusal comes at the hand-over: the whole group
+    failed in the writer (every waiter `PgWriteFailed`, the journal broken), so one run's
+    domain state killed the worker that wrote it."""
+
+    async def scenario(journal: PgJournal) -> None:
+        journal.hand_over("ok", [RunStarted(workflow="w")])
+        with pytest.raises(UnencodableRecord, match=f"domain state {re.escape(repr(state))} holds {said}"):
+            journal.hand_over("bad", [RunStarted(workflow="w", domain_states=(state,))])
+        await journal.committed("ok")
+        await journal.committed("bad")
+
+    with PgJournal(pg_url, schema=schema, clock=fixed_clock()) as journal:
+        asyncio.run(scenario(journal))
+        assert records(journal) == [(1, "ok", RunStarted(workflow="w"))]

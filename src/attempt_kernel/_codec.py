@@ -157,7 +157,9 @@ class RunLogError(AttemptKernelError):
 
 class UnencodableRecord(RunLogError):
     """A record cannot be written: it holds a value that JSON cannot carry, or
-    it is too large for the log (`RecordTooLarge`). Nothing was written."""
+    it is too large for the log (`RecordTooLarge`), or, for a PostgreSQL
+    journal, a run id, workflow name or domain state holding a NUL or a lone
+    surrogate (PostgreSQL keeps those as text). Nothing was written."""
 
 
 @final

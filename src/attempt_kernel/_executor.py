@@ -1499,7 +1499,9 @@ class Executor:
 
         An ``input`` the log cannot hold is refused before anything is
         written: `UnencodableRecord`, or its subclass `RecordTooLarge` when
-        the start record would be longer than `MAX_RECORD_BYTES`. A step
+        the start record would be longer than `MAX_RECORD_BYTES`; so is, on
+        a PostgreSQL journal, a run id, workflow name or declared domain
+        state holding a NUL or a lone surrogate. A step
         result over that limit fails its attempt instead (the error names
         the size and the limit), and so does an effect's result, which is
         recorded ``Confirmed`` without it.

@@ -81,7 +81,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import TupleRow, tuple_row
 from typing_extensions import LiteralString, Self, assert_never, final
 
-from .._codec import RunLogError, decode_line, encode_record
+from .._codec import RunLogError, UnencodableRecord, decode_line, encode_record
 from .._intent import is_outstanding
 from .._ledger import Ledger, RunStanding
 from .._operate import Delivery
@@ -611,6 +611,65 @@ def _int_of(row: tuple[object, ...] | None) -> int:
     if type(value) is not int:
         raise PgJournalError(f"the database answered {value!r} where a number was expected")
     return value
+
+
+# --------------------------------------------------------------------------
+# Text PostgreSQL cannot hold
+# --------------------------------------------------------------------------
+
+
+def untextable(value: str) -> str | None:
+    """What in ``value`` a PostgreSQL ``text`` column cannot hold, and where (None: nothing).
+
+    A NUL, which no ``text`` holds, or a lone surrogate, which UTF-8 (the
+    database's encoding, and psycopg's) has no bytes for. A run log file's
+    JSON escapes both, so a name a file accepts may be one no journal here
+    can hold.
+    """
+    at = value.find("\x00")
+    if at >= 0:
+        return f"a NUL ('\\x00') at index {at}"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"a lone surrogate ({value[error.start]!r}) at index {error.start}"
+    return None
+
+
+def text_fields(run: str, changes: Sequence[Change]) -> Iterator[tuple[str, str]]:
+    """The values of ``changes`` to ``run`` that the journal keeps as text, each with its field's name.
+
+    The run's id (``records``, ``runs``, ``summaries``), its workflow's name
+    and its domain states (the ``summaries`` row): the rest of a record is
+    its line, bytes holding JSON's escapes.
+    """
+    yield "run id", run
+    for change in changes:
+        if isinstance(change, RunStarted):
+            yield "workflow name", change.workflow
+            for state in change.domain_states:
+                yield "domain state", state
+        elif isinstance(change, DomainStateSet):
+            yield "domain state", change.state
+
+
+def refuse_untextable(run: str, changes: Sequence[Change]) -> None:
+    """Raise `UnencodableRecord` when a value of ``changes`` the journal keeps as text
+    (`text_fields`) holds what PostgreSQL text cannot (`untextable`).
+
+    Checked before anything is read or written: the statement would fail in
+    the database (a NUL: the journal broken, a run half written, a writer
+    thread's whole group failed) or in the driver (a lone surrogate).
+    """
+    for field, value in text_fields(run, changes):
+        what = untextable(value)
+        if what is not None:
+            where = "" if field == "run id" else f"run {run!r}: "
+            raise UnencodableRecord(
+                f"{where}{field} {value!r} holds {what}, which a PostgreSQL journal cannot hold"
+                " (it keeps run ids, workflow names and domain states as text); nothing was"
+                f" written. A run log file holds it; on PostgreSQL give a {field} without it"
+            )
 
 
 # --------------------------------------------------------------------------
@@ -1408,7 +1467,8 @@ class PgJournal:
         """Write one record and return its sequence number in its run (see the class doc).
 
         Raises `UnencodableRecord` (nothing written) for a value JSON cannot
-        carry, and its subclass `RecordTooLarge` (nothing written) for a
+        carry, or a run id, workflow name or domain state PostgreSQL text
+        cannot hold (a NUL, a lone surrogate: `untextable`), and its subclass `RecordTooLarge` (nothing written) for a
         record longer than `MAX_RECORD_BYTES`, the file store's limit, so that
         every row exports to a readable log; `LeaseLost` when the writer's
         lease does not match, and `PgWriteFailed` when the database fails.
@@ -1499,6 +1559,7 @@ class PgJournal:
             raise PgWriteFailed(
                 f"the journal failed earlier ({self._broken}); open it again before appending"
             ) from self._broken_by
+        refuse_untextable(run, changes)
         leases = self._leases
         lease = self.lease if leases is None else leases.get(run)
         if leases is not None and lease is None:
