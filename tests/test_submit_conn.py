@@ -206,3 +206,33 @@ def test_the_executor_docs_place_order_example_commits_both_or_neither(db: str) 
             place_order(conn, -1)  # the order is refused after its run was queued
     assert queued(db, "attempt_kernel") == [("order-7", "pay", '{"order":7}', False)]
     assert sql_in(db, "public", "SELECT id, run FROM {s}.orders") == [(7, "order-7")]
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("a\x00b", r"a NUL \('\\x00'\) at index 1"), ("ab\ud800", r"a lone surrogate \('\\ud800'\) at index 2")],
+    ids=["nul", "lone-surrogate"],
+)
+@pytest.mark.parametrize("field", ["run id", "workflow name"])
+@pytest.mark.parametrize("by", ["url", "connection"])
+def test_a_run_id_or_workflow_postgresql_cannot_hold_is_refused_before_anything_is_sent(
+    pg_url: str, schema: str, by: str, field: str, text: str, said: str
+) -> None:
+    """`UnencodableRecord` naming the field and the character, nothing queued, and the caller's
+    transaction left as it was: a lone surrogate escaped as UnicodeEncodeError, and a NUL
+    as "queueing run ... failed: PostgreSQL text fields cannot contain NUL (0x00) bytes",
+    naming neither the field nor where the NUL was."""
+    migrate(pg_url, schema=schema)
+    run, workflow = (text, "pay") if field == "run id" else ("r1", text)
+    refused = pytest.raises(UnencodableRecord, match=f"{field} {re.escape(repr(text))} holds {said}")
+    if by == "url":
+        with refused:
+            submit_run(pg_url, workflow, run, {"order": 7}, schema=schema)
+    else:
+        with psycopg.connect(pg_url) as conn:
+            conn.execute("SELECT 1")  # the caller's own work opened the transaction
+            with refused:
+                submit_run(conn, workflow, run, {"order": 7}, schema=schema)
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS  # not failed
+            conn.commit()
+    assert queued(pg_url, schema) == []

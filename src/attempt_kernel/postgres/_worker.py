@@ -125,6 +125,7 @@ from ._journal import (
     hold_key_sql,
     inbox_change,
     migrate,
+    refuse_untextable,
     usable,
 )
 from .._ledger import Ledger
@@ -355,8 +356,9 @@ def submit_run(
     A worker given the workflow (by name) claims and drives it. Run ids are
     unique in the journal: an id already queued or already written is
     refused (`RunRefused`), and nothing is queued. ``input`` must be strict
-    JSON (`UnencodableRecord` otherwise, nothing queued); it becomes the
-    run's ``ctx.input``.
+    JSON, and ``run`` and ``workflow`` free of NULs and lone surrogates,
+    which PostgreSQL text cannot hold (`UnencodableRecord` otherwise,
+    nothing sent, nothing queued); it becomes the run's ``ctx.input``.
 
     ``url`` is a ``postgresql://`` URL, or a psycopg connection the caller
     owns. With a URL, submitting opens a connection of its own, queues the
@@ -375,8 +377,11 @@ def submit_run(
     """
     check_schema(schema)
     run_id = run if run is not None else f"{workflow}-{uuid.uuid4().hex[:12]}"
-    # The start record must be encodable; refuse the input now, not in a worker.
-    encode_record(1, 0, run_id, RunStarted(workflow=workflow, input=input, domain_states=()))
+    # The start record must be encodable, here and in the journal's text columns:
+    # refuse it now, before anything is sent, not in a worker.
+    start = RunStarted(workflow=workflow, input=input, domain_states=())
+    refuse_untextable(run_id, (start,))
+    encode_record(1, 0, run_id, start)
     text = json.dumps(input, allow_nan=False, separators=(",", ":"))
     values = (run_id, workflow, text, PG_SCHEMA_VERSION, run_id)
     if isinstance(url, str):
