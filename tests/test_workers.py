@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -41,6 +42,7 @@ from attempt_kernel import (
     Indeterminate,
     IntentChanged,
     IntentPlanned,
+    JSON,
     Record,
     RunCancelRequested,
     RunFinished,
@@ -48,13 +50,17 @@ from attempt_kernel import (
     RunStarted,
     Running,
     Step,
+    StepContext,
     Succeeded,
     UnencodableRecord,
+    Workflow,
+    WorkflowError,
     load_workflow,
     replay,
 )
 from attempt_kernel.postgres._lease import LeaseVerdict, check_timing, lease_decision, may_dispatch, may_take_over
 from attempt_kernel.postgres._journal import Lease, LeaseLost, PgJournal, PgJournalError
+from attempt_kernel.postgres._pools import set_pool
 from attempt_kernel.postgres._worker import Worker, WorkerDeclaredDead
 from attempt_kernel.postgres._worker import _OneRun, run_worker, submit_run  # pyright: ignore[reportPrivateUsage]  # the worker's run view is under test
 
@@ -149,6 +155,49 @@ def test_submit_without_an_id_names_the_run_after_its_workflow(pg_url: str, sche
     """The default id is the workflow's name and 12 hex digits."""
     run = submit_run(pg_url, "pay", schema=schema)
     assert run.startswith("pay-") and len(run) == len("pay-") + 12
+
+
+async def _noted(ctx: StepContext) -> JSON:
+    return "noted"
+
+
+@pytest.mark.parametrize(
+    ("flow", "said"),
+    [
+        (
+            lambda: load_workflow("a\x00b", [Step(name="s", run=_noted)]),
+            r"workflow 'a\\x00b' cannot run on a PostgreSQL journal: its name 'a\\x00b' holds a NUL",
+        ),
+        (
+            lambda: load_workflow("pay", [Step(name="s", run=_noted)], domain_states=("ok", "b\ud800")),
+            r"workflow 'pay' cannot run on a PostgreSQL journal: its domain state 'b\\ud800' holds a lone surrogate",
+        ),
+        (
+            lambda: load_workflow("pay", [Step(name="s", run=_noted, pool="l\x00m")]),
+            r"pool 'l\\x00m' \(its step 's' names it\) holds a NUL",
+        ),
+        (
+            lambda: load_workflow("pay", [Step(name="s\x00t", run=_noted, pool="llm")]),
+            r"workflow 'pay' cannot run on a PostgreSQL journal: its pooled step 's\\x00t' holds a NUL",
+        ),
+    ],
+    ids=["name", "domain-state", "pool", "pooled-step"],
+)
+def test_a_worker_refuses_a_workflow_postgresql_cannot_hold_before_it_claims_anything(
+    pg_url: str, schema: str, flow: Callable[[], Workflow], said: str
+) -> None:
+    """A name, a declared domain state, a pool or a pooled step's name holding a NUL or a lone
+    surrogate (PostgreSQL text holds neither) is a `WorkflowError` naming it, before the worker
+    registers or claims: the worker died on its first statement (a workflow name, a pool), or
+    claimed a run and died at its start (a domain state), leaving the run held by a dead worker
+    for the next one to take over and die on in turn."""
+    set_pool(pg_url, "llm", 1, schema=schema)
+    submit_run(pg_url, "pay", "r1", schema=schema)
+    with pytest.raises(WorkflowError, match=said):
+        run_worker(pg_url, [flow()], schema=schema, heartbeat=0.2, dead_after=300, stop_when_idle=True)
+    assert sql_in(pg_url, schema, "SELECT run, owner, fence, done FROM {s}.runs") == [("r1", None, 0, False)]
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.workers") == [(0,)]
+    assert sql_in(pg_url, schema, "SELECT count(*) FROM {s}.records") == [(0,)]
 
 
 def test_one_worker_runs_a_submitted_run_to_the_end(pg_url: str, schema: str, downstream: Path) -> None:

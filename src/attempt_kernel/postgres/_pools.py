@@ -313,7 +313,7 @@ class SlotAdmission:
             row = self._conn.execute(self._claim, values).fetchone()
         except psycopg.Error as error:
             raise PgJournalError(
-                f"run {run!r}: claiming a slot of pool {pool!r} for {step}#{attempt} failed: {error}"
+                f"run {run!r}: claiming a slot of pool {pool!r} for step {step!r} attempt {attempt} failed: {error}"
             ) from error
         if row is None or type(row[0]) is not bool:
             raise PgJournalError(f"the slots table answered {row!r} for a claim")

@@ -126,6 +126,7 @@ from ._journal import (
     inbox_change,
     migrate,
     refuse_untextable,
+    untextable,
     usable,
 )
 from .._ledger import Ledger
@@ -135,7 +136,7 @@ from .._records import JSON, Change, LogItem, RunCancelRequested, RunFinished, R
 from .._recovery import Asked, Recovery, recover
 from .._report import asked_line
 from .._store import DispatchRefused
-from .._workflow import Workflow, workflows_by_name
+from .._workflow import Workflow, WorkflowError, workflows_by_name
 
 _LOGGER: Final = logging.getLogger("attempt_kernel.worker")
 """A worker's own lines: claims, takeovers, lost leases, each run's end."""
@@ -330,6 +331,34 @@ class Backoff:
     def delay(self, attempt: int) -> float:
         """The wait before attempt ``attempt`` + 1 (0 for the wait after the first failure)."""
         return self.uniform(0.0, min(self.cap, self.base * 2.0 ** min(attempt, 64)))
+
+
+def _refuse_untextable_workflow(workflow: Workflow) -> None:
+    """Raise `WorkflowError` for a workflow a worker could not run: a name PostgreSQL text
+    cannot hold (`untextable`) in what the journal keeps as text.
+
+    Its name (the queue's and the claim's), its declared domain states (every
+    run of it would be refused at its start), the pools its steps name and
+    the names of its pooled steps (the slots table's). A code workflow's
+    steps are known only as its function calls them: not checked here.
+    """
+    named: list[tuple[str, str]] = [(f"its name {workflow.name!r}", workflow.name)]
+    named += [(f"its domain state {state!r}", state) for state in workflow.domain_states]
+    default = workflow.defaults.pool
+    if default is not None:
+        named.append((f"pool {default!r}, the one its steps default to,", default))
+    for step in workflow.steps:
+        if step.pool is not None:
+            named.append((f"pool {step.pool!r} (its step {step.name!r} names it)", step.pool))
+            named.append((f"its pooled step {step.name!r}", step.name))
+    for said, value in named:
+        found = untextable(value)
+        if found is not None:
+            raise WorkflowError(
+                f"workflow {workflow.name!r} cannot run on a PostgreSQL journal: {said} holds"
+                f" {found}, and PostgreSQL text holds no NUL and no lone surrogate (a run log"
+                " file holds both); rename it to run the workflow on workers"
+            )
 
 
 @functools.lru_cache(maxsize=64)
@@ -816,6 +845,10 @@ class Worker:
     heartbeat; the database judges it by its own (a test may hand in a
     clock that jumps, to see a worker find its lease expired).
 
+    A workflow whose name, declared domain states, pools or pooled steps'
+    names hold a NUL or a lone surrogate, which PostgreSQL text cannot
+    hold, is refused here (`WorkflowError`), before anything is claimed.
+
     When the database is unreachable (at the start too: a container may
     start before its database) the worker waits and connects again
     (`Backoff`; docs/contracts.md, "A worker survives its database"), for
@@ -863,6 +896,8 @@ class Worker:
         self._workflows: Final = workflows_by_name(workflows, "Worker")
         if not self._workflows:
             raise ValueError("a worker needs at least one workflow")
+        for workflow in self._workflows.values():
+            _refuse_untextable_workflow(workflow)
         self._names: Final = sorted(self._workflows)
         self._concurrency: Final = concurrency
         self._admission_limit: Final = admission_limit
