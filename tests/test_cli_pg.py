@@ -1370,3 +1370,25 @@ def test_run_url_picks_an_id_no_submitted_run_has(db: str, shop: Path) -> None:
     ran = cli(shop, "run", "flows:orders", "--log", db, "--input", ORDER)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert ran.stdout.startswith("starting run orders-2 of workflow orders,"), ran.stdout
+
+
+def test_run_of_a_workflow_whose_name_postgresql_cannot_hold_is_refused_naming_it(db: str, tmp_path: Path) -> None:
+    """`run MODULE:ATTR --log URL` for a workflow named with a NUL (a log file takes it): exit 2
+    with one error line naming the workflow name and the NUL, nothing written. Making the run's
+    id (`<workflow>-<n>`) asked the queue whether that id was taken, and the driver's
+    DataError escaped as a traceback, exit 1."""
+    (tmp_path / "nulflows.py").write_text(
+        "from attempt_kernel import Step, load_workflow\n\n\n"
+        "async def noop(ctx):\n    return 1\n\n\n"
+        "named = load_workflow('a\\x00b', [Step(name='s', run=noop)])\n"
+    )
+    done = cli(tmp_path, "run", "nulflows:named", "--log", db)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr == (
+        "attempt-kernel run: error: run 'a\\x00b-1': workflow name 'a\\x00b' holds a NUL ('\\x00') at"
+        " index 1, which a PostgreSQL journal cannot hold (it keeps run ids, workflow names and domain"
+        " states as text); nothing was written. A run log file holds it; on PostgreSQL give a workflow"
+        " name without it\n"
+    )
+    with PgJournal(db) as journal:
+        assert list(journal.read()) == []

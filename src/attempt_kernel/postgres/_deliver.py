@@ -84,6 +84,7 @@ from ._journal import (
     send_key,
     summary_of,
     summary_upsert_after,
+    untextable,
 )
 from .._records import Record, RunStarted
 
@@ -362,7 +363,10 @@ def queued_runs(url: str, *, schema: str = DEFAULT_SCHEMA) -> list[str]:
 
 
 def submitted_for(url: str, run: str, *, schema: str = DEFAULT_SCHEMA) -> str | None:
-    """The workflow ``run`` was submitted for, if it is in the queue (None: not submitted)."""
+    """The workflow ``run`` was submitted for, if it is in the queue (None: not submitted,
+    as no run whose id PostgreSQL text cannot hold, `untextable`, ever was)."""
+    if untextable(run) is not None:
+        return None
     with connect(url) as conn:
         row = conn.execute(
             in_schema("SELECT workflow FROM {s}.runs WHERE run = %s AND workflow IS NOT NULL", schema), (run,)

@@ -639,11 +639,11 @@ def untextable(value: str) -> str | None:
 def text_fields(run: str, changes: Sequence[Change]) -> Iterator[tuple[str, str]]:
     """The values of ``changes`` to ``run`` that the journal keeps as text, each with its field's name.
 
-    The run's id (``records``, ``runs``, ``summaries``), its workflow's name
-    and its domain states (the ``summaries`` row): the rest of a record is
-    its line, bytes holding JSON's escapes.
+    Its workflow's name and its domain states (the ``summaries`` row), then
+    the run's id (``records``, ``runs``, ``summaries``), which may be made of
+    the workflow's name: the rest of a record is its line, bytes holding
+    JSON's escapes.
     """
-    yield "run id", run
     for change in changes:
         if isinstance(change, RunStarted):
             yield "workflow name", change.workflow
@@ -651,6 +651,7 @@ def text_fields(run: str, changes: Sequence[Change]) -> Iterator[tuple[str, str]
                 yield "domain state", state
         elif isinstance(change, DomainStateSet):
             yield "domain state", change.state
+    yield "run id", run
 
 
 def refuse_untextable(run: str, changes: Sequence[Change]) -> None:
@@ -2603,6 +2604,11 @@ class RunHolds:
     def _take(self, run: str) -> bool:
         if run in self.held:
             return True  # taken once: a session lock taken twice would need two unlocks
+        if untextable(run) is not None:
+            # No process can write a run whose id the journal cannot hold (its first
+            # append is refused, `refuse_untextable`): there is nothing to hold it against,
+            # and the server could not even be asked for its key.
+            return True
         key = self._keys.get(run)
         if key is None:
             key = self._keys[run] = server_hold_key(self._conn, self._schema, run)
