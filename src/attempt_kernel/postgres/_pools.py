@@ -48,7 +48,7 @@ from psycopg.rows import TupleRow
 from typing_extensions import LiteralString, final
 
 from .._errors import AttemptKernelError
-from ._journal import DEFAULT_SCHEMA, Lease, LeaseLost, PgJournal, PgJournalError, connect
+from ._journal import DEFAULT_SCHEMA, Lease, LeaseLost, PgJournal, PgJournalError, connect, untextable
 from .._workflow import Step, Workflow
 
 FIRST_PAUSE: Final = 0.01
@@ -148,10 +148,30 @@ def _statement(text: LiteralString, schema: str) -> sql.Composed:
     return sql.SQL(text).format(s=sql.Identifier(schema))
 
 
+def slot_step(step: str) -> str:
+    """``step`` as the slots table keeps it: a NUL and a lone surrogate, which PostgreSQL
+    text cannot hold (`untextable`), escaped as Python writes them (``\\x00``,
+    ``\\ud800``); any other name as it is.
+
+    The table's step names who holds a slot, for a release (matched with the
+    slot, run, attempt, worker and fence, which tell holders apart whatever
+    the name) and for messages (`FreedSlot`). A code workflow may make a
+    step's name from the run's input: the claim of such a step must not fail
+    in the database, which would stop the worker and then every worker that
+    took the run over.
+    """
+    if untextable(step) is None:
+        return step
+    return step.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
 def _check_name(name: object) -> str:
     # typed str; this guards callers (and the command line) that ignored it
     if type(name) is not str or not name or len(name) > 200:
         raise ValueError(f"a pool name must be a non-empty string of at most 200 characters, got {name!r}")
+    found = untextable(name)
+    if found is not None:
+        raise ValueError(f"a pool name must be text PostgreSQL can hold: {name!r} holds {found}")
     return name
 
 
@@ -301,9 +321,14 @@ class SlotAdmission:
         lease = self._leases.get(run)
         if lease is None or lease.owner != self._worker:
             raise LeaseLost(run, None)
+        if untextable(pool) is not None:
+            # No pool of that name can exist (`set_pool` could not make it): as for
+            # any pool the journal does not have, no slot is free, and the step waits
+            # out its queue deadline. Asked, the database would refuse the statement.
+            return False
         values = {
             "run": run,
-            "step": step,
+            "step": slot_step(step),
             "attempt": attempt,
             "worker": self._worker,
             "fence": lease.fence,
@@ -331,7 +356,7 @@ class SlotAdmission:
         held = self._held.pop((run, step.name, attempt), None)
         if held is None or not ended:
             return  # not ended: the attempt may be Running in the journal; a takeover frees it
-        values = (held.pool, held.slot, run, step.name, attempt, self._worker, held.fence)
+        values = (held.pool, held.slot, run, slot_step(step.name), attempt, self._worker, held.fence)
         try:
             self._conn.execute(self._release, values)
         except psycopg.Error as error:

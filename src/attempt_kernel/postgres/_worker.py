@@ -338,9 +338,9 @@ def _refuse_untextable_workflow(workflow: Workflow) -> None:
     cannot hold (`untextable`) in what the journal keeps as text.
 
     Its name (the queue's and the claim's), its declared domain states (every
-    run of it would be refused at its start), the pools its steps name and
-    the names of its pooled steps (the slots table's). A code workflow's
-    steps are known only as its function calls them: not checked here.
+    run of it would be refused at its start) and the pools its steps name
+    (no such pool can exist). A step's name may hold either: the slots
+    table keeps it escaped (`slot_step`).
     """
     named: list[tuple[str, str]] = [(f"its name {workflow.name!r}", workflow.name)]
     named += [(f"its domain state {state!r}", state) for state in workflow.domain_states]
@@ -350,7 +350,6 @@ def _refuse_untextable_workflow(workflow: Workflow) -> None:
     for step in workflow.steps:
         if step.pool is not None:
             named.append((f"pool {step.pool!r} (its step {step.name!r} names it)", step.pool))
-            named.append((f"its pooled step {step.name!r}", step.name))
     for said, value in named:
         found = untextable(value)
         if found is not None:
@@ -845,9 +844,9 @@ class Worker:
     heartbeat; the database judges it by its own (a test may hand in a
     clock that jumps, to see a worker find its lease expired).
 
-    A workflow whose name, declared domain states, pools or pooled steps'
-    names hold a NUL or a lone surrogate, which PostgreSQL text cannot
-    hold, is refused here (`WorkflowError`), before anything is claimed.
+    A workflow whose name, declared domain states or pools hold a NUL or a
+    lone surrogate, which PostgreSQL text cannot hold, is refused here
+    (`WorkflowError`), before anything is claimed.
 
     When the database is unreachable (at the start too: a container may
     start before its database) the worker waits and connects again
