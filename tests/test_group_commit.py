@@ -28,6 +28,9 @@ from attempt_kernel import (
     AttemptCreated,
     AttemptTransitioned,
     Change,
+    EffectFinding,
+    IntentReconciled,
+    EffectNotHappened,
     Executor,
     Indeterminate,
     IntentChanged,
@@ -1326,3 +1329,231 @@ def test_close_raises_when_the_fsync_in_flight_it_waited_for_failed(tmp_path: Pa
 
     assert asyncio.run(main()) == ["LogWriteFailed"]
     assert ops.fsyncs == 1
+
+
+# --------------------------------------------------------------------------
+# A cancel asks the reconcilers while a branch of its step still lives
+# --------------------------------------------------------------------------
+
+
+def stray_then_cancelled(
+    sent: list[str],
+    ask: Callable[[str], Awaitable[EffectFinding]],
+    sibling_fails: Callable[[], Awaitable[None]],
+    send_waits: asyncio.Event | None = None,
+    late: asyncio.Event | None = None,
+) -> Workflow:
+    """One step, ``s``, that gathers its effect ``pay`` (noted in ``sent`` as it is sent;
+    with ``send_waits``, the downstream answers once it is set) with a branch that raises
+    (``sibling_fails``); the step catches that and goes on waiting, so ``pay`` lives on
+    beside it until the run is cancelled. With ``late``, a branch of the step asks for
+    effect ``late`` once it is set. ``ask`` is the reconciler of both effects."""
+    strays: list[asyncio.Task[None]] = []
+
+    async def pay(ctx: StepContext) -> JSON:
+        async def send(key: str) -> JSON:
+            sent.append(key)
+            if send_waits is not None:
+                await send_waits.wait()
+            return "charged"
+
+        async def asks_late() -> None:
+            assert late is not None
+            await late.wait()
+            await ctx.effect("late", send)
+
+        if late is not None:
+            strays.append(asyncio.ensure_future(asks_late()))  # held: no one awaits it
+        try:
+            await asyncio.gather(ctx.effect("pay", send), sibling_fails())
+        except RuntimeError:
+            pass
+        await asyncio.Event().wait()  # until the run is cancelled
+        return None
+
+    step = Step(name="s", run=pay, reconcilers={"pay": ask, "late": ask}, retry=RetryPolicy(max_attempts=1))
+    return load_workflow("w", [step])
+
+
+def test_a_branch_effect_waiting_for_its_fsync_is_not_sent_while_a_cancel_asks_the_reconcilers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run is cancelled while a branch of the step (gathered beside one that raised)
+    waits for its effect's Dispatched fsync; the cancel asks the step's reconcilers
+    before ending the attempt, and the fsync completes during the asking. The effect
+    was sent then, for an attempt whose cancel had begun, and its own Confirm raced the
+    reconciler's answer: the run raised the kernel's IllegalIntentTransition and never
+    finished. Its send never began when the cancel came, so it is recorded Rejected
+    before the asking, as the attempt's end records it, and never sent."""
+    monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
+    ops = HeldOps(hold=(1,))
+    sent: list[str] = []
+    asked: list[str] = []
+    path = tmp_path / "log"
+
+    async def main(log: RunLogWriter) -> RunReport:
+        in_ask = asyncio.Event()
+        answer = asyncio.Event()
+
+        async def ask(key: str) -> EffectFinding:
+            asked.append(key)
+            in_ask.set()
+            await answer.wait()
+            return EffectNotHappened()
+
+        async def sibling_fails() -> None:
+            await began(ops.began[1])
+            raise RuntimeError("the other branch failed")
+
+        control = RunControl()
+        ended = Ended()
+        flow = stray_then_cancelled(sent, ask, sibling_fails)
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r", control=control))
+        await began(ops.began[1])
+        for _ in range(10):  # the sibling raised; the step waits
+            await asyncio.sleep(0)
+        control.cancel()
+        if await asked_first(in_ask, ended):
+            ops.release[1].set()  # the fsync completes while the reconciler is asked
+            await asyncio.wait_for(log.durable("r"), HUNG)  # and is handed back to its waiters
+            for _ in range(10):  # the branch goes on from it
+                await asyncio.sleep(0)
+            answer.set()
+        ops.release[1].set()
+        return await asyncio.wait_for(running, HUNG)
+
+    with RunLogWriter(path, ops=ops) as log:
+        report = asyncio.run(main(log))
+    assert sent == [] and asked == []
+    assert intent_moves(path) == [
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Reject", "Rejected"),
+        ("Cancel", "Cancelled"),
+    ]
+    assert report.status == "cancelled"
+    assert replay(path).valid
+
+
+async def asked_first(in_ask: asyncio.Event, ended: Ended) -> bool:
+    """Wait until the reconciler is asked or the attempt has ended; True when it was asked."""
+    asking = asyncio.ensure_future(in_ask.wait())
+    ending = asyncio.ensure_future(ended.ended.wait())
+    await asyncio.wait_for(asyncio.wait([asking, ending], return_when=asyncio.FIRST_COMPLETED), HUNG)
+    asking.cancel()
+    ending.cancel()
+    return in_ask.is_set()
+
+
+@pytest.mark.parametrize("finding", ["not-happened", "unknown"])
+def test_an_effect_that_answers_while_a_cancel_asks_its_reconciler_keeps_its_own_answer(
+    tmp_path: Path, finding: str
+) -> None:
+    """A branch of the step (gathered beside one that raised) has sent its effect when the
+    run is cancelled; the effect answers while the cancel asks its reconciler. The
+    reconciler's answer was then written over the effect's own Confirm, from a state it
+    no longer had: the run raised IllegalIntentTransition and never finished. The
+    effect's own answer stands (Confirmed, with its result), the reconciler's, which
+    came after it, records nothing, and the attempt ends Cancelled."""
+    from attempt_kernel import EffectUnknown
+
+    sent: list[str] = []
+    path = tmp_path / "log"
+
+    async def main(log: RunLogWriter) -> RunReport:
+        in_ask = asyncio.Event()
+        answer = asyncio.Event()
+        bank = asyncio.Event()
+
+        async def ask(key: str) -> EffectFinding:
+            in_ask.set()
+            await answer.wait()
+            return EffectNotHappened() if finding == "not-happened" else EffectUnknown(reason="down")
+
+        async def sibling_fails() -> None:
+            while not sent:
+                await asyncio.sleep(0)
+            raise RuntimeError("the other branch failed")
+
+        control = RunControl()
+        ended = Ended()
+        flow = stray_then_cancelled(sent, ask, sibling_fails, send_waits=bank)
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r", control=control))
+        while not sent:
+            await asyncio.sleep(0)
+        for _ in range(10):  # the sibling raised; the step waits
+            await asyncio.sleep(0)
+        control.cancel()
+        if await asked_first(in_ask, ended):
+            bank.set()  # the effect answers while its reconciler is asked
+            for _ in range(10):
+                await asyncio.sleep(0)
+        answer.set()
+        bank.set()
+        return await asyncio.wait_for(running, HUNG)
+
+    with RunLogWriter(path) as log:
+        report = asyncio.run(main(log))
+    assert len(sent) == 1
+    assert intent_moves(path) == [
+        ("Admit", "Running"),
+        ("Dispatch", "Dispatched"),
+        ("Confirm", "Confirmed"),
+        ("Cancel", "Cancelled"),
+    ]
+    assert [r for r in read_log(path) if isinstance(r, Record) and isinstance(r.change, IntentReconciled)] == []
+    assert report.status == "cancelled"
+    assert replay(path).valid
+
+
+def test_an_effect_asked_for_while_a_cancel_asks_the_reconcilers_is_refused(tmp_path: Path) -> None:
+    """A branch of the step asks for a new effect while the run's cancel asks the
+    reconcilers of the one in flight: it was written and sent for an attempt whose
+    cancel had begun, and the attempt ended Indeterminate on it, its reconciler never
+    asked. It is refused (a StepError, to a branch no one awaits): nothing is written
+    for it, nothing is sent, and the attempt ends as the reconciler's answer about the
+    first effect says."""
+    sent: list[str] = []
+    asked: list[str] = []
+    path = tmp_path / "log"
+
+    async def main(log: RunLogWriter) -> RunReport:
+        in_ask = asyncio.Event()
+        answer = asyncio.Event()
+        late = asyncio.Event()
+
+        async def ask(key: str) -> EffectFinding:
+            asked.append(key)
+            in_ask.set()
+            await answer.wait()
+            return EffectNotHappened()
+
+        async def sibling_fails() -> None:
+            while not sent:
+                await asyncio.sleep(0)
+            raise RuntimeError("the other branch failed")
+
+        control = RunControl()
+        ended = Ended()
+        flow = stray_then_cancelled(sent, ask, sibling_fails, send_waits=asyncio.Event(), late=late)
+        running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r", control=control))
+        while not sent:
+            await asyncio.sleep(0)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        control.cancel()
+        if await asked_first(in_ask, ended):
+            late.set()  # the branch asks for its effect while the reconciler is asked
+            for _ in range(10):
+                await asyncio.sleep(0)
+        answer.set()
+        return await asyncio.wait_for(running, HUNG)
+
+    with RunLogWriter(path) as log:
+        report = asyncio.run(main(log))
+    assert len(sent) == 1 and asked == sent
+    assert intent_moves(path) == [("Admit", "Running"), ("Dispatch", "Dispatched"), ("Cancel", "Cancelled")]
+    [reconciled] = [r.change for r in read_log(path) if isinstance(r, Record) and isinstance(r.change, IntentReconciled)]
+    assert type(reconciled.to_state).__name__ == "Rejected"
+    assert report.status == "cancelled"
+    assert replay(path).valid

@@ -739,6 +739,10 @@ class Executor:
         by intent name: their sends have not begun, so an end of the attempt
         meanwhile (a branch of the step raised beside them) records them
         `Rejected` first (`_reject_unsent`), and they are never sent."""
+        self._ending: Final[set[tuple[str, str, int]]] = set()
+        """Attempts whose end has begun, by a cancellation, while their step's reconcilers
+        are asked (`_attempt`): a branch of the step that outlived it asks for no new
+        effect and sets no state then (`_closed`)."""
         if is_log_source(log):
             self._ledger.feed(log.read())
             if self._ledger.violation_count:
@@ -927,10 +931,10 @@ class Executor:
                 # (a twin effect of the same name gathered beside this one).
                 await ready
         view = self._ledger.step(run, step)
-        if view is None or self._over(run, step, number):
+        if view is None or self._closed(run, step, number):
             # A branch of the step that outlived it (gathered beside one that
             # raised, or never awaited): nothing may be written for an attempt
-            # that has ended, and nothing is sent.
+            # that has ended, or whose end has begun, and nothing is sent.
             raise StepError(_ended_before(run, step, number, name, "it was asked for"))
         if name in view.attempt.intents:
             raise StepError(
@@ -1016,6 +1020,11 @@ class Executor:
         view = self._ledger.step(run, step)
         return view is None or view.attempt.number != number or is_terminal(view.attempt.state)
 
+    def _closed(self, run: str, step: str, number: int) -> bool:
+        """Is attempt ``number`` of ``step`` over (`_over`), or is its end under way
+        (`_ending`: a cancel asks its reconcilers), so that nothing new is begun for it?"""
+        return (run, step, number) in self._ending or self._over(run, step, number)
+
     def _take_unsent(self, attempt: tuple[str, str, int], unsent: dict[str, None], name: str) -> bool:
         """Take effect ``name`` out of ``attempt``'s unsent ones (`_unsent`); False when
         the attempt's end took them all first (`_reject_unsent`)."""
@@ -1040,7 +1049,7 @@ class Executor:
     def _set_state(self, run: str, step: str, number: int, name: str) -> None:
         """`StepContext.set_state`: a declared domain state, into the log
         (docs/contracts.md, "Domain step states")."""
-        if self._over(run, step, number):  # a branch of the step that outlived it
+        if self._closed(run, step, number):  # a branch of the step that outlived it
             raise StepError(
                 f"step {step!r} attempt {number} of run {run!r} ended before domain state"
                 f" {name!r} was set: nothing more is written for an attempt that is over"
@@ -1073,11 +1082,19 @@ class Executor:
         if not questions:
             return []
         findings = await ask_all([(r, keys[name]) for name, r in questions])
+        # An effect that answered itself while its reconciler was asked (a branch
+        # of the step that outlived it, when a cancel asks) has its own answer in
+        # the log: the reconciler's, which came after it, records nothing.
+        answered = [
+            (name, finding)
+            for (name, _), finding in zip(questions, findings)
+            if is_outstanding(attempt.intents[name])
+        ]
         asked = [
             Asked(run=run, step=step.name, attempt=attempt.number, intent=name, key=keys[name], finding=f)
-            for (name, _), f in zip(questions, findings)
+            for name, f in answered
         ]
-        for (name, _), finding in zip(questions, findings):
+        for name, finding in answered:
             result: JSON = None
             match finding:
                 case EffectHappened():
@@ -1323,14 +1340,21 @@ class Executor:
                 # each answer said as a takeover says it, so that an effect the
                 # downstream system can account for never ends Indeterminate.
                 # The attempt ends whatever comes of the asking (a second
-                # cancellation, a log that fails).
+                # cancellation, a log that fails). Meanwhile a branch of the step
+                # that outlived it sends nothing new: an effect still waiting for
+                # its Dispatched fsync is Rejected first, as the end would record
+                # it (`_reject_unsent`), and no new effect begins (`_ending`).
+                ending = (run, name, number)
+                self._ending.add(ending)
                 try:
+                    self._reject_unsent(run, name)
                     for asked in await self._ask_reconcilers(run, step, self._asked_why(run)):
                         level, line = asked_line(asked)
                         self._log_records.say(level, line)
                         if self._progress is not None:
                             self._progress(line)
                 finally:
+                    self._ending.discard(ending)
                     self._cancel(run, name)
                 raise
             match output:
