@@ -869,3 +869,57 @@ def test_a_cancelled_run_asks_the_reconciler_of_an_effect_in_flight_before_endin
     check = replay(tmp_path / "log")
     assert check.valid, check.violations
     assert check.to_reconcile == ()
+
+
+def test_a_reconcilers_answer_a_cancel_could_not_record_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log fails as the cancel records what the reconciler said: the answer (it
+    happened) is in no record, so it is logged at WARNING, saying the log may not hold
+    it, before the failure ends the run. Before, it was lost with the error."""
+    import errno
+
+    from attempt_kernel import EffectFinding, EffectHappened, LogWriteFailed
+
+    class Breaks(Ops):
+        broken = False
+
+        def write(self, fd: int, data: bytes) -> int:
+            if self.broken:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return super().write(fd, data)
+
+    ops = Breaks()
+
+    async def ask_bank(key: str) -> EffectFinding:
+        ops.broken = True  # the disk fails just as the bank answers
+        return EffectHappened(result={"id": 7})
+
+    async def main() -> None:
+        sent = asyncio.Event()
+
+        async def charge(ctx: StepContext) -> JSON:
+            async def send(key: str) -> JSON:
+                sent.set()
+                await asyncio.Event().wait()
+                return None
+
+            return await ctx.effect("charge-card", send)
+
+        workflow = load_workflow("w", [Step(name="charge", run=charge, reconcilers={"charge-card": ask_bank})])
+        control = RunControl()
+        with RunLogWriter(tmp_path / "log", ops=ops) as log:
+            task = asyncio.ensure_future(Executor(log).run(workflow, "r", control=control))
+            await sent.wait()
+            control.cancel()
+            with pytest.raises(LogWriteFailed):
+                await task
+
+    asyncio.run(main())
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "reconciler" in r.getMessage()]
+    assert len(warned) == 1
+    assert re.fullmatch(
+        r"r charge#1: asked the reconciler about 'charge-card' \(ak1-[0-9a-f]+\): it happened \(intent Confirmed\);"
+        r" ending the attempt did not complete, so the journal may not hold this answer",
+        warned[0],
+    ), warned[0]

@@ -1094,34 +1094,46 @@ class Executor:
             Asked(run=run, step=step.name, attempt=attempt.number, intent=name, key=keys[name], finding=f)
             for name, f in answered
         ]
-        for name, finding in answered:
-            result: JSON = None
-            match finding:
-                case EffectHappened():
-                    cause: IntentCause = Confirm()
-                    result = finding.result
-                case EffectNotHappened():
-                    cause = Reject()
-                case EffectUnknown():
-                    continue
-                case _:
-                    assert_never(finding)
-            current = attempt.intents[name]
-            self._write(
-                run,
-                IntentReconciled(
-                    step=step.name,
-                    attempt=attempt.number,
-                    name=name,
-                    key=keys[name],
-                    from_state=current,
-                    cause=cause,
-                    to_state=intent_transition(current, cause),
-                    result=result,
-                    by="reconciler",
-                    note=note,
-                ),
-            )
+        try:
+            for name, finding in answered:
+                result: JSON = None
+                match finding:
+                    case EffectHappened():
+                        cause: IntentCause = Confirm()
+                        result = finding.result
+                    case EffectNotHappened():
+                        cause = Reject()
+                    case EffectUnknown():
+                        continue
+                    case _:
+                        assert_never(finding)
+                current = attempt.intents[name]
+                self._write(
+                    run,
+                    IntentReconciled(
+                        step=step.name,
+                        attempt=attempt.number,
+                        name=name,
+                        key=keys[name],
+                        from_state=current,
+                        cause=cause,
+                        to_state=intent_transition(current, cause),
+                        result=result,
+                        by="reconciler",
+                        note=note,
+                    ),
+                )
+        except Exception:
+            # The log failed (or refused an answer's result) before every answer was
+            # in it: what the downstream system said would be lost with the error,
+            # and the attempt may end Indeterminate for want of it. Said here, as a
+            # takeover that fails says it.
+            for one in asked:
+                level, line = asked_line(one, completed=False, by="ending the attempt")
+                self._log_records.say(level, line)
+                if self._progress is not None:
+                    self._progress(line)
+            raise
         return asked
 
     def _asked_why(self, run: str) -> str:
