@@ -931,10 +931,16 @@ class Executor:
                 # (a twin effect of the same name gathered beside this one).
                 await ready
         view = self._ledger.step(run, step)
-        if view is None or self._closed(run, step, number):
+        if (
+            view is None
+            or view.attempt.number != number
+            or is_terminal(view.attempt.state)
+            or (self._ending and (run, step, number) in self._ending)
+        ):
             # A branch of the step that outlived it (gathered beside one that
             # raised, or never awaited): nothing may be written for an attempt
-            # that has ended, or whose end has begun, and nothing is sent.
+            # that has ended, or whose end has begun, and nothing is sent
+            # (`_closed`, spelled out: every effect asks it).
             raise StepError(_ended_before(run, step, number, name, "it was asked for"))
         if name in view.attempt.intents:
             raise StepError(
@@ -1023,7 +1029,7 @@ class Executor:
     def _closed(self, run: str, step: str, number: int) -> bool:
         """Is attempt ``number`` of ``step`` over (`_over`), or is its end under way
         (`_ending`: a cancel asks its reconcilers), so that nothing new is begun for it?"""
-        return (run, step, number) in self._ending or self._over(run, step, number)
+        return bool(self._ending) and (run, step, number) in self._ending or self._over(run, step, number)
 
     def _take_unsent(self, attempt: tuple[str, str, int], unsent: dict[str, None], name: str) -> bool:
         """Take effect ``name`` out of ``attempt``'s unsent ones (`_unsent`); False when
