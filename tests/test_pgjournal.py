@@ -911,3 +911,20 @@ def test_a_hand_over_postgresql_cannot_hold_is_refused_and_the_group_writes_the_
     with PgJournal(pg_url, schema=schema, clock=fixed_clock()) as journal:
         asyncio.run(scenario(journal))
         assert records(journal) == [(1, "ok", RunStarted(workflow="w"))]
+
+
+@pytest.mark.parametrize(("text", "said"), UNTEXTABLE)
+def test_looking_up_a_run_or_workflow_postgresql_cannot_hold_finds_nothing(
+    pg: PgJournal, text: str, said: str
+) -> None:
+    """No run of such an id (or workflow) can be in the journal, so a lookup finds none,
+    as for any id not there; it raised the database's refusal or the driver's
+    UnicodeEncodeError."""
+    from attempt_kernel._runlist import RunFilter
+
+    pg.append("r", RunStarted(workflow="w"))
+    assert list(pg.read_run(text)) == []
+    assert pg.read_run_snapshot(text) == []
+    assert pg.queued(text) is None
+    assert pg.listed(RunFilter(workflow=text)) == ([], 0)
+    assert [row.run for row in pg.listed(RunFilter(workflow="w"))[0]] == ["r"]

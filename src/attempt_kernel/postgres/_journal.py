@@ -1266,6 +1266,8 @@ class PgJournal:
         run's previous one, is a `CorruptLine` naming run and seq. Read to
         its end, it tells this journal the run's next sequence number.
         """
+        if untextable(run) is not None:
+            return  # no run of such an id can be in the journal: it keeps ids as text
         numbering = _Numbering(self._per_run_after, journal=False)
         fold = Ledger()
         for item in self._rows(self._conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False):
@@ -1298,6 +1300,8 @@ class PgJournal:
         writes it (`_deliver` locks the run's row first); this journal's
         own numbering of the run is left as it was.
         """
+        if untextable(run) is not None:
+            return iter(())  # no run of such an id can be in the journal (`read_run`)
         numbering = _Numbering(self._per_run_after, journal=False)
         return self._rows(conn, self._read_run, (run,), f"run {run!r}", numbering, by_pos=False)
 
@@ -1360,10 +1364,13 @@ class PgJournal:
         submit time), or with a limit the most recently started first.
         """
         query, params = _listing(only)
+        # No run's workflow can hold what PostgreSQL text cannot: none is kept (and the
+        # database is not asked with a value its driver cannot send)
+        none = only.workflow is not None and untextable(only.workflow) is not None
         conn = self._reading()
         try:
             with conn.transaction():
-                found = conn.execute(sql.SQL(query).format(s=sql.Identifier(self.schema)), params).fetchall()
+                found = [] if none else conn.execute(sql.SQL(query).format(s=sql.Identifier(self.schema)), params).fetchall()
                 violations = _int_of(
                     conn.execute(
                         sql.SQL(
@@ -1377,6 +1384,8 @@ class PgJournal:
 
     def queued(self, run: str) -> Queued | None:
         """``run`` when it is submitted and no record of it is written yet (None otherwise)."""
+        if untextable(run) is not None:
+            return None  # no run of such an id can be queued: the journal keeps ids as text
         conn = self._reading()
         try:
             with conn.transaction():
