@@ -668,10 +668,13 @@ class OpenAttempt:
 def _position(view: RunView, step: str) -> int:
     """The position a code run's step id was called at (0: never called)."""
     _, sep, number = step.rpartition("@")
-    if not sep or not number.isdigit():
+    at = view.at
+    # Only ASCII digits no longer than the run's last position: ``str.isdigit``
+    # also takes ``²``, which `int` refuses, and `int` refuses more than 4,300
+    # digits; a forged step id may hold either, and is then no called step.
+    if not sep or not (number.isascii() and number.isdigit()) or len(number) > len(str(len(at))):
         return 0
     position = int(number)
-    at = view.at
     if 0 < position <= len(at):
         call = at[position - 1]
         if isinstance(call, StepCalled) and call.step == step:
