@@ -42,8 +42,12 @@ def export(log: Path) -> subprocess.CompletedProcess[bytes]:
     [
         ([1, 2, 4, 5, 6, 7], 3, "sequence number 4 where 3 was expected (a gap: records are missing)"),
         ([1, 2, 3, 3, 4, 5], 4, "sequence number 3 where 4 was expected (a repeat)"),
+        # The log's head cut off (records 1 to 4 lost): renumbered from 1, the export was valid.
+        ([5, 6, 7, 8, 9, 10], 1, "sequence number 5 where 1 was expected (a gap: records are missing)"),
+        ([2**63, 2**63 + 1, 2**63 + 2, 2**63 + 3, 2**63 + 4, 2**63 + 5], 1,
+         f"sequence number {2**63} where 1 was expected (a gap: records are missing)"),
     ],
-    ids=["gap", "repeat"],
+    ids=["gap", "repeat", "head-missing", "head-at-2**63"],
 )  # fmt: skip
 def test_export_refuses_a_log_whose_numbering_it_would_hide(
     tmp_path: Path, seqs: list[int], line: int, why: str

@@ -1774,13 +1774,15 @@ def _export(args: argparse.Namespace) -> int:
     log: str = args.log
     only: str | None = args.run
     seq = 0
-    expect: int | None = None  # the journal's next number: a gap or repeat is not hidden by renumbering
+    # The journal's next number, from 1 as replay expects it: renumbering hides no gap
+    # or repeat, nor a head of the log cut off (a first record numbered 5).
+    expect = 1
     out = sys.stdout.buffer
     with _reading(log) as source:
         for item in source.read():
             match item:
                 case Record():
-                    if expect is not None and item.seq != expect:
+                    if item.seq != expect:
                         kind = "a gap: records are missing" if item.seq > expect else "a repeat"
                         raise _Usage(
                             f"{_redacted(log)}: line {item.line}: sequence number {item.seq} where"
