@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,30 @@ def test_export_refuses_a_corrupt_line_naming_its_line_as_a_gap_is_named(tmp_pat
         f"attempt-kernel export: error: {log}: line 3: no checksum at the end of the line; nothing more exported\n"
     )
     assert result.stdout == b"".join(lines[:2])
+
+
+def test_export_refusing_a_record_it_cannot_write_names_its_line_in_the_log(tmp_path: Path) -> None:
+    """A run's input nested 300 levels deep, in a line another tool wrote: the reader takes
+    it (replay: valid) but the writer refuses a value over MAX_RECORD_DEPTH. With ``--run``
+    the refusal said only ``record seq 1 of run 'deep'`` (its number in the export), while
+    the log holds it at line 7 and line 1 is another run's record."""
+    log = numbered(tmp_path / "deep.jsonl", [1, 2, 3, 4, 5, 6])
+    body = (
+        '{"v":1,"seq":7,"time_us":1000006,"run":"deep","type":"run_started","workflow":"w","nonce":"n1","input":'
+        + "[" * 300 + "]" * 300 + "}"
+    ).encode()
+    log.write_bytes(log.read_bytes() + body[:-1] + b',"crc":"%08x"}\n' % zlib.crc32(body))
+    assert replay(log).valid
+    before = log.read_bytes()
+    result = subprocess.run(
+        [sys.executable, "-m", "attempt_kernel", "export", str(log), "--run", "deep"],
+        capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.decode() == (
+        f"attempt-kernel export: error: {log}: line 7: record seq 1 of run 'deep' cannot be written: a JSON value"
+        " in it is nested deeper than 256 levels of arrays and objects (MAX_RECORD_DEPTH), which not every"
+        " reader could parse back (numbered 1 in the export); nothing more exported\n"
+    )
+    assert result.stdout == b""
+    assert log.read_bytes() == before

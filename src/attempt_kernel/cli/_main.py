@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Final, cast
 from typing_extensions import assert_never, final
 
 from .. import _report, _table
-from .._codec import RunLogError, encode_record, state_name, strict_json
+from .._codec import RunLogError, UnencodableRecord, encode_record, state_name, strict_json
 from .._version import __version__
 from .._demo import TRIP_PLANNER, WORKFLOWS, Blueprint
 from .._errors import AttemptKernelError
@@ -308,9 +308,10 @@ def _parser() -> argparse.ArgumentParser:
         description="Write every record of the journal, or of one run with --run, to "
         "standard output as a run log file that `replay` validates: the same records, "
         "numbered 1, 2, ... in journal order, each with its checksum. Exit 0, or 2 for "
-        "usage or I/O errors: a corrupt record, or a gap or repeat in the journal's own "
-        "numbering (which renumbering would hide), is refused, naming its line, and nothing "
-        "after it is written.",
+        "usage or I/O errors: a corrupt record, a record nested deeper than the writer "
+        "takes (MAX_RECORD_DEPTH; another tool wrote it), or a gap or repeat in the "
+        "journal's own numbering (which renumbering would hide), is refused, naming its "
+        "line, and nothing after it is written.",
     )
     export.add_argument("log", metavar="LOG|URL", help=_LOG_HELP)
     export.add_argument("--run", metavar="ID", help="only this run's records")
@@ -1793,7 +1794,16 @@ def _export(args: argparse.Namespace) -> int:
                     if only is not None and item.run != only:
                         continue
                     seq += 1
-                    out.write(encode_record(seq, item.time_us, item.run, item.change))
+                    try:
+                        out.write(encode_record(seq, item.time_us, item.run, item.change))
+                    except UnencodableRecord as error:
+                        # A line another tool wrote, nested deeper than the writer takes, which
+                        # this reader could parse: named by its line in the log, as a gap is, since
+                        # the number in the message is the export's (with --run, another record's line).
+                        raise _Usage(
+                            f"{_redacted(log)}: line {item.line}: {error} (numbered {seq} in the export);"
+                            " nothing more exported"
+                        ) from None
                 case CorruptLine():
                     # named as replay and the gap above name it: its line in the log as read
                     raise _Usage(f"{_redacted(log)}: line {item.line}: {item.reason}; nothing more exported")
