@@ -221,3 +221,21 @@ def test_library_readers_answer_any_forged_log_as_documented(
         finally:
             writer.close()
     assert log.read_bytes() == data
+
+
+def test_resume_of_a_run_with_no_start_record_says_so_not_workflow_none(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Run 'zz' has an attempt but no `run_started` (a log written by another program): its
+    workflow is unknown. `resume` said ``run 'zz' belongs to workflow None, which was not
+    loaded`` and suggested a `recover --workflows` that refuses such a run too."""
+    log = forged(tmp_path / "nostart.jsonl", ['"type":"created","step":"s","attempt":1'], run="zz")
+    before = log.read_bytes()
+    assert main(["resume", str(log), "zz"]) == 2
+    assert capsys.readouterr().err == (
+        "attempt-kernel resume: error: run 'zz' has records in the log but no start record (`run_started`),"
+        " so no workflow of it is known and nothing can resume it; nothing was written\n"
+    )
+    assert main(["recover", str(log)]) == 2  # what the old message suggested: refused too
+    assert "'zz'" in capsys.readouterr().err
+    assert log.read_bytes() == before

@@ -410,7 +410,12 @@ def resume_run(
         raise OperationRefused(f"run {run!r} has finished ({standing}); nothing was written")
     if writer_holds(path):
         raise OperationRefused(f"a process drives {path} now, and its runs with it; nothing was written")
-    workflow = by_name.get(view.workflow or "")
+    if view.workflow is None:  # a log another program wrote: recovery refuses such a run too
+        raise OperationRefused(
+            f"run {run!r} has records in the log but no start record (`run_started`), so no workflow"
+            " of it is known and nothing can resume it; nothing was written"
+        )
+    workflow = by_name.get(view.workflow)
     if workflow is None:
         raise OperationRefused(
             f"run {run!r} belongs to workflow {view.workflow!r}, which was not loaded; resume it"
