@@ -54,6 +54,11 @@ LOGGER.addHandler(logging.NullHandler())
 
 _RUN_LOGGER: Final = logging.getLogger("attempt_kernel.run")
 
+UNRECORDED: Final = "attempt_kernel_unrecorded"
+"""The attribute `LogRecords.say` sets (true) on the `logging.LogRecord` of a line no
+record of the log carries: a handler that prints only those (the command line's,
+without progress lines) tells them from the lines the log keeps anyway."""
+
 
 @runtime_checkable
 class RunObserver(Protocol):
@@ -250,6 +255,6 @@ class LogRecords:
         reconciler asked as a graceful stop ended an attempt answered, `asked_line`); like
         `log`, it never raises."""
         try:
-            self._logger.log(level, "%s", shown(line))
+            self._logger.log(level, "%s", shown(line), extra={UNRECORDED: True})
         except Exception:  # an observer never stops a run (module doc)
             LOGGER.exception("observer %r failed on the line %r", self, line)

@@ -43,7 +43,7 @@ from .._findings import EffectHappened, EffectNotHappened, EffectUnknown
 from .._executor import Job, RunsStopped, Stopper, recorded_report, run_jobs
 from .._history import run_history
 from .._ledger import Ledger, RunView
-from .._observe import utc
+from .._observe import UNRECORDED, utc
 from .._logfile import FileLog, LogLocked, LogWriteFailed, RunLogWriter, open_regular
 from .._operations import deliver, held_runs, listed_runs, next_run_id, resume_run, submitted_for, writer_listed
 from .._inbox import inbox_path, inbox_size, settle_inbox
@@ -567,6 +567,52 @@ def _progress() -> Callable[[str], None] | None:
     return lambda line: print(f"  .. {shown(line)}", file=sys.stderr, flush=True)
 
 
+@final
+class _WarningLines(logging.Handler):
+    """What the library logs at WARNING and above that nothing else shows, each one line
+    on stderr (``attempt-kernel COMMAND: warning: ...``, escaped), while a command drives
+    runs.
+
+    A reconciler's answer asked as a cancel or a stop ended an attempt, when no
+    record keeps it (an answer nobody could give: the only trace of why the attempt
+    ended Indeterminate; or one the log failed to record: the only trace of what the
+    downstream system said), and an observer that failed. The runs' other lines
+    (``attempt_kernel.run``: an attempt that became Indeterminate) are in the log,
+    which the command's report and `show` read; and when the progress lines are
+    printed, they say the runs' lines already.
+    """
+
+    def __init__(self, command: str, progress: bool) -> None:
+        super().__init__(logging.WARNING)
+        self._command: Final = command
+        self._progress: Final = progress
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name == "attempt_kernel.run" and (self._progress or not getattr(record, UNRECORDED, False)):
+            return
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            sys.stderr.write(f"attempt-kernel {self._command}: warning: {shown(text)}\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001  # as any handler: a failing stream never stops a run
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _warnings_on_stderr(command: str, progress: Callable[[str], None] | None) -> Generator[None, None, None]:
+    """`_WarningLines` on the ``attempt_kernel`` logger while the command drives runs;
+    ``progress``: the progress lines the runs are given, if any."""
+    handler = _WarningLines(command, progress=progress is not None)
+    logger = logging.getLogger("attempt_kernel")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+
+
 def _json_argument(text: str, flag: str) -> JSON:
     """Strict JSON from the command line, or a usage error naming the position; nested
     at most `MAX_JSON_DEPTH` levels, its numbers finite (`json_problem`)."""
@@ -942,14 +988,16 @@ def _demo(args: argparse.Namespace) -> int:
                 f"demo: run {run} of workflow {TRIP_PLANNER}, appending to {shown(_redacted(log_path))}",
                 flush=True,
             )
+        progress = _progress()
         try:
-            [outcome] = run_jobs(
-                log,
-                [Job(workflow=blueprint.workflow, run=run, supervise=blueprint.supervise)],
-                progress=_progress(),
-                stop_on_signals=True,
-                grace=GRACE,
-            )
+            with _warnings_on_stderr("demo", progress):
+                [outcome] = run_jobs(
+                    log,
+                    [Job(workflow=blueprint.workflow, run=run, supervise=blueprint.supervise)],
+                    progress=progress,
+                    stop_on_signals=True,
+                    grace=GRACE,
+                )
         except RunsStopped as error:
             return _stopped("demo", error, _suggested("recover", _redacted(log_path)))
     if as_json:
@@ -1048,16 +1096,18 @@ def _run(args: argparse.Namespace) -> int:
                 f" appending to {shown(_redacted(log_path))}",
                 flush=True,
             )
+        progress = _progress()
         try:
-            [report] = run_jobs(
-                log,
-                [Job(workflow=workflow, run=run, input=run_input)],
-                progress=_progress(),
-                stop_on_signals=True,
-                grace=GRACE,
-                on_wait=None if as_json else _announce_waits(log_path),
-                stopper=stopper,
-            )
+            with _warnings_on_stderr("run", progress):
+                [report] = run_jobs(
+                    log,
+                    [Job(workflow=workflow, run=run, input=run_input)],
+                    progress=progress,
+                    stop_on_signals=True,
+                    grace=GRACE,
+                    on_wait=None if as_json else _announce_waits(log_path),
+                    stopper=stopper,
+                )
         except RunsStopped as error:
             resume = _suggested("recover", _redacted(log_path), "--workflows", target)
             return _hold_lost("run", lost, error, resume) if lost else _stopped("run", error, resume)
@@ -1382,29 +1432,31 @@ def _recover_holding(args: argparse.Namespace, holding: contextlib.ExitStack) ->
             for line in taken_in:
                 print(f"recover: {shown(line)}")
     unsaid = _Unsaid("recover", "this recover")
+    progress = _progress()
     try:
-        resumed = resume_log(
-            _pg(log_path) if _is_url(log_path) else log_path,
-            workflows,
-            skip_runs=skipped,
-            supervisors=supervisors,
-            progress=_progress(),
-            stop_on_signals=True,
-            grace=GRACE,
-            on_recovered=print_recovery,
-            on_taken_up=print_taken_up,
-            on_wait=None if as_json else _announce_waits(log_path, kept=not _is_url(log_path)),
-            stopper=stopper,
-            # A run that only waits is a worker's to take up, unless no worker can
-            # (`run URL` started it, never submitted): then it is taken up here once
-            # it can go on, and let go of if it only waits again (nothing here would
-            # take in a signal sent to it meanwhile).
-            claimable=_submitted(log_path) if _is_url(log_path) else None,
-            let_go_after=UNTIL_IDLE_LET_GO if _is_url(log_path) else None,
-            on_diverged=let_go_of_the_diverged if elsewhere is not None else None,
-            source=_redacted(log_path),  # a URL as other errors show it, not the journal's repr
-            on_asked=unsaid.came,
-        )
+        with _warnings_on_stderr("recover", progress):
+            resumed = resume_log(
+                _pg(log_path) if _is_url(log_path) else log_path,
+                workflows,
+                skip_runs=skipped,
+                supervisors=supervisors,
+                progress=progress,
+                stop_on_signals=True,
+                grace=GRACE,
+                on_recovered=print_recovery,
+                on_taken_up=print_taken_up,
+                on_wait=None if as_json else _announce_waits(log_path, kept=not _is_url(log_path)),
+                stopper=stopper,
+                # A run that only waits is a worker's to take up, unless no worker can
+                # (`run URL` started it, never submitted): then it is taken up here once
+                # it can go on, and let go of if it only waits again (nothing here would
+                # take in a signal sent to it meanwhile).
+                claimable=_submitted(log_path) if _is_url(log_path) else None,
+                let_go_after=UNTIL_IDLE_LET_GO if _is_url(log_path) else None,
+                on_diverged=let_go_of_the_diverged if elsewhere is not None else None,
+                source=_redacted(log_path),  # a URL as other errors show it, not the journal's repr
+                on_asked=unsaid.came,
+            )
     except RunsStopped as error:
         resume = _suggested("recover", _redacted(log_path), *extra)
         return _hold_lost("recover", lost, error, resume) if lost else _stopped("recover", error, resume)
@@ -1706,11 +1758,12 @@ def _resume_cmd(args: argparse.Namespace) -> int:
         # KeyboardInterrupt would cancel it, and a cancel is final.
         # A run that waits waits here, as under `run`: say for what, and how to end it
         # (on_wait says it for a wait it was left in too, once its code is checked).
-        done = resume_run(
-            log, run, workflows, stop_on_signals=True, grace=GRACE,
-            on_wait=None if args.json else _announce_waits(log),
-            on_recovered=print_settled, on_taken_up=print_settled, on_asked=unsaid.came,
-        )  # fmt: skip
+        with _warnings_on_stderr("resume", None):
+            done = resume_run(
+                log, run, workflows, stop_on_signals=True, grace=GRACE,
+                on_wait=None if args.json else _announce_waits(log),
+                on_recovered=print_settled, on_taken_up=print_settled, on_asked=unsaid.came,
+            )  # fmt: skip
     except RunsStopped as error:
         again = _suggested("resume", _redacted(log), run, *(word for t in targets for word in ("--workflows", t)))
         return _stopped("resume", error, again)
@@ -1914,24 +1967,26 @@ def _worker_file(
     first = True
     while True:
         before = _marks(log)
+        progress = _progress()
         try:
-            resumed = resume_log(
-                log,
-                workflows,
-                admission_limit=args.concurrency,
-                progress=_progress(),
-                stop_on_signals=True,
-                grace=GRACE,
-                on_recovered=print_recovery,
-                on_taken_up=print_taken_up,
-                on_wait=_announce_waits(log, kept=not args.until_idle),
-                skip_runs=frozenset(diverged),
-                # With --until-idle a run that only waits is let go, or the worker
-                # would wait with it for a signal that may never come.
-                let_go_after=UNTIL_IDLE_LET_GO if args.until_idle else None,
-                observers=() if exposition is None else (exposition.observer,),
-                on_asked=unsaid.came,
-            )
+            with _warnings_on_stderr("worker", progress):
+                resumed = resume_log(
+                    log,
+                    workflows,
+                    admission_limit=args.concurrency,
+                    progress=progress,
+                    stop_on_signals=True,
+                    grace=GRACE,
+                    on_recovered=print_recovery,
+                    on_taken_up=print_taken_up,
+                    on_wait=_announce_waits(log, kept=not args.until_idle),
+                    skip_runs=frozenset(diverged),
+                    # With --until-idle a run that only waits is let go, or the worker
+                    # would wait with it for a signal that may never come.
+                    let_go_after=UNTIL_IDLE_LET_GO if args.until_idle else None,
+                    observers=() if exposition is None else (exposition.observer,),
+                    on_asked=unsaid.came,
+                )
         except RunsStopped as error:
             return _stopped("worker", error, again)
         except LogLocked:
