@@ -103,6 +103,34 @@ def test_wrong_argument_exits_2_with_usage(
     assert "usage: attempt-kernel" in err and message in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["runs", "a.jsonl", "\x1b[2Jex\ntra\u2028"],
+            "attempt-kernel runs: error: unrecognized arguments: \\x1b[2Jex\\ntra\\u2028",
+        ),
+        (
+            ["runs", "a.jsonl", "--s=\x1b[2J\nx"],
+            "attempt-kernel runs: error: ambiguous option: --s=\\x1b[2J\\nx could match --status, --since",
+        ),
+    ],
+    ids=["unrecognized", "ambiguous"],
+)
+def test_an_argument_argparse_quotes_in_its_error_is_escaped(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What argparse quotes of the command line in its own errors is escaped, as every
+    other message is: the error stays one last line, with no escape sequence in it."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: attempt-kernel runs")
+    assert err.splitlines()[-1] == message
+    assert "\x1b" not in err and "\u2028" not in err
+
+
 @pytest.mark.slow
 def test_python_dash_m_runs_the_same_cli() -> None:
     """`python -m attempt_kernel table` prints the same grid and exits 0."""

@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Generator, Iterable, Iterator,
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Final, cast
+from typing import TYPE_CHECKING, Final, NoReturn, cast
 
 from typing_extensions import assert_never, final
 
@@ -92,8 +92,18 @@ def _workflows_flag(parser: argparse.ArgumentParser, help: str, *, required: boo
     )  # fmt: skip
 
 
+@final
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its error messages escaped: they quote what was typed (an
+    unrecognized argument, an ambiguous option's value), which may hold a line break or
+    an escape sequence, and the error must stay one last line with no control code."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(shown(message))
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="attempt-kernel",
         description="The kernel of a durable runtime for agent workflows.",
     )
