@@ -1375,6 +1375,23 @@ def stray_then_cancelled(
     return load_workflow("w", [step])
 
 
+class HeldReconciler:
+    """A reconciler that says it is being asked (``in_ask``), then answers ``finding`` once
+    the test lets it (``answer``); the keys it was asked about in ``asked``."""
+
+    def __init__(self, finding: EffectFinding | None = None) -> None:
+        self.in_ask = asyncio.Event()
+        self.answer = asyncio.Event()
+        self.asked: list[str] = []
+        self.finding: EffectFinding = EffectNotHappened() if finding is None else finding
+
+    async def ask(self, key: str) -> EffectFinding:
+        self.asked.append(key)
+        self.in_ask.set()
+        await self.answer.wait()
+        return self.finding
+
+
 def test_a_branch_effect_waiting_for_its_fsync_is_not_sent_while_a_cancel_asks_the_reconcilers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1388,43 +1405,34 @@ def test_a_branch_effect_waiting_for_its_fsync_is_not_sent_while_a_cancel_asks_t
     monkeypatch.setattr(RunLogWriter, "flush_on", "thread")
     ops = HeldOps(hold=(1,))
     sent: list[str] = []
-    asked: list[str] = []
+    held = HeldReconciler()
     path = tmp_path / "log"
 
     async def main(log: RunLogWriter) -> RunReport:
-        in_ask = asyncio.Event()
-        answer = asyncio.Event()
-
-        async def ask(key: str) -> EffectFinding:
-            asked.append(key)
-            in_ask.set()
-            await answer.wait()
-            return EffectNotHappened()
-
         async def sibling_fails() -> None:
             await began(ops.began[1])
             raise RuntimeError("the other branch failed")
 
         control = RunControl()
         ended = Ended()
-        flow = stray_then_cancelled(sent, ask, sibling_fails)
+        flow = stray_then_cancelled(sent, held.ask, sibling_fails)
         running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r", control=control))
         await began(ops.began[1])
         for _ in range(10):  # the sibling raised; the step waits
             await asyncio.sleep(0)
         control.cancel()
-        if await asked_first(in_ask, ended):
+        if await asked_first(held.in_ask, ended):
             ops.release[1].set()  # the fsync completes while the reconciler is asked
             await asyncio.wait_for(log.durable("r"), HUNG)  # and is handed back to its waiters
             for _ in range(10):  # the branch goes on from it
                 await asyncio.sleep(0)
-            answer.set()
+            held.answer.set()
         ops.release[1].set()
         return await asyncio.wait_for(running, HUNG)
 
     with RunLogWriter(path, ops=ops) as log:
         report = asyncio.run(main(log))
-    assert sent == [] and asked == []
+    assert sent == [] and held.asked == []
     assert intent_moves(path) == [
         ("Admit", "Running"),
         ("Dispatch", "Dispatched"),
@@ -1458,17 +1466,11 @@ def test_an_effect_that_answers_while_a_cancel_asks_its_reconciler_keeps_its_own
     from attempt_kernel import EffectUnknown
 
     sent: list[str] = []
+    held = HeldReconciler(EffectNotHappened() if finding == "not-happened" else EffectUnknown(reason="down"))
     path = tmp_path / "log"
 
     async def main(log: RunLogWriter) -> RunReport:
-        in_ask = asyncio.Event()
-        answer = asyncio.Event()
         bank = asyncio.Event()
-
-        async def ask(key: str) -> EffectFinding:
-            in_ask.set()
-            await answer.wait()
-            return EffectNotHappened() if finding == "not-happened" else EffectUnknown(reason="down")
 
         async def sibling_fails() -> None:
             while not sent:
@@ -1477,18 +1479,18 @@ def test_an_effect_that_answers_while_a_cancel_asks_its_reconciler_keeps_its_own
 
         control = RunControl()
         ended = Ended()
-        flow = stray_then_cancelled(sent, ask, sibling_fails, send_waits=bank)
+        flow = stray_then_cancelled(sent, held.ask, sibling_fails, send_waits=bank)
         running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r", control=control))
         while not sent:
             await asyncio.sleep(0)
         for _ in range(10):  # the sibling raised; the step waits
             await asyncio.sleep(0)
         control.cancel()
-        if await asked_first(in_ask, ended):
+        if await asked_first(held.in_ask, ended):
             bank.set()  # the effect answers while its reconciler is asked
             for _ in range(10):
                 await asyncio.sleep(0)
-        answer.set()
+        held.answer.set()
         bank.set()
         return await asyncio.wait_for(running, HUNG)
 
@@ -1514,19 +1516,11 @@ def test_an_effect_asked_for_while_a_cancel_asks_the_reconcilers_is_refused(tmp_
     for it, nothing is sent, and the attempt ends as the reconciler's answer about the
     first effect says."""
     sent: list[str] = []
-    asked: list[str] = []
+    held = HeldReconciler()
     path = tmp_path / "log"
 
     async def main(log: RunLogWriter) -> RunReport:
-        in_ask = asyncio.Event()
-        answer = asyncio.Event()
         late = asyncio.Event()
-
-        async def ask(key: str) -> EffectFinding:
-            asked.append(key)
-            in_ask.set()
-            await answer.wait()
-            return EffectNotHappened()
 
         async def sibling_fails() -> None:
             while not sent:
@@ -1535,23 +1529,23 @@ def test_an_effect_asked_for_while_a_cancel_asks_the_reconcilers_is_refused(tmp_
 
         control = RunControl()
         ended = Ended()
-        flow = stray_then_cancelled(sent, ask, sibling_fails, send_waits=asyncio.Event(), late=late)
+        flow = stray_then_cancelled(sent, held.ask, sibling_fails, send_waits=asyncio.Event(), late=late)
         running = asyncio.ensure_future(Executor(log, observers=[ended]).run(flow, "r", control=control))
         while not sent:
             await asyncio.sleep(0)
         for _ in range(10):
             await asyncio.sleep(0)
         control.cancel()
-        if await asked_first(in_ask, ended):
+        if await asked_first(held.in_ask, ended):
             late.set()  # the branch asks for its effect while the reconciler is asked
             for _ in range(10):
                 await asyncio.sleep(0)
-        answer.set()
+        held.answer.set()
         return await asyncio.wait_for(running, HUNG)
 
     with RunLogWriter(path) as log:
         report = asyncio.run(main(log))
-    assert len(sent) == 1 and asked == sent
+    assert len(sent) == 1 and held.asked == sent
     assert intent_moves(path) == [("Admit", "Running"), ("Dispatch", "Dispatched"), ("Cancel", "Cancelled")]
     [reconciled] = [r.change for r in read_log(path) if isinstance(r, Record) and isinstance(r.change, IntentReconciled)]
     assert type(reconciled.to_state).__name__ == "Rejected"
