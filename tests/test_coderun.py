@@ -870,12 +870,16 @@ def test_a_step_called_without_the_argument_its_function_needs_fails_like_one_ca
 
 
 def _in_flight_run(
-    tmp_path: Path, ask: Callable[[str], Awaitable[EffectFinding]], *, cancels: int = 1
+    tmp_path: Path,
+    ask: Callable[[str], Awaitable[EffectFinding]],
+    *,
+    cancels: int = 1,
+    asked: Callable[[], bool] = lambda: True,
 ) -> tuple[RunReport | None, Path]:
     """A code run whose one step sends an effect that never answers; once it is sent the
-    run is cancelled (and, with ``cancels=2``, its task is cancelled again while the
-    reconciler is being asked). Returns the report (None when the second cancel ended
-    the awaiting task) and the log's path."""
+    run is cancelled (and, with ``cancels=2``, its task is cancelled again once
+    ``asked()`` says the reconciler is being asked). Returns the report (None when the
+    second cancel ended the awaiting task) and the log's path."""
     from attempt_kernel import RunControl
 
     path = tmp_path / "log.jsonl"
@@ -902,7 +906,7 @@ def _in_flight_run(
             assert not task.done(), task.result()
             control.cancel()
             if cancels == 2:
-                for _ in range(5):  # into the reconciler's call
+                while not asked() and not task.done():  # into the reconciler's call
                     await asyncio.sleep(0)
                 task.cancel()
                 with pytest.raises(asyncio.CancelledError):
@@ -964,7 +968,7 @@ def test_a_second_cancel_while_the_reconciler_is_asked_still_ends_the_attempt(tm
         await asyncio.Event().wait()  # hangs
         return EffectNotHappened()
 
-    report, path = _in_flight_run(tmp_path, ask_bank, cancels=2)
+    report, path = _in_flight_run(tmp_path, ask_bank, cancels=2, asked=lambda: bool(called))
     assert report is None and len(called) == 1
     ends = [(r["step"], r["to"]) for r in of_type(path, "transition") if r["to"] != "Running"]
     assert ends == [("charge_card@1", "Indeterminate")]
